@@ -1,0 +1,3 @@
+from memagent_cli.cli import main
+
+main()

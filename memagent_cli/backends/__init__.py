@@ -1,0 +1,59 @@
+"""Backends: how tokens are produced. They know about chat messages, never documents."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How the next token is picked; temperature 0 is greedy and reproducible."""
+
+    temperature: float = 0.7
+    top_p: float = 0.95
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One reply and what it cost."""
+
+    text: str
+    prompt_tokens: int  # tokens in the rendered chat prompt
+    completion_tokens: int
+    prompt_seconds: float  # time to read the prompt (first token out)
+    seconds: float  # whole call
+    finish_reason: str  # "stop" or "length"
+
+    @property
+    def generation_seconds(self) -> float:
+        return max(self.seconds - self.prompt_seconds, 0.0)
+
+
+class Backend(Protocol):
+    """The narrow interface the reading loop needs from a model."""
+
+    name: str
+    context_limit: int  # tokens the model was trained on
+
+    def tokenize(self, text: str) -> list[int]:
+        """Model tokens of plain text, without BOS or special tokens."""
+        ...
+
+    def detokenize(self, tokens: Sequence[int]) -> bytes:
+        """The bytes of `tokens` (a window may end inside a UTF-8 character)."""
+        ...
+
+    def chat_overhead(self) -> int:
+        """Tokens the chat template adds around one user message, generation prompt included."""
+        ...
+
+    def prepare(self, context_tokens: int) -> None:
+        """Make ready to serve prompts plus replies of up to `context_tokens` tokens."""
+        ...
+
+    def generate(self, message: str, *, max_tokens: int, sampling: Sampling) -> Generation:
+        """Reply to one user message sent through the model's chat template."""
+        ...

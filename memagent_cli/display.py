@@ -1,0 +1,178 @@
+"""Everything shown on stderr: the live view, plain progress lines, notes and errors.
+
+stdout is for results only, so every console here writes to stderr.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.markup import escape
+from rich.panel import Panel
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.text import Text
+
+from memagent_cli.reader import Answering, Event, StepFinished, StepStarted
+
+console = Console(stderr=True, highlight=False)
+
+
+def note(message: str) -> None:
+    console.print(escape(message), style="dim", soft_wrap=True)
+
+
+def warn(message: str) -> None:
+    console.print(f"[yellow]warning:[/] {escape(message)}", soft_wrap=True)
+
+
+def error(message: str) -> None:
+    console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
+
+
+class _Rates:
+    """Running prompt and generation speeds over the steps seen so far."""
+
+    def __init__(self) -> None:
+        self.prompt_tokens = self.generated = 0
+        self.prompt_seconds = self.generation_seconds = 0.0
+
+    def add(self, event: StepFinished) -> None:
+        gen = event.step.generation
+        self.prompt_tokens += gen.prompt_tokens
+        self.generated += gen.completion_tokens
+        self.prompt_seconds += gen.prompt_seconds
+        self.generation_seconds += gen.generation_seconds
+
+    def text(self) -> str:
+        p = self.prompt_tokens / self.prompt_seconds if self.prompt_seconds else 0.0
+        g = self.generated / self.generation_seconds if self.generation_seconds else 0.0
+        return f"prompt {p:,.0f} tok/s · gen {g:,.0f} tok/s"
+
+
+class PlainProgress:
+    """One line per step, for logs and pipes (stderr is not a terminal)."""
+
+    def __init__(self, span_of: Callable[[int, int], str]) -> None:
+        self._span_of = span_of
+        self._rates = _Rates()
+        self._start = time.perf_counter()
+
+    def __enter__(self) -> PlainProgress:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+    def __call__(self, event: Event) -> None:
+        if isinstance(event, StepFinished):
+            self._rates.add(event)
+            chunk, gen = event.step.chunk, event.step.generation
+            span = self._span_of(chunk.char_start, chunk.char_end)
+            console.print(
+                f"step {chunk.index + 1}/{event.total}  tokens {chunk.token_start}-"
+                f"{chunk.token_end}{'  ' + span if span else ''}  memory "
+                f"{gen.completion_tokens} tokens  {gen.seconds:.1f}s  {self._rates.text()}  "
+                f"elapsed {time.perf_counter() - self._start:.0f}s",
+                highlight=False,
+                soft_wrap=True,
+            )
+        elif isinstance(event, Answering):
+            console.print("answering from the final memory", highlight=False)
+
+
+class LiveView:
+    """A progress bar and the current memory, redrawn after every step (stderr is a terminal)."""
+
+    def __init__(self, span_of: Callable[[int, int], str], total_tokens: int, title: str) -> None:
+        self._span_of = span_of
+        self._rates = _Rates()
+        self._progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TaskProgressColumn(),
+            TextColumn("{task.fields[tokens]}"),
+            TextColumn("{task.fields[rates]}"),
+            TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+            console=console,
+        )
+        self._task = self._progress.add_task("reading", total=None, tokens="", rates="")
+        self._total_tokens = total_tokens
+        self._memory = Panel(Text("No previous memory", style="dim"), title="memory")
+        self._title = title
+        self._live = Live(self._render(), console=console, refresh_per_second=4, transient=False)
+
+    def _render(self) -> Group:
+        return Group(Text(self._title, style="bold cyan"), self._progress, self._memory)
+
+    def __enter__(self) -> LiveView:
+        self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._live.__exit__(*exc)
+
+    def __call__(self, event: Event) -> None:
+        if isinstance(event, StepStarted):
+            chunk = event.chunk
+            span = self._span_of(chunk.char_start, chunk.char_end)
+            self._progress.update(
+                self._task,
+                total=event.total,
+                description=f"chunk {chunk.index + 1}/{event.total}"
+                + (f" ({span})" if span else ""),
+                tokens=f"{chunk.token_start:,}/{self._total_tokens:,} tokens",
+            )
+        elif isinstance(event, StepFinished):
+            self._rates.add(event)
+            step = event.step
+            self._progress.update(
+                self._task, advance=1, rates=self._rates.text(),
+                tokens=f"{step.chunk.token_end:,}/{self._total_tokens:,} tokens",
+            )
+            self._memory = Panel(
+                Text(step.memory.strip() or "(empty)"),
+                title=f"memory after step {step.chunk.index + 1}",
+                subtitle=f"{step.generation.completion_tokens} tokens",
+            )
+        elif isinstance(event, Answering):
+            self._progress.update(self._task, description="answering")
+        self._live.update(self._render())
+
+
+class Silent:
+    """--quiet: show nothing."""
+
+    def __enter__(self) -> Silent:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+    def __call__(self, event: Event) -> None:
+        return None
+
+
+def progress_view(
+    quiet: bool, span_of: Callable[[int, int], str], total_tokens: int, title: str
+) -> LiveView | PlainProgress | Silent:
+    """The right view for where stderr goes."""
+    if quiet:
+        return Silent()
+    if console.is_terminal:
+        return LiveView(span_of, total_tokens, title)
+    return PlainProgress(span_of)
