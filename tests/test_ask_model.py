@@ -1,0 +1,107 @@
+"""End to end: the real `memagent ask` with the real default model in llama.cpp, greedy."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import FACT_QUESTION, FACT_VALUE, MEMAGENT, story
+from memagent_cli.trace import read_trace
+
+pytestmark = pytest.mark.model
+
+SMALL_STEPS = ["--chunk-tokens", "2000", "--memory-tokens", "128", "--temperature", "0"]
+
+
+@pytest.fixture(scope="module")
+def book(tmp_path_factory) -> Path:
+    """About 20K model tokens of plain sentences; the planted fact opens the first chunk."""
+    path = tmp_path_factory.mktemp("docs") / "village.txt"
+    path.write_text(story(1800))
+    return path
+
+
+def test_ask_finds_a_fact_in_a_20k_token_text(memagent, book, tmp_path):
+    trace_path = tmp_path / "run.jsonl"
+    result = memagent("ask", str(book), FACT_QUESTION, *SMALL_STEPS, "--trace", str(trace_path))
+
+    assert result.returncode == 0, result.stderr
+    assert FACT_VALUE in result.stdout
+    assert "Traceback" not in result.stderr
+
+    trace = read_trace(trace_path)
+    document = trace.header["document"]
+    assert document["tokens"] >= 20_000
+    assert document["chunks"] == -(-document["tokens"] // 2000)
+    assert len(trace.steps) == document["chunks"]
+    assert [s["index"] for s in trace.steps] == list(range(document["chunks"]))
+    assert trace.steps[0]["tokens"] == [0, 2000]
+    assert trace.steps[-1]["tokens"][1] == document["tokens"]
+    assert FACT_VALUE in trace.steps[-1]["memory"]
+    assert trace.final is not None and FACT_VALUE in trace.final["reply"]
+    assert trace.header["settings"]["temperature"] == 0.0
+    assert trace.header["settings"]["context_tokens"] < 8192
+    # stderr is not a terminal here: one plain line per step, then where the trace went.
+    assert f"step {document['chunks']}/{document['chunks']}" in result.stderr
+    assert str(trace_path) in result.stderr
+
+
+def test_json_answers_every_question_from_stdin(memagent, env):
+    text = story(300)
+    result = memagent(
+        "ask", "-", FACT_QUESTION, "Who painted the red barn?", *SMALL_STEPS, "--json",
+        input=text,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == 2
+    first, second = (json.loads(line) for line in lines)
+    assert [first["question"], second["question"]] == [FACT_QUESTION, "Who painted the red barn?"]
+    assert FACT_VALUE in (first["answer"] or first["reply"])
+    doc = first["document"]
+    assert doc["path"] == "<stdin>"
+    assert doc["sha256"] == hashlib.sha256(text.encode()).hexdigest()
+    assert doc["chunks"] == 2 == len(first["steps"])
+    assert first["model"]["name"] == "smollm2-135m"
+    assert first["settings"]["chunk_tokens"] == 2000
+    assert first["tokens_per_second"]["prompt"] > 0 and first["tokens_per_second"]["generation"] > 0
+    assert first["seconds"] > 0
+    traces = {first["trace"], second["trace"]}
+    assert len(traces) == 2
+    for path in traces:
+        assert path.startswith(env["XDG_DATA_HOME"])
+        assert read_trace(Path(path)).finished
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_run_keeps_its_finished_steps(env, tmp_path, sig):
+    doc = tmp_path / "doc.txt"
+    doc.write_text(story(900))
+    trace_path = tmp_path / "run.jsonl"
+    process = subprocess.Popen(
+        [str(MEMAGENT), "ask", str(doc), FACT_QUESTION, *SMALL_STEPS, "--trace", str(trace_path)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env=env,
+    )
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and process.poll() is None:
+        if trace_path.exists() and '"type": "step"' in trace_path.read_text():
+            break
+        time.sleep(0.2)
+    process.send_signal(sig)
+    stdout, stderr = process.communicate(timeout=120)
+
+    assert process.returncode == 130, stderr
+    assert stdout == ""
+    assert "Traceback" not in stderr
+    assert "Interrupted" in stderr and str(trace_path) in stderr
+    trace = read_trace(trace_path)
+    assert not trace.finished and not trace.problems
+    assert trace.interrupted is not None
+    assert trace.interrupted["steps_done"] == len(trace.steps) >= 1

@@ -1,0 +1,51 @@
+"""Model-token windows: sizes, no overlap, and detokenized windows that cover the document."""
+
+import pytest
+
+from conftest import default_model_path, story
+from memagent_cli.backends.llama_cpp import LlamaCppBackend
+from memagent_cli.chunking import make_chunks
+
+
+def byte_tokens(text: str) -> list[int]:
+    return list(text.encode("utf-8"))
+
+
+def byte_detokenize(tokens) -> bytes:
+    return bytes(tokens)
+
+
+def test_windows_have_the_asked_size_and_no_overlap():
+    tokens = byte_tokens("x" * 1003)
+    chunks = make_chunks(tokens, 100, byte_detokenize)
+    assert [c.tokens for c in chunks] == [100] * 10 + [3]
+    assert chunks[0].token_start == 0 and chunks[-1].token_end == 1003
+    for before, after in zip(chunks, chunks[1:]):
+        assert before.token_end == after.token_start
+        assert before.char_end == after.char_start
+
+
+def test_a_character_split_between_windows_belongs_to_the_window_where_it_ends():
+    text = "aé" * 5  # é is two bytes
+    chunks = make_chunks(byte_tokens(text), 2, byte_detokenize)
+    assert sum(c.char_end - c.char_start for c in chunks) == len(text)
+    assert chunks[-1].char_end == len(text)
+    # The first window holds "a" and half of "é": one whole character.
+    assert (chunks[0].char_start, chunks[0].char_end) == (0, 1)
+
+
+def test_chunk_size_must_be_positive():
+    with pytest.raises(ValueError):
+        make_chunks([1, 2, 3], 0, byte_detokenize)
+
+
+def test_real_tokenizer_windows_cover_the_document():
+    backend = LlamaCppBackend(default_model_path(), threads=1, gpu_layers=0)
+    text = story(300) + " Ünïcödé ✓ 漢字 at the end."
+    tokens = backend.tokenize(text)
+    chunks = make_chunks(tokens, 257, backend.detokenize)
+    assert len(chunks) == -(-len(tokens) // 257)
+    assert all(c.tokens == 257 for c in chunks[:-1]) and 0 < chunks[-1].tokens <= 257
+    assert "".join(c.text for c in chunks) == text
+    for c in chunks:
+        assert text[c.char_start : c.char_end] == c.text
