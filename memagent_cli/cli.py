@@ -64,9 +64,9 @@ def _root(
 @app.command()
 @user_errors
 def ask(
-    document: Annotated[str, typer.Argument(help="Text file to read, or - for stdin.")],
+    document: Annotated[str, typer.Argument(help="Text file to read, or - for stdin.", metavar="DOCUMENT")],
     questions: Annotated[
-        list[str] | None, typer.Argument(help="One or more questions.", show_default=False)
+        list[str] | None, typer.Argument(help="One or more questions.", show_default=False, metavar="QUESTION")
     ] = None,
     questions_file: Annotated[
         Path | None,
