@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import random
 import subprocess
 import sys
 from pathlib import Path
@@ -12,33 +11,11 @@ import pytest
 
 MEMAGENT = Path(sys.executable).with_name("memagent")
 
-FACT = "The secret password for the vault is PELICAN."
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+from village import FACT, story  # noqa: E402  (the README's example document)
+
 FACT_QUESTION = "What is the secret password for the vault?"
 FACT_VALUE = "PELICAN"
-
-
-def story(sentences: int, fact: str | None = FACT, seed: int = 1) -> str:
-    """Plain sentences (about 11 model tokens each) with `fact` as the first one.
-
-    SmolLM2-135M reliably copies a fact that opens its first chunk into memory and keeps
-    it; one planted mid-document is lost. Tests build on what the model can do.
-    """
-    rng = random.Random(seed)
-    subjects = ["The old miller", "A young sailor", "The village baker", "Her neighbour",
-                "The quiet teacher", "A tired farmer", "The town clerk", "His sister"]
-    verbs = ["walked to", "looked at", "painted", "cleaned", "visited", "talked about",
-             "repaired", "counted the birds near"]
-    places = ["the stone bridge", "the green field", "the small harbour", "the red barn",
-              "the market square", "the wooden fence", "the long road", "the church tower"]
-    times = ["in the morning", "after lunch", "before the rain", "on Sunday", "at dusk",
-             "during the fair", "in early spring", "late at night"]
-    lines = [fact] if fact else []
-    for _ in range(sentences):
-        lines.append(
-            f"{rng.choice(subjects)} {rng.choice(verbs)} {rng.choice(places)} "
-            f"{rng.choice(times)}."
-        )
-    return " ".join(lines)
 
 
 @pytest.fixture

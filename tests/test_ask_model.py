@@ -81,7 +81,7 @@ def test_json_answers_every_question_from_stdin(memagent, env):
         assert read_trace(Path(path)).finished
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_an_interrupted_run_keeps_its_finished_steps(env, tmp_path, sig):
     doc = tmp_path / "doc.txt"
     doc.write_text(story(900))

@@ -1,4 +1,4 @@
-"""Plain text documents (UTF-8; undecodable bytes are replaced, not fatal)."""
+"""Plain text documents (UTF-8, or UTF-16 with a BOM; undecodable bytes are replaced)."""
 
 from __future__ import annotations
 
@@ -7,5 +7,6 @@ from memagent_cli.documents import Document
 
 def parse(data: bytes, source: str) -> Document:
     """A text Document from raw bytes, stripped as the protocol requires."""
-    text = data.decode("utf-8-sig", errors="replace").strip()
+    encoding = "utf-16" if data.startswith((b"\xff\xfe", b"\xfe\xff")) else "utf-8-sig"
+    text = data.decode(encoding, errors="replace").strip()
     return Document(text=text, path=source, format="text", sha256="")

@@ -1,0 +1,44 @@
+"""Print a plain-text story of about 20K model tokens whose first sentence holds a password.
+
+    python examples/village.py > village.txt
+    memagent ask village.txt "What is the secret password for the vault?" \\
+        --chunk-tokens 2000 --memory-tokens 128 --temperature 0
+
+The tests build their documents with the same function.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+
+FACT = "The secret password for the vault is PELICAN."
+
+
+def story(sentences: int, fact: str | None = FACT, seed: int = 1) -> str:
+    """Plain sentences (about 11 model tokens each) with `fact` as the first one.
+
+    SmolLM2-135M reliably copies a fact that opens its first chunk into memory and keeps
+    it; one planted mid-document is lost. Tests build on what the model can do.
+    """
+    rng = random.Random(seed)
+    subjects = ["The old miller", "A young sailor", "The village baker", "Her neighbour",
+                "The quiet teacher", "A tired farmer", "The town clerk", "His sister"]
+    verbs = ["walked to", "looked at", "painted", "cleaned", "visited", "talked about",
+             "repaired", "counted the birds near"]
+    places = ["the stone bridge", "the green field", "the small harbour", "the red barn",
+              "the market square", "the wooden fence", "the long road", "the church tower"]
+    times = ["in the morning", "after lunch", "before the rain", "on Sunday", "at dusk",
+             "during the fair", "in early spring", "late at night"]
+    lines = [fact] if fact else []
+    for _ in range(sentences):
+        lines.append(
+            f"{rng.choice(subjects)} {rng.choice(verbs)} {rng.choice(places)} "
+            f"{rng.choice(times)}."
+        )
+    return " ".join(lines)
+
+
+if __name__ == "__main__":
+    sentences = int(sys.argv[1]) if len(sys.argv) > 1 else 1800
+    print(story(sentences))

@@ -1,0 +1,144 @@
+"""Build real PDF and EPUB files with real libraries (fpdf2, ebooklib) for tests and benchmarks."""
+
+from __future__ import annotations
+
+import io
+import re
+import zipfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from ebooklib import epub
+from fpdf import FPDF
+from fpdf.enums import EncryptionMethod
+
+# (label style, prefix, start) as fpdf2 takes them; None leaves the page unlabelled.
+PageLabel = tuple[str, str, int] | None
+
+
+def _png(width: int = 40, height: int = 40) -> bytes:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), (200, 30, 30)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def pdf(
+    path: Path,
+    pages: Sequence[str | None],
+    *,
+    labels: Sequence[PageLabel] = (),
+    password: str | None = None,
+    encryption: str = "AES_256",
+    title: str = "",
+) -> Path:
+    """A PDF with one page per entry of `pages`; None makes an image-only page (no text).
+
+    `labels[i]`, when given, starts a page-label range at page i (fpdf2 `set_page_label`).
+    """
+    doc = FPDF(format="A4")
+    doc.set_auto_page_break(False)
+    doc.set_font("Helvetica", size=9)
+    if title:
+        doc.set_title(title)
+    for index, text in enumerate(pages):
+        doc.add_page()
+        if index < len(labels) and labels[index] is not None:
+            style, prefix, start = labels[index]
+            doc.set_page_label(style, prefix or None, start)
+        if text is None:
+            doc.image(io.BytesIO(_png()), x=20, y=20, w=60)
+        else:
+            doc.set_xy(10, 10)
+            doc.multi_cell(w=0, h=4, text=text)
+    if password is not None:
+        doc.set_encryption(
+            owner_password="owner-" + password,
+            user_password=password,
+            encryption_method=EncryptionMethod[encryption],
+        )
+    path.write_bytes(bytes(doc.output()))
+    return path
+
+
+def truncate(path: Path, keep: float = 0.6) -> Path:
+    """Cut the file at `keep` of its length, as an interrupted download would."""
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+    return path
+
+
+def break_xref(path: Path) -> Path:
+    """Overwrite the cross-reference table with junk, keeping `startxref` pointing at it."""
+    data = path.read_bytes()
+    xref = data.rindex(b"\nxref") + 1
+    end = data.index(b"trailer", xref)
+    path.write_bytes(data[:xref] + b"x" * (end - xref) + data[end:])
+    return path
+
+
+def misplace_startxref(path: Path) -> Path:
+    """Point `startxref` at a wrong offset; the objects themselves are intact."""
+    data = path.read_bytes()
+    path.write_bytes(re.sub(rb"startxref\s+\d+", b"startxref\n17", data))
+    return path
+
+
+def xhtml(title: str | None, paragraphs: Sequence[str], extra: str = "") -> str:
+    """The body of a chapter: an optional <h1>, then one <p> per paragraph, then `extra`."""
+    head = f"<h1>{title}</h1>" if title else ""
+    body = "".join(f"<p>{p}</p>" for p in paragraphs)
+    return f"{head}{body}{extra}"
+
+
+def epub_book(
+    path: Path,
+    chapters: Sequence[tuple[str, str, str]],
+    *,
+    spine: Sequence[int] | None = None,
+    toc: bool = True,
+    title: str = "A Test Book",
+) -> Path:
+    """An EPUB 3 with a nav document; `chapters` are (file name, toc title, xhtml body).
+
+    The manifest lists chapters in the given order; `spine` gives the reading order as
+    indexes into `chapters` (default: the same order). With `toc=False` the table of
+    contents is empty, so titles must come from the chapters themselves.
+    """
+    book = epub.EpubBook()
+    book.set_identifier("memagent-test-" + path.stem)
+    book.set_title(title)
+    book.set_language("en")
+    items = []
+    for file_name, chapter_title, body in chapters:
+        item = epub.EpubHtml(title=chapter_title, file_name=file_name, lang="en")
+        item.content = body
+        book.add_item(item)
+        items.append(item)
+    order = [items[i] for i in spine] if spine is not None else items
+    book.toc = [epub.Link(i.file_name, i.title, i.id) for i in order] if toc else []
+    book.add_item(epub.EpubNcx())
+    book.add_item(epub.EpubNav())
+    book.spine = ["nav", *order]
+    epub.write_epub(str(path), book)
+    return path
+
+
+def rewrite_zip(
+    path: Path, *, drop: Sequence[str] = (), edit: dict[str, bytes] | None = None
+) -> Path:
+    """Copy the zip at `path` without the members in `drop`, replacing those in `edit`."""
+    with zipfile.ZipFile(path) as source:
+        members = [(i, source.read(i.filename)) for i in source.infolist()]
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as target:
+        for info, data in members:
+            if info.filename in drop:
+                continue
+            target.writestr(info, (edit or {}).get(info.filename, data))
+    return path
+
+
+def png(path: Path) -> Path:
+    path.write_bytes(_png())
+    return path
