@@ -6,14 +6,13 @@ import functools
 import json
 import signal
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
 
-from memagent_cli import __version__, display
+from memagent_cli import __version__, display, protocol
 from memagent_cli.errors import Interrupted, UserError
 
 app = typer.Typer(
@@ -25,6 +24,41 @@ app = typer.Typer(
 )
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+# Options shared by several commands, defined once.
+DocumentArg = Annotated[
+    str, typer.Argument(help="Text, Markdown, PDF or EPUB file, or - for stdin.", metavar="DOCUMENT")
+]
+ModelOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--model", "-m", show_default=False,
+        help="GGUF file or registry name [default: $MEMAGENT_MODEL, else the default model].",
+    ),
+]
+ChunkTokensOpt = Annotated[int, typer.Option(min=1, help="Model tokens of document per step.")]
+MemoryTokensOpt = Annotated[
+    int, typer.Option(min=1, help="Most tokens the memory (each update) may take.")
+]
+PasswordOpt = Annotated[
+    str | None, typer.Option(help="Password of an encrypted PDF.", show_default=False)
+]
+GpuLayersOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--gpu-layers", "-ngl", show_default=False,
+        help="Layers to offload to the GPU [default: all when llama.cpp was built with GPU "
+        "support, else 0].",
+    ),
+]
+ThreadsOpt = Annotated[
+    int | None,
+    typer.Option("--threads", "-t", min=1, show_default=False,
+                 help="CPU threads [default: physical cores]."),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Show no progress.")]
+VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's own log.")]
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
@@ -64,27 +98,18 @@ def _root(
 @app.command()
 @user_errors
 def ask(
-    document: Annotated[str, typer.Argument(help="Text file to read, or - for stdin.", metavar="DOCUMENT")],
+    document: DocumentArg,
     questions: Annotated[
-        list[str] | None, typer.Argument(help="One or more questions.", show_default=False, metavar="QUESTION")
+        list[str] | None,
+        typer.Argument(help="One or more questions.", show_default=False, metavar="QUESTION"),
     ] = None,
     questions_file: Annotated[
         Path | None,
         typer.Option("--questions", help="File of questions, one per line.", show_default=False),
     ] = None,
-    model: Annotated[
-        str | None,
-        typer.Option(
-            "--model", "-m", help="GGUF file or registry name [default: $MEMAGENT_MODEL, "
-            "else the default model].", show_default=False,
-        ),
-    ] = None,
-    chunk_tokens: Annotated[
-        int, typer.Option(min=1, help="Model tokens of document per step.")
-    ] = 5000,
-    memory_tokens: Annotated[
-        int, typer.Option(min=1, help="Most tokens the memory (each update) may take.")
-    ] = 1024,
+    model: ModelOpt = None,
+    chunk_tokens: ChunkTokensOpt = protocol.DEFAULT_CHUNK_TOKENS,
+    memory_tokens: MemoryTokensOpt = protocol.DEFAULT_MEMORY_TOKENS,
     temperature: Annotated[
         float, typer.Option(min=0.0, help="Sampling temperature; 0 is greedy, reproducible.")
     ] = 0.7,
@@ -92,36 +117,23 @@ def ask(
     seed: Annotated[
         int | None, typer.Option(help="Random seed for sampling.", show_default=False)
     ] = None,
-    gpu_layers: Annotated[
-        int | None,
-        typer.Option(
-            "--gpu-layers", "-ngl", help="Layers to offload to the GPU [default: all when "
-            "llama.cpp was built with GPU support, else 0].", show_default=False,
-        ),
-    ] = None,
-    threads: Annotated[
-        int | None,
-        typer.Option(
-            "--threads", "-t", min=1, help="CPU threads [default: physical cores].",
-            show_default=False,
-        ),
-    ] = None,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="Print one JSON object per question.")
-    ] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Show no progress.")] = False,
+    password: PasswordOpt = None,
+    gpu_layers: GpuLayersOpt = None,
+    threads: ThreadsOpt = None,
+    as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
     trace: Annotated[
         Path | None,
         typer.Option(help="Write the trace here [default: a new file in the data folder].",
                      show_default=False, dir_okay=False),
     ] = None,
     no_trace: Annotated[bool, typer.Option("--no-trace", help="Write no trace.")] = False,
-    verbose: Annotated[
-        bool, typer.Option("--verbose", "-v", help="Show llama.cpp's own log.")
-    ] = False,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Read DOCUMENT chunk by chunk into a memory and answer each QUESTION from it."""
     from memagent_cli import session
+    from memagent_cli.backends import Sampling
+    from memagent_cli.reader import Settings
 
     asked = [q.strip() for q in questions or [] if q.strip()]
     if questions_file is not None:
@@ -129,7 +141,7 @@ def ask(
     if not asked:
         raise typer.BadParameter(
             "give at least one question, as an argument or with --questions FILE.",
-            param_hint="QUESTIONS",
+            param_hint="QUESTION",
         )
     if trace is not None and len(asked) > 1:
         raise typer.BadParameter(
@@ -140,15 +152,13 @@ def ask(
     signal.signal(signal.SIGTERM, _on_sigterm)
     run = session.open_session(
         document,
+        password=password,
         model=model,
-        chunk_tokens=chunk_tokens,
-        memory_tokens=memory_tokens,
-        temperature=temperature,
-        top_p=top_p,
-        seed=seed,
+        settings=Settings(chunk_tokens, memory_tokens, Sampling(temperature, top_p, seed)),
         gpu_layers=gpu_layers,
         threads=threads,
         verbose=verbose,
+        quiet=quiet,
         questions=asked,
     )
     warned = False
@@ -157,8 +167,7 @@ def ask(
         try:
             result = run.ask(question, trace_path=trace_path, quiet=quiet)
         except (KeyboardInterrupt, Interrupted) as exc:
-            reason = str(exc) or "SIGINT"
-            display.error(run.interrupted_message(reason))
+            display.error(run.interrupted_message(str(exc) or "SIGINT"))
             raise typer.Exit(130) from None
         if as_json:
             print(json.dumps(result.to_json(), ensure_ascii=False), flush=True)
@@ -169,6 +178,56 @@ def ask(
                 "the model put no answer in \\boxed{}; printed its raw final reply instead."
             )
             warned = True
+
+
+@app.command()
+@user_errors
+def inspect(
+    document: DocumentArg,
+    model: ModelOpt = None,
+    chunk_tokens: ChunkTokensOpt = protocol.DEFAULT_CHUNK_TOKENS,
+    memory_tokens: MemoryTokensOpt = protocol.DEFAULT_MEMORY_TOKENS,
+    tokenizer: Annotated[
+        str, typer.Option(help="Count tokens with the model's tokenizer, or with tiktoken.")
+    ] = "model",
+    encoding: Annotated[str, typer.Option(help="tiktoken encoding.")] = "cl100k_base",
+    estimate: Annotated[
+        bool, typer.Option(help="Estimate a question's time from a short model warm-up.")
+    ] = True,
+    password: PasswordOpt = None,
+    gpu_layers: GpuLayersOpt = None,
+    threads: ThreadsOpt = None,
+    as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Show DOCUMENT's format, pages, tokens and chunks without asking the model anything."""
+    from memagent_cli import inspection
+
+    if tokenizer not in ("model", "tiktoken"):
+        raise typer.BadParameter("choose model or tiktoken.", param_hint="--tokenizer")
+    report = inspection.inspect_document(
+        document,
+        password=password,
+        model=model if tokenizer == "model" else None,
+        encoding=encoding if tokenizer == "tiktoken" else None,
+        chunk_tokens=chunk_tokens,
+        memory_tokens=memory_tokens,
+        estimate=estimate and tokenizer == "model",
+        threads=threads,
+        gpu_layers=gpu_layers,
+        verbose=verbose,
+        quiet=quiet,
+    )
+    if as_json:
+        print(json.dumps(report, ensure_ascii=False, indent=2))
+    else:
+        inspection.print_report(report)
+
+
+from memagent_cli.traceview import trace_command  # noqa: E402
+
+app.command("trace")(user_errors(trace_command))
 
 
 def main() -> None:

@@ -5,8 +5,10 @@ stdout is for results only, so every console here writes to stderr.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console, Group
@@ -176,3 +178,50 @@ def progress_view(
     if console.is_terminal:
         return LiveView(span_of, total_tokens, title)
     return PlainProgress(span_of)
+
+
+class _ExtractionProgress:
+    """Pages extracted so far, shown only once extraction has taken more than a moment."""
+
+    _DELAY = 1.0  # seconds before anything is shown
+    _PLAIN_EVERY = 5.0  # seconds between plain lines
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._start = self._last = time.perf_counter()
+        self._bar: Progress | None = None
+        self._task = None
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.perf_counter()
+        if now - self._start < self._DELAY:
+            return
+        if console.is_terminal:
+            if self._bar is None:
+                self._bar = Progress(
+                    TextColumn(f"extracting {escape(self._name)}"), BarColumn(),
+                    MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=True,
+                )
+                self._bar.start()
+                self._task = self._bar.add_task("extract", total=total)
+            self._bar.update(self._task, completed=done)
+        elif now - self._last >= self._PLAIN_EVERY or done == total:
+            self._last = now
+            console.print(f"extracting {self._name}: {done}/{total}", highlight=False)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+@contextlib.contextmanager
+def extraction_progress(quiet: bool, path: str) -> Iterator[Callable[[int, int], None] | None]:
+    """A progress(done, total) callback for document extraction, or None with --quiet."""
+    if quiet:
+        yield None
+        return
+    progress = _ExtractionProgress(Path(path).name if path != "-" else "stdin")
+    try:
+        yield progress
+    finally:
+        progress.close()

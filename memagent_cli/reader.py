@@ -97,6 +97,16 @@ def read(
     return answer
 
 
+def evidence(answer: Answer) -> Step | None:
+    """The step whose update first brought the answer's text into memory, if any."""
+    target = protocol.normalize_answer(answer.answer or "")
+    if not target:
+        return None
+    return next(
+        (s for s in answer.steps if target in protocol.normalize_answer(s.memory)), None
+    )
+
+
 # Detokenized windows can re-tokenize a little longer inside the prompt.
 _RETOKENIZE_SLACK = 32
 

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from memagent_cli import __version__, display, models, protocol, trace
-from memagent_cli.backends import Sampling
 from memagent_cli.backends.llama_cpp import LlamaCppBackend, can_offload, physical_cores
 from memagent_cli.chunking import Chunk, make_chunks
 from memagent_cli.documents import Document, load_document
@@ -73,6 +72,7 @@ class Result:
                 }
                 for step in a.steps
             ],
+            "evidence": trace.evidence_record(a, s.span_of),
             "seconds": round(self.seconds, 3),
             "tokens_per_second": {
                 "prompt": round(prompt_tokens / prompt_seconds, 1) if prompt_seconds else None,
@@ -96,8 +96,6 @@ class Session:
         backend: LlamaCppBackend,
         settings: Settings,
         context: int,
-        threads: int,
-        gpu_layers: int,
     ) -> None:
         self.document = document
         self.tokens = tokens
@@ -106,8 +104,6 @@ class Session:
         self.backend = backend
         self.settings = settings
         self.context = context
-        self.threads = threads
-        self.gpu_layers = gpu_layers
         self._progress: tuple[int, Path | None] = (0, None)
 
     def span_of(self, start: int, end: int) -> str:
@@ -134,8 +130,8 @@ class Session:
             "memory_tokens": self.settings.memory_tokens,
             **asdict(self.settings.sampling),
             "context_tokens": self.context,
-            "threads": self.threads,
-            "gpu_layers": self.gpu_layers,
+            "threads": self.backend.threads,
+            "gpu_layers": self.backend.gpu_layers,
         }
 
     def ask(self, question: str, *, trace_path: Path | None, quiet: bool) -> Result:
@@ -190,31 +186,47 @@ def default_trace_path(session: Session, question_index: int) -> Path:
     return trace.default_path(session.document.path, question_index)
 
 
-def open_session(
-    document_path: str,
-    *,
-    model: str | None,
-    chunk_tokens: int,
-    memory_tokens: int,
-    temperature: float,
-    top_p: float,
-    seed: int | None,
-    gpu_layers: int | None,
-    threads: int | None,
-    verbose: bool,
-    questions: list[str],
-) -> Session:
-    """Load the document and the model, chunk, and size the context; fails before reading."""
-    document = load_document(document_path)
+def read_document(path: str, *, password: str | None, quiet: bool) -> Document:
+    """Load a document, showing extraction progress on stderr when it takes a while."""
+    with display.extraction_progress(quiet, path) as progress:
+        document = load_document(path, password=password, progress=progress)
+    if document.pages_without_text and not quiet:
+        display.note(
+            f"{document.pages_without_text} of {document.pages} pages have no text layer "
+            "(scanned or images) and were skipped."
+        )
+    return document
+
+
+def open_backend(
+    model: str | None, *, threads: int | None, gpu_layers: int | None, verbose: bool
+) -> tuple[models.Model, LlamaCppBackend]:
+    """Find the model and open its vocabulary; weights load later, in `prepare`."""
     found = models.resolve(model)
     threads = threads or physical_cores()
     if gpu_layers is None:
         gpu_layers = -1 if can_offload() else 0
     backend = LlamaCppBackend(found.path, threads=threads, gpu_layers=gpu_layers, verbose=verbose)
-    settings = Settings(chunk_tokens, memory_tokens, Sampling(temperature, top_p, seed))
+    return found, backend
+
+
+def open_session(
+    document_path: str,
+    *,
+    password: str | None,
+    model: str | None,
+    settings: Settings,
+    gpu_layers: int | None,
+    threads: int | None,
+    verbose: bool,
+    quiet: bool,
+    questions: list[str],
+) -> Session:
+    """Load the document and the model, chunk, and size the context; fails before reading."""
+    document = read_document(document_path, password=password, quiet=quiet)
+    found, backend = open_backend(model, threads=threads, gpu_layers=gpu_layers, verbose=verbose)
     context = context_needed(backend, questions, settings)
     tokens = backend.tokenize(document.text)
-    chunks = make_chunks(tokens, chunk_tokens, backend.detokenize)
+    chunks = make_chunks(tokens, settings.chunk_tokens, backend.detokenize)
     backend.prepare(context)
-    return Session(document, tokens, chunks, found, backend, settings, context, threads, gpu_layers)
-
+    return Session(document, tokens, chunks, found, backend, settings, context)

@@ -10,7 +10,8 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import IO, Any
 import platformdirs
 
 from memagent_cli.errors import UserError
-from memagent_cli.reader import Answer, Event, Finished, StepFinished
+from memagent_cli.reader import Answer, Event, Finished, StepFinished, evidence
 
 FORMAT_VERSION = 1
 
@@ -77,7 +78,7 @@ class TraceWriter:
             )
             self._steps_done += 1
         elif isinstance(event, Finished):
-            self._write(final_record(event.answer))
+            self._write(final_record(event.answer, self._span_of))
 
     def interrupted(self, reason: str) -> None:
         """Record where an interrupted run stopped, so a reader knows it is unfinished."""
@@ -92,12 +93,29 @@ class TraceWriter:
         os.fsync(self._file.fileno())
 
 
-def final_record(answer: Answer) -> dict[str, Any]:
+def evidence_record(
+    answer: Answer, span_of: Callable[[int, int], str]
+) -> dict[str, Any] | None:
+    """Where the answer entered the memory: step index, span, token and character range."""
+    step = evidence(answer)
+    if step is None:
+        return None
+    chunk = step.chunk
+    return {
+        "step": chunk.index,
+        "span": span_of(chunk.char_start, chunk.char_end),
+        "tokens": [chunk.token_start, chunk.token_end],
+        "chars": [chunk.char_start, chunk.char_end],
+    }
+
+
+def final_record(answer: Answer, span_of: Callable[[int, int], str]) -> dict[str, Any]:
     final = answer.final
     return {
         "type": "final",
         "reply": answer.reply,
         "answer": answer.answer,
+        "evidence": evidence_record(answer, span_of),
         "prompt_tokens": final.prompt_tokens,
         "completion_tokens": final.completion_tokens,
         "finish_reason": final.finish_reason,
@@ -166,3 +184,39 @@ def read_trace(path: Path) -> Trace:
         elif kind == "interrupted":
             trace.interrupted = record
     return trace
+
+
+def recent_traces(directory: Path | None = None) -> list[Path]:
+    """The trace files in `directory` (default: `default_dir()`), newest first."""
+    folder = directory or default_dir()
+    if not folder.is_dir():
+        return []
+    stamped = []
+    for path in folder.glob("*.jsonl"):
+        try:
+            stamped.append((path.stat().st_mtime, path.name, path))
+        except OSError:  # removed while listing
+            continue
+    return [path for _, _, path in sorted(stamped, reverse=True)]
+
+
+def follow(path: Path, poll_seconds: float = 0.2) -> Iterator[dict[str, Any]]:
+    """Every record of a trace as its line lands on disk, waiting for more; never ends.
+
+    A line still being written waits for the rest; a line that is not a record is skipped.
+    """
+    pending = b""
+    with path.open("rb") as file:
+        while True:
+            data = file.read()
+            if not data:
+                time.sleep(poll_seconds)
+                continue
+            *lines, pending = (pending + data).split(b"\n")
+            for line in lines:
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(record, dict) and "type" in record:
+                    yield record

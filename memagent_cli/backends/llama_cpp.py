@@ -86,8 +86,8 @@ class LlamaCppBackend:
         _route_llama_log(verbose)
         self.path = path
         self.name = path.stem
-        self._threads = threads
-        self._gpu_layers = gpu_layers
+        self.threads = threads
+        self.gpu_layers = gpu_layers
         self._verbose = verbose
         try:
             self._vocab = Llama(model_path=str(path), vocab_only=True, verbose=verbose)
@@ -144,9 +144,9 @@ class LlamaCppBackend:
                 model_path=str(self.path),
                 n_ctx=context_tokens,
                 n_batch=min(512, context_tokens),
-                n_threads=self._threads,
-                n_threads_batch=self._threads,
-                n_gpu_layers=self._gpu_layers,
+                n_threads=self.threads,
+                n_threads_batch=self.threads,
+                n_gpu_layers=self.gpu_layers,
                 verbose=self._verbose,
             )
         except (ValueError, RuntimeError) as exc:

@@ -1,0 +1,172 @@
+"""`memagent inspect`: what a document is and what reading it will take, before asking."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from memagent_cli import protocol, session, tokenizers
+from memagent_cli.backends import Sampling
+from memagent_cli.backends.llama_cpp import LlamaCppBackend
+from memagent_cli.chunking import Chunk, make_chunks
+from memagent_cli.documents import Document
+from memagent_cli.errors import BudgetError
+from memagent_cli.reader import Settings, context_needed
+
+_WARMUP_QUESTION = "What is this document about?"
+_WARMUP_PROMPT_TOKENS = 256
+_WARMUP_REPLY_TOKENS = 32
+
+
+def inspect_document(
+    path: str,
+    *,
+    password: str | None,
+    model: str | None,
+    encoding: str | None,
+    chunk_tokens: int,
+    memory_tokens: int,
+    estimate: bool,
+    threads: int | None,
+    gpu_layers: int | None,
+    verbose: bool,
+    quiet: bool,
+) -> dict[str, Any]:
+    """Everything `inspect` reports, as plain data (the JSON output)."""
+    document = session.read_document(path, password=password, quiet=quiet)
+    backend = None
+    if encoding is not None:
+        tiktoken = tokenizers.encoding(encoding)
+        tokens = tiktoken.encode_ordinary(document.text)
+        chunks = make_chunks(tokens, chunk_tokens, lambda t: tiktoken.decode_bytes(list(t)))
+        tokenizer = {"kind": "tiktoken", "encoding": encoding, "exact": False}
+    else:
+        found, backend = session.open_backend(
+            model, threads=threads, gpu_layers=gpu_layers, verbose=verbose
+        )
+        tokens = backend.tokenize(document.text)
+        chunks = make_chunks(tokens, chunk_tokens, backend.detokenize)
+        tokenizer = {"kind": "model", "model": found.name, "path": str(found.path), "exact": True}
+    report: dict[str, Any] = {
+        "document": _document_info(document),
+        "tokenizer": tokenizer,
+        "tokens": len(tokens),
+        "chunk_tokens": chunk_tokens,
+        "chunks": [
+            {
+                "index": c.index,
+                "tokens": [c.token_start, c.token_end],
+                "chars": [c.char_start, c.char_end],
+                "span": document.span(c.char_start, c.char_end),
+            }
+            for c in chunks
+        ],
+        "estimate": None,
+    }
+    if estimate and backend is not None:
+        report["estimate"] = _estimate(backend, chunks, chunk_tokens, memory_tokens, quiet)
+    return report
+
+
+def _document_info(document: Document) -> dict[str, Any]:
+    return {
+        "path": document.path,
+        "format": document.format,
+        "sha256": document.sha256,
+        "title": document.title,
+        "unit": document.unit,
+        "pages": document.pages,
+        "pages_without_text": document.pages_without_text,
+        "sections": len(document.sections),
+        "characters": len(document.text),
+    }
+
+
+def _estimate(
+    backend: LlamaCppBackend, chunks: list[Chunk], chunk_tokens: int, memory_tokens: int,
+    quiet: bool,
+) -> dict[str, Any]:
+    """Seconds one question will take, from a short measured warm-up of the model."""
+    from memagent_cli import display
+
+    settings = Settings(chunk_tokens, memory_tokens, Sampling(temperature=0.0))
+    try:
+        context = context_needed(backend, [_WARMUP_QUESTION], settings)
+    except BudgetError as exc:
+        return {"error": exc.message}
+    if not quiet:
+        display.note("measuring the model's speed with a short warm-up...")
+    backend.prepare(context)
+    sample = backend.detokenize(backend.tokenize(chunks[0].text)[:_WARMUP_PROMPT_TOKENS])
+    message = protocol.render_update(
+        _WARMUP_QUESTION, protocol.INITIAL_MEMORY, sample.decode("utf-8", errors="replace")
+    )
+    warm = backend.generate(message, max_tokens=_WARMUP_REPLY_TOKENS, sampling=settings.sampling)
+    prompt_rate = warm.prompt_tokens / max(warm.prompt_seconds, 1e-6)
+    gen_rate = max(warm.completion_tokens, 1) / max(warm.generation_seconds, 1e-6)
+    fixed = warm.prompt_tokens - _WARMUP_PROMPT_TOKENS  # chat + template + question
+    seconds = sum(
+        (fixed + memory_tokens + c.tokens) / prompt_rate + memory_tokens / gen_rate
+        for c in chunks
+    )
+    seconds += (fixed + memory_tokens) / prompt_rate + memory_tokens / gen_rate  # the answer
+    return {
+        "seconds_per_question": round(seconds, 1),
+        "prompt_tokens_per_second": round(prompt_rate, 1),
+        "generation_tokens_per_second": round(gen_rate, 1),
+        "assumes": "each memory update writes --memory-tokens tokens; speeds from a "
+        f"{warm.prompt_tokens}-token warm-up, so long prompts may read slower",
+    }
+
+
+def print_report(report: dict[str, Any]) -> None:
+    """The report as tables on stdout."""
+    from rich.console import Console
+    from rich.table import Table
+
+    out = Console(file=sys.stdout, highlight=False, soft_wrap=True)
+    doc = report["document"]
+    summary = Table.grid(padding=(0, 2))
+    summary.add_row("document", doc["path"])
+    summary.add_row("format", doc["format"] + (f" ({doc['title']})" if doc["title"] else ""))
+    if doc["unit"] == "page":
+        summary.add_row(
+            "pages", f"{doc['pages']:,}" + (f" ({doc['pages_without_text']} without text)"
+                                            if doc["pages_without_text"] else "")
+        )
+    elif doc["unit"] == "chapter":
+        summary.add_row("chapters", f"{doc['sections']:,}")
+    summary.add_row("characters", f"{doc['characters']:,}")
+    tok = report["tokenizer"]
+    how = f"{tok['model']} tokenizer" if tok["kind"] == "model" else (
+        f"tiktoken {tok['encoding']}, approximate for the model"
+    )
+    summary.add_row("tokens", f"{report['tokens']:,} ({how})")
+    summary.add_row("chunks", f"{len(report['chunks']):,} of {report['chunk_tokens']:,} tokens")
+    est = report["estimate"]
+    if est and "error" in est:
+        summary.add_row("estimate", est["error"])
+    elif est:
+        summary.add_row(
+            "estimate",
+            f"about {_duration(est['seconds_per_question'])} per question on this machine "
+            f"(an estimate: prompt {est['prompt_tokens_per_second']:,.0f} tok/s, generation "
+            f"{est['generation_tokens_per_second']:,.0f} tok/s measured; {est['assumes']})",
+        )
+    out.print(summary)
+    table = Table("chunk", "tokens", "characters", "span", box=None, pad_edge=False)
+    for c in report["chunks"]:
+        table.add_row(
+            str(c["index"] + 1), f"{c['tokens'][0]:,}–{c['tokens'][1]:,}",
+            f"{c['chars'][0]:,}–{c['chars'][1]:,}", c["span"],
+        )
+    out.print()
+    out.print(table)
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    if hours:
+        return f"{hours}h {minutes:02d}m"
+    return f"{minutes}m {secs:02d}s" if minutes else f"{secs}s"

