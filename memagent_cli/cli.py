@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import shlex
 import signal
 import sys
 from collections.abc import Callable
@@ -128,6 +129,18 @@ def ask(
                      show_default=False, dir_okay=False),
     ] = None,
     no_trace: Annotated[bool, typer.Option("--no-trace", help="Write no trace.")] = False,
+    resume: Annotated[
+        str | None,
+        typer.Option(
+            metavar="[TRACE]", show_default=False,
+            help="Continue an interrupted run after its last finished step: TRACE, or without "
+            "it the newest unfinished trace of the same document, question and settings.",
+        ),
+    ] = None,
+    no_cache: Annotated[
+        bool,
+        typer.Option("--no-cache", help="Read again even if an identical greedy run finished."),
+    ] = False,
     verbose: VerboseOpt = False,
 ) -> None:
     """Read DOCUMENT chunk by chunk into a memory and answer each QUESTION from it."""
@@ -143,12 +156,16 @@ def ask(
             "give at least one question, as an argument or with --questions FILE.",
             param_hint="QUESTION",
         )
-    if trace is not None and len(asked) > 1:
-        raise typer.BadParameter(
-            "--trace names one file, but there are several questions; leave it out to get "
-            "one trace per question in the data folder.",
-            param_hint="--trace",
-        )
+    resume_path = None if resume in (None, _LATEST) else Path(resume)
+    for option, named in (("--trace", trace), ("--resume", resume_path)):
+        if named is not None and len(asked) > 1:
+            raise typer.BadParameter(
+                f"{option} names one trace, but there are several questions; leave the path "
+                "out to use one trace per question in the data folder.",
+                param_hint=option,
+            )
+    if trace is not None and resume_path is not None:
+        raise typer.BadParameter("give --trace or --resume TRACE, not both.", param_hint="--trace")
     signal.signal(signal.SIGTERM, _on_sigterm)
     run = session.open_session(
         document,
@@ -165,9 +182,13 @@ def ask(
     for index, question in enumerate(asked):
         trace_path = None if no_trace else (trace or session.default_trace_path(run, index))
         try:
-            result = run.ask(question, trace_path=trace_path, quiet=quiet)
+            result = run.ask(
+                question, trace_path=trace_path, quiet=quiet, resume=resume_path,
+                latest=resume == _LATEST, use_cache=not no_cache,
+            )
         except (KeyboardInterrupt, Interrupted) as exc:
             display.error(run.interrupted_message(str(exc) or "SIGINT"))
+            display.note("resume with: " + _resume_command(run.trace_in_flight))
             raise typer.Exit(130) from None
         if as_json:
             print(json.dumps(result.to_json(), ensure_ascii=False), flush=True)
@@ -230,9 +251,41 @@ from memagent_cli.traceview import trace_command  # noqa: E402
 app.command("trace")(user_errors(trace_command))
 
 
+_LATEST = "latest"
+
+
+def _resume_command(trace_path: Path | None) -> str:
+    """This command line again, continuing from `trace_path` (or the newest unfinished trace)."""
+    words, skip = [], False
+    for arg in _optional_resume_value(sys.argv[1:]):
+        if skip:
+            skip = False
+        elif arg in ("--resume", "--trace"):
+            skip = True
+        elif not arg.startswith(("--resume=", "--trace=")):
+            words.append(arg)
+    words += ["--resume"] + ([str(trace_path)] if trace_path else [])
+    return "memagent " + shlex.join(words)
+
+
+def _optional_resume_value(argv: list[str]) -> list[str]:
+    """Let `--resume` stand alone: Click options need a value, so supply "latest" when the
+    next word is not an existing trace file."""
+    out = []
+    for i, arg in enumerate(argv):
+        out.append(arg)
+        if arg == "--resume":
+            following = argv[i + 1] if i + 1 < len(argv) else None
+            if following is None or not (
+                following.endswith(".jsonl") or Path(following).is_file()
+            ):
+                out.append(_LATEST)
+    return out
+
+
 def main() -> None:
     """Console entry point."""
     try:
-        app()
+        app(args=_optional_resume_value(sys.argv[1:]))
     except KeyboardInterrupt:
         sys.exit(130)

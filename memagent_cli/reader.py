@@ -72,12 +72,17 @@ def read(
     chunks: Sequence[Chunk],
     settings: Settings,
     listener: Listener = lambda event: None,
+    done: Sequence[Step] = (),
 ) -> Answer:
-    """Fold every chunk into the memory (overwriting it), then answer from the last memory."""
+    """Fold every chunk into the memory (overwriting it), then answer from the last memory.
+
+    `done` are steps already finished by an earlier, interrupted run: reading goes on after
+    them, from the memory they left.
+    """
     question = question.strip()
-    memory = protocol.INITIAL_MEMORY
-    steps: list[Step] = []
-    for chunk in chunks:
+    steps = list(done)
+    memory = steps[-1].memory if steps else protocol.INITIAL_MEMORY
+    for chunk in chunks[len(steps) :]:
         listener(StepStarted(chunk, len(chunks)))
         message = protocol.render_update(question, memory, chunk.text)
         generation = backend.generate(

@@ -6,18 +6,20 @@ This is where the pure core (documents, chunking, protocol, reader) meets the ed
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from memagent_cli import __version__, display, models, protocol, trace
+from memagent_cli.backends import Generation
 from memagent_cli.backends.llama_cpp import LlamaCppBackend, can_offload, physical_cores
 from memagent_cli.chunking import Chunk, make_chunks
 from memagent_cli.documents import Document, load_document
-from memagent_cli.errors import DocumentError, Interrupted
-from memagent_cli.reader import Answer, Settings, StepFinished, context_needed, read
+from memagent_cli.errors import DocumentError, Interrupted, UserError
+from memagent_cli.reader import Answer, Settings, Step, StepFinished, context_needed, read
 
 
 def questions_from_file(path: Path) -> list[str]:
@@ -39,6 +41,7 @@ class Result:
     session: Session
     seconds: float
     trace_path: Path | None
+    cached: bool = False  # answered from a finished trace, without reading
 
     def stdout_line(self) -> str:
         if self.answer.answer is not None:
@@ -81,6 +84,7 @@ class Result:
                 else None,
             },
             "trace": str(self.trace_path) if self.trace_path else None,
+            "cached": self.cached,
         }
 
 
@@ -105,6 +109,7 @@ class Session:
         self.settings = settings
         self.context = context
         self._progress: tuple[int, Path | None] = (0, None)
+        self._prepared = False
 
     def span_of(self, start: int, end: int) -> str:
         return self.document.span(start, end)
@@ -134,14 +139,52 @@ class Session:
             "gpu_layers": self.backend.gpu_layers,
         }
 
-    def ask(self, question: str, *, trace_path: Path | None, quiet: bool) -> Result:
-        """Read the whole document for `question`, writing the trace as it goes."""
+    def ask(
+        self,
+        question: str,
+        *,
+        trace_path: Path | None,
+        quiet: bool,
+        resume: Path | None = None,
+        latest: bool = False,
+        use_cache: bool = True,
+    ) -> Result:
+        """Read the whole document for `question`, writing the trace as it goes.
+
+        `resume` (a trace) or `latest` (the newest unfinished trace of this run) continues an
+        interrupted run after its last finished step. An identical finished greedy run is
+        answered from its trace unless `use_cache` is off.
+        """
+        header = self._trace_header(question)
+        start = time.perf_counter()
+        if use_cache and self.settings.sampling.temperature == 0 and resume is None:
+            cached = trace.find_run(header, finished=True)
+            if cached is not None:
+                if not quiet:
+                    display.note(f"answered from the finished trace {cached.path} (--no-cache "
+                                 "reads the document again)")
+                return self._result_from(cached, start, cached=True)
+        done: list[Step] = []
+        if resume is not None or latest:
+            earlier = self._trace_to_resume(header, resume)
+            if earlier.finished:
+                if not quiet:
+                    display.note(f"{earlier.path} is already finished; its answer follows.")
+                return self._result_from(earlier, start, cached=True)
+            done = self._steps_of(earlier)
+            trace_path = earlier.path
+            if not quiet:
+                display.note(f"resuming {trace_path} after step {len(done)} of "
+                             f"{len(self.chunks)}")
+        self._prepare()
         writer = None
         if trace_path is not None:
-            writer = trace.TraceWriter(trace_path, self._trace_header(question), self.span_of)
-            if not quiet:
+            writer = trace.TraceWriter(
+                trace_path, header, self.span_of, resume_from=len(done) if done else None
+            )
+            if not quiet and not done:
                 display.note(f"trace: {trace_path}")
-        self._progress = (0, trace_path)
+        self._progress = (len(done), trace_path)
 
         def listener(event: Any) -> None:
             if isinstance(event, StepFinished):
@@ -152,10 +195,11 @@ class Session:
 
         title = f"{Path(self.document.path).name} · {self.model.name} · {question}"
         view = display.progress_view(quiet, self.span_of, len(self.tokens), title)
-        start = time.perf_counter()
         try:
             with view:
-                answer = read(self.backend, question, self.chunks, self.settings, listener)
+                answer = read(
+                    self.backend, question, self.chunks, self.settings, listener, done=done
+                )
         except (KeyboardInterrupt, Interrupted) as exc:
             if writer is not None:
                 writer.interrupted(str(exc) or "SIGINT")
@@ -165,6 +209,60 @@ class Session:
                 writer.close()
         return Result(answer, self, time.perf_counter() - start, trace_path)
 
+    def _prepare(self) -> None:
+        """Load the weights on first use: answers from traces never need them."""
+        if not self._prepared:
+            self.backend.prepare(self.context)
+            self._prepared = True
+
+    def _trace_to_resume(self, header: dict[str, Any], path: Path | None) -> trace.Trace:
+        if path is None:
+            found = trace.find_run(header, finished=False)
+            if found is None:
+                raise UserError(
+                    "There is no unfinished trace of this document, question, model and "
+                    "settings to resume; name one with --resume TRACE."
+                )
+            return found
+        earlier = trace.read_trace(path)
+        if differences := trace.differences(earlier.header, header):
+            raise UserError(f"Cannot resume {path}: " + "; ".join(differences) + ".")
+        return earlier
+
+    def _steps_of(self, earlier: trace.Trace) -> list[Step]:
+        """The finished steps of a trace, checked against this session's chunks."""
+        steps = []
+        for index, record in enumerate(earlier.steps):
+            chunk = self.chunks[index] if index < len(self.chunks) else None
+            if (
+                chunk is None
+                or record.get("index") != index
+                or record.get("chunk_sha256") != _sha256(chunk.text)
+            ):
+                raise UserError(
+                    f"Cannot resume {earlier.path}: its step {index} did not read the chunk "
+                    "this run would read (a different tokenizer or build?)."
+                )
+            steps.append(Step(chunk, record["memory"], _generation(record)))
+        return steps
+
+    def _result_from(self, earlier: trace.Trace, start: float, *, cached: bool) -> Result:
+        steps = self._steps_of(earlier)
+        final = earlier.final or {}
+        answer = Answer(
+            question=earlier.header["question"],
+            answer=final.get("answer"),
+            reply=final.get("reply", ""),
+            steps=steps,
+            final=_generation(final),
+        )
+        return Result(answer, self, time.perf_counter() - start, earlier.path, cached=cached)
+
+    @property
+    def trace_in_flight(self) -> Path | None:
+        """The trace of the question being read now."""
+        return self._progress[1]
+
     def interrupted_message(self, reason: str) -> str:
         done, path = self._progress
         kept = f"; the trace {path} keeps them" if path else ""
@@ -172,7 +270,7 @@ class Session:
 
     def _trace_header(self, question: str) -> dict[str, Any]:
         return {
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "created": datetime.now(UTC).isoformat(timespec="seconds"),
             "memagent": __version__,
             "question": question,
             "document": self.document_info(),
@@ -184,6 +282,22 @@ class Session:
 
 def default_trace_path(session: Session, question_index: int) -> Path:
     return trace.default_path(session.document.path, question_index)
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _generation(record: dict[str, Any]) -> Generation:
+    """A step's or the final reply's cost, as a trace recorded it."""
+    return Generation(
+        text=record.get("memory", record.get("reply", "")),
+        prompt_tokens=record.get("prompt_tokens", 0),
+        completion_tokens=record.get("completion_tokens", 0),
+        prompt_seconds=record.get("prompt_seconds", 0.0),
+        seconds=record.get("seconds", 0.0),
+        finish_reason=record.get("finish_reason", "stop"),
+    )
 
 
 def read_document(path: str, *, password: str | None, quiet: bool) -> Document:
@@ -228,5 +342,4 @@ def open_session(
     context = context_needed(backend, questions, settings)
     tokens = backend.tokenize(document.text)
     chunks = make_chunks(tokens, settings.chunk_tokens, backend.detokenize)
-    backend.prepare(context)
     return Session(document, tokens, chunks, found, backend, settings, context)

@@ -13,7 +13,7 @@ import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
@@ -49,13 +49,22 @@ class TraceWriter:
         path: Path,
         header: dict[str, Any],
         span_of: Callable[[int, int], str] = lambda start, end: "",
+        *,
+        resume_from: int | None = None,
     ) -> None:
+        """A new trace with `header`, or, with `resume_from`, the same trace continued after
+        that many finished steps."""
         self.path = path
         self._span_of = span_of
         path.parent.mkdir(parents=True, exist_ok=True)
+        if resume_from is not None:
+            _drop_partial_line(path)
         self._file: IO[str] = path.open("a", encoding="utf-8")
-        self._steps_done = 0
-        self._write({"type": "header", "format": FORMAT_VERSION, **header})
+        self._steps_done = resume_from or 0
+        if resume_from is None:
+            self._write({"type": "header", "format": FORMAT_VERSION, **header})
+        else:
+            self._write({"type": "resumed", "steps_done": resume_from, "at": _now()})
 
     def __call__(self, event: Event) -> None:
         if isinstance(event, StepFinished):
@@ -73,6 +82,7 @@ class TraceWriter:
                     "prompt_tokens": gen.prompt_tokens,
                     "completion_tokens": gen.completion_tokens,
                     "finish_reason": gen.finish_reason,
+                    "prompt_seconds": round(gen.prompt_seconds, 3),
                     "seconds": round(gen.seconds, 3),
                 }
             )
@@ -91,6 +101,19 @@ class TraceWriter:
         self._file.write(json.dumps(record, ensure_ascii=False) + "\n")
         self._file.flush()
         os.fsync(self._file.fileno())
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def _drop_partial_line(path: Path) -> None:
+    """Cut a line left half-written by a crash, so appended records start on their own line."""
+    data = path.read_bytes()
+    end = data.rfind(b"\n") + 1
+    if end < len(data):
+        with path.open("r+b") as file:
+            file.truncate(end)
 
 
 def evidence_record(
@@ -183,7 +206,66 @@ def read_trace(path: Path) -> Trace:
             trace.final = record
         elif kind == "interrupted":
             trace.interrupted = record
+        elif kind == "resumed":
+            trace.interrupted = None
     return trace
+
+
+# What makes two runs the same run: resuming or reusing a trace needs all of these to match.
+_IDENTITY = {
+    "the document": ("document", "sha256"),
+    "the question": ("question",),
+    "the model": ("model", "path"),
+    "the model file's size": ("model", "size"),
+    "--chunk-tokens": ("settings", "chunk_tokens"),
+    "--memory-tokens": ("settings", "memory_tokens"),
+    "--temperature": ("settings", "temperature"),
+    "--top-p": ("settings", "top_p"),
+    "--seed": ("settings", "seed"),
+    "the prompt templates": ("templates_sha256",),
+}
+
+
+def _field(header: dict[str, Any], keys: tuple[str, ...]) -> Any:
+    value: Any = header
+    for key in keys:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
+
+
+def differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """What differs between a trace's run and this one, in words ("--chunk-tokens: 2000 there,
+    1000 here"); empty when they are the same run."""
+    found = []
+    for name, keys in _IDENTITY.items():
+        there, here = _field(recorded, keys), _field(current, keys)
+        if there != here:
+            if keys == ("document", "sha256"):
+                there = f"{_field(recorded, ('document', 'path'))} (sha256 {str(there)[:12]})"
+                here = f"{_field(current, ('document', 'path'))} (sha256 {str(here)[:12]})"
+            elif isinstance(there, (dict, type(None))) or isinstance(here, dict):
+                there, here = "other", "these"
+            found.append(f"{name} differs ({there} there, {here} here)")
+    return found
+
+
+def find_run(header: dict[str, Any], *, finished: bool) -> Trace | None:
+    """The newest trace in the data folder of the same run as `header`, finished or not."""
+    for path in recent_traces():
+        try:
+            with path.open("rb") as file:
+                first = json.loads(file.readline())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(first, dict) or differences(first, header):
+            continue
+        try:
+            trace = read_trace(path)
+        except TraceError:
+            continue
+        if trace.finished == finished:
+            return trace
+    return None
 
 
 def recent_traces(directory: Path | None = None) -> list[Path]:

@@ -81,6 +81,64 @@ def test_json_answers_every_question_from_stdin(memagent, env):
         assert read_trace(Path(path)).finished
 
 
+def interrupt_after_steps(args: list[str], trace_path: Path, env, steps: int):
+    """Start `memagent ask`, send Ctrl-C once `steps` steps are in its trace; the process."""
+    process = subprocess.Popen(
+        [str(MEMAGENT), "ask", *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, env=env,
+    )
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and process.poll() is None:
+        if trace_path.exists() and trace_path.read_text().count('"type": "step"') >= steps:
+            break
+        time.sleep(0.2)
+    process.send_signal(signal.SIGINT)
+    process.communicate(timeout=120)
+    return process
+
+
+def test_resume_finishes_like_an_uninterrupted_run(memagent, env, tmp_path):
+    doc = tmp_path / "doc.txt"
+    doc.write_text(story(900))
+    ask = [str(doc), FACT_QUESTION, *SMALL_STEPS]
+
+    whole = memagent("ask", *ask, "--json", "--quiet")
+    assert whole.returncode == 0, whole.stderr
+    expected = json.loads(whole.stdout)
+    assert expected["cached"] is False and len(expected["steps"]) == 5
+
+    # The same greedy run again comes from its trace, without reading.
+    again = memagent("ask", *ask, "--json")
+    assert again.returncode == 0, again.stderr
+    cached = json.loads(again.stdout)
+    assert cached["cached"] is True and cached["reply"] == expected["reply"]
+    assert cached["trace"] == expected["trace"] and "answered from the finished trace" in again.stderr
+
+    cut = tmp_path / "cut.jsonl"
+    process = interrupt_after_steps([*ask, "--no-cache", "--trace", str(cut)], cut, env, 2)
+    assert process.returncode == 130
+    assert not read_trace(cut).finished
+
+    other = tmp_path / "other.txt"
+    other.write_text(story(900, seed=3))
+    refused = memagent("ask", str(other), FACT_QUESTION, *SMALL_STEPS, "--resume", str(cut))
+    assert refused.returncode == 1 and "the document differs" in refused.stderr
+    refused = memagent("ask", *ask, "--memory-tokens", "64", "--resume", str(cut))
+    assert refused.returncode == 1 and "--memory-tokens differs (128 there, 64 here)" in " ".join(
+        refused.stderr.split()
+    )
+
+    resumed = memagent("ask", *ask, "--json", "--resume", str(cut))
+    assert resumed.returncode == 0, resumed.stderr
+    result = json.loads(resumed.stdout)
+    assert "resuming" in resumed.stderr
+    assert result["reply"] == expected["reply"] and result["answer"] == expected["answer"]
+    trace = read_trace(cut)
+    assert trace.finished and trace.interrupted is None
+    reference = read_trace(Path(expected["trace"]))
+    assert [s["memory"] for s in trace.steps] == [s["memory"] for s in reference.steps]
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_an_interrupted_run_keeps_its_finished_steps(env, tmp_path, sig):
     doc = tmp_path / "doc.txt"
@@ -103,6 +161,7 @@ def test_an_interrupted_run_keeps_its_finished_steps(env, tmp_path, sig):
     assert stdout == ""
     assert "Traceback" not in stderr
     assert "Interrupted" in stderr and str(trace_path) in stderr
+    assert f"resume with: memagent ask {doc}" in " ".join(stderr.split())
     trace = read_trace(trace_path)
     assert not trace.finished and not trace.problems
     assert trace.interrupted is not None
