@@ -99,13 +99,14 @@ def interrupt_after_steps(args: list[str], trace_path: Path, env, steps: int):
 
 def test_resume_finishes_like_an_uninterrupted_run(memagent, env, tmp_path):
     doc = tmp_path / "doc.txt"
-    doc.write_text(story(900))
+    doc.write_text(story(850))
     ask = [str(doc), FACT_QUESTION, *SMALL_STEPS]
 
     whole = memagent("ask", *ask, "--json", "--quiet")
     assert whole.returncode == 0, whole.stderr
     expected = json.loads(whole.stdout)
-    assert expected["cached"] is False and len(expected["steps"]) == 5
+    assert expected["cached"] is False
+    assert len(expected["steps"]) == expected["document"]["chunks"] >= 4
 
     # The same greedy run again comes from its trace, without reading.
     again = memagent("ask", *ask, "--json")
@@ -120,7 +121,7 @@ def test_resume_finishes_like_an_uninterrupted_run(memagent, env, tmp_path):
     assert not read_trace(cut).finished
 
     other = tmp_path / "other.txt"
-    other.write_text(story(900, seed=3))
+    other.write_text(story(850, seed=3))
     refused = memagent("ask", str(other), FACT_QUESTION, *SMALL_STEPS, "--resume", str(cut))
     assert refused.returncode == 1 and "the document differs" in refused.stderr
     refused = memagent("ask", *ask, "--memory-tokens", "64", "--resume", str(cut))
