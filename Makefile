@@ -33,5 +33,8 @@ format:
 	$(BIN)/ruff format memagent_cli tests
 	$(BIN)/ruff check --fix memagent_cli tests
 
+bench:
+	$(BIN)/python bench/extraction.py
+
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache

@@ -67,6 +67,7 @@ def main() -> None:
         ]
         book = builders.epub_book(folder / "bench.epub", chapters)
         rows = []
+        documents = []
         for name, path in (("PDF", pdf), ("EPUB", book)):
             cold, document = timed(path)
             warm, cached = timed(path)
@@ -75,6 +76,7 @@ def main() -> None:
             chars = len(document.text)  # type: ignore[attr-defined]
             size = path.stat().st_size / 1e6
             rows.append((name, units, chars, size, cold, units / cold, chars / cold, warm))
+            documents.append((name, cold, document))
     header = ("format", "units", "chars", "MB", "cold s", "units/s", "chars/s", "cached s")
     print("  ".join(f"{h:>10}" for h in header))
     for name, units, chars, size, cold, ups, cps, warm in rows:
@@ -82,6 +84,32 @@ def main() -> None:
             f"{name:>10}  {units:>10}  {chars:>10}  {size:>10.1f}  {cold:>10.2f}  "
             f"{ups:>10.0f}  {cps:>10.0f}  {warm:>10.3f}"
         )
+    share_of_ask(documents)
+
+
+def share_of_ask(documents: list) -> None:
+    """How much of a typical `ask` (default model and settings) extraction takes."""
+    from memagent_cli import protocol, session
+    from memagent_cli.chunking import make_chunks
+    from memagent_cli.inspection import estimate
+
+    _, backend = session.open_backend(None, threads=None, gpu_layers=None, verbose=False)
+    print()
+    print(f"{'format':>10}  {'tokenize s':>10}  {'tokens':>10}  {'chunks':>10}  "
+          f"{'ask est. s':>10}  {'extract %':>10}")
+    for name, extract_seconds, document in documents:
+        start = time.perf_counter()
+        tokens = backend.tokenize(document.text)
+        chunks = make_chunks(tokens, protocol.DEFAULT_CHUNK_TOKENS, backend.detokenize)
+        tokenize_seconds = time.perf_counter() - start
+        guess = estimate(backend, chunks, protocol.DEFAULT_CHUNK_TOKENS,
+                         protocol.DEFAULT_MEMORY_TOKENS, quiet=True)
+        ask = guess["seconds_per_question"]
+        share = 100 * extract_seconds / (extract_seconds + tokenize_seconds + ask)
+        print(f"{name:>10}  {tokenize_seconds:>10.2f}  {len(tokens):>10}  {len(chunks):>10}  "
+              f"{ask:>10.0f}  {share:>10.3f}")
+    print("(ask est.: one question with the default model, chunks of 5000 and memory of 1024 "
+          "tokens, estimated from a measured warm-up)")
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ ModelOpt = Annotated[
     str | None,
     typer.Option(
         "--model", "-m", show_default=False,
-        help="GGUF file or registry name [default: $MEMAGENT_MODEL, else the default model].",
+        help="GGUF file or registry name \\[default: $MEMAGENT_MODEL, else the default model].",
     ),
 ]
 ChunkTokensOpt = Annotated[int, typer.Option(min=1, help="Model tokens of document per step.")]
@@ -48,14 +48,14 @@ GpuLayersOpt = Annotated[
     int | None,
     typer.Option(
         "--gpu-layers", "-ngl", show_default=False,
-        help="Layers to offload to the GPU [default: all when llama.cpp was built with GPU "
+        help="Layers to offload to the GPU \\[default: all when llama.cpp was built with GPU "
         "support, else 0].",
     ),
 ]
 ThreadsOpt = Annotated[
     int | None,
     typer.Option("--threads", "-t", min=1, show_default=False,
-                 help="CPU threads [default: physical cores]."),
+                 help="CPU threads \\[default: physical cores]."),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Show no progress.")]
@@ -125,7 +125,7 @@ def ask(
     quiet: QuietOpt = False,
     trace: Annotated[
         Path | None,
-        typer.Option(help="Write the trace here [default: a new file in the data folder].",
+        typer.Option(help="Write the trace here \\[default: a new file in the data folder].",
                      show_default=False, dir_okay=False),
     ] = None,
     no_trace: Annotated[bool, typer.Option("--no-trace", help="Write no trace.")] = False,
