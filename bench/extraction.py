@@ -95,21 +95,32 @@ def share_of_ask(documents: list) -> None:
 
     _, backend = session.open_backend(None, threads=None, gpu_layers=None, verbose=False)
     print()
-    print(f"{'format':>10}  {'tokenize s':>10}  {'tokens':>10}  {'chunks':>10}  "
-          f"{'ask est. s':>10}  {'extract %':>10}")
+    print(
+        f"{'format':>10}  {'tokenize s':>10}  {'tokens':>10}  {'chunks':>10}  "
+        f"{'ask est. s':>10}  {'extract %':>10}"
+    )
     for name, extract_seconds, document in documents:
         start = time.perf_counter()
         tokens = backend.tokenize(document.text)
         chunks = make_chunks(tokens, protocol.DEFAULT_CHUNK_TOKENS, backend.detokenize)
         tokenize_seconds = time.perf_counter() - start
-        guess = estimate(backend, chunks, protocol.DEFAULT_CHUNK_TOKENS,
-                         protocol.DEFAULT_MEMORY_TOKENS, quiet=True)
+        guess = estimate(
+            backend,
+            chunks,
+            protocol.DEFAULT_CHUNK_TOKENS,
+            protocol.DEFAULT_MEMORY_TOKENS,
+            quiet=True,
+        )
         ask = guess["seconds_per_question"]
         share = 100 * extract_seconds / (extract_seconds + tokenize_seconds + ask)
-        print(f"{name:>10}  {tokenize_seconds:>10.2f}  {len(tokens):>10}  {len(chunks):>10}  "
-              f"{ask:>10.0f}  {share:>10.3f}")
-    print("(ask est.: one question with the default model, chunks of 5000 and memory of 1024 "
-          "tokens, estimated from a measured warm-up)")
+        print(
+            f"{name:>10}  {tokenize_seconds:>10.2f}  {len(tokens):>10}  {len(chunks):>10}  "
+            f"{ask:>10.0f}  {share:>10.3f}"
+        )
+    print(
+        "(ask est.: one question with the default model, chunks of 5000 and memory of 1024 "
+        "tokens, estimated from a measured warm-up)"
+    )
 
 
 if __name__ == "__main__":

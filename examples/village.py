@@ -22,19 +22,50 @@ def story(sentences: int, fact: str | None = FACT, seed: int = 1) -> str:
     it; one planted mid-document is lost. Tests build on what the model can do.
     """
     rng = random.Random(seed)
-    subjects = ["The old miller", "A young sailor", "The village baker", "Her neighbour",
-                "The quiet teacher", "A tired farmer", "The town clerk", "His sister"]
-    verbs = ["walked to", "looked at", "painted", "cleaned", "visited", "talked about",
-             "repaired", "counted the birds near"]
-    places = ["the stone bridge", "the green field", "the small harbour", "the red barn",
-              "the market square", "the wooden fence", "the long road", "the church tower"]
-    times = ["in the morning", "after lunch", "before the rain", "on Sunday", "at dusk",
-             "during the fair", "in early spring", "late at night"]
+    subjects = [
+        "The old miller",
+        "A young sailor",
+        "The village baker",
+        "Her neighbour",
+        "The quiet teacher",
+        "A tired farmer",
+        "The town clerk",
+        "His sister",
+    ]
+    verbs = [
+        "walked to",
+        "looked at",
+        "painted",
+        "cleaned",
+        "visited",
+        "talked about",
+        "repaired",
+        "counted the birds near",
+    ]
+    places = [
+        "the stone bridge",
+        "the green field",
+        "the small harbour",
+        "the red barn",
+        "the market square",
+        "the wooden fence",
+        "the long road",
+        "the church tower",
+    ]
+    times = [
+        "in the morning",
+        "after lunch",
+        "before the rain",
+        "on Sunday",
+        "at dusk",
+        "during the fair",
+        "in early spring",
+        "late at night",
+    ]
     lines = [fact] if fact else []
     for _ in range(sentences):
         lines.append(
-            f"{rng.choice(subjects)} {rng.choice(verbs)} {rng.choice(places)} "
-            f"{rng.choice(times)}."
+            f"{rng.choice(subjects)} {rng.choice(verbs)} {rng.choice(places)} {rng.choice(times)}."
         )
     return " ".join(lines)
 

@@ -28,12 +28,15 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 # Options shared by several commands, defined once.
 DocumentArg = Annotated[
-    str, typer.Argument(help="Text, Markdown, PDF or EPUB file, or - for stdin.", metavar="DOCUMENT")
+    str,
+    typer.Argument(help="Text, Markdown, PDF or EPUB file, or - for stdin.", metavar="DOCUMENT"),
 ]
 ModelOpt = Annotated[
     str | None,
     typer.Option(
-        "--model", "-m", show_default=False,
+        "--model",
+        "-m",
+        show_default=False,
         help="GGUF file or registry name \\[default: $MEMAGENT_MODEL, else the default model].",
     ),
 ]
@@ -47,15 +50,22 @@ PasswordOpt = Annotated[
 GpuLayersOpt = Annotated[
     int | None,
     typer.Option(
-        "--gpu-layers", "-ngl", show_default=False,
+        "--gpu-layers",
+        "-ngl",
+        show_default=False,
         help="Layers to offload to the GPU \\[default: all when llama.cpp was built with GPU "
         "support, else 0].",
     ),
 ]
 ThreadsOpt = Annotated[
     int | None,
-    typer.Option("--threads", "-t", min=1, show_default=False,
-                 help="CPU threads \\[default: physical cores]."),
+    typer.Option(
+        "--threads",
+        "-t",
+        min=1,
+        show_default=False,
+        help="CPU threads \\[default: physical cores].",
+    ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Show no progress.")]
@@ -125,14 +135,18 @@ def ask(
     quiet: QuietOpt = False,
     trace: Annotated[
         Path | None,
-        typer.Option(help="Write the trace here \\[default: a new file in the data folder].",
-                     show_default=False, dir_okay=False),
+        typer.Option(
+            help="Write the trace here \\[default: a new file in the data folder].",
+            show_default=False,
+            dir_okay=False,
+        ),
     ] = None,
     no_trace: Annotated[bool, typer.Option("--no-trace", help="Write no trace.")] = False,
     resume: Annotated[
         str | None,
         typer.Option(
-            metavar="[TRACE]", show_default=False,
+            metavar="[TRACE]",
+            show_default=False,
             help="Continue an interrupted run after its last finished step: TRACE, or without "
             "it the newest unfinished trace of the same document, question and settings.",
         ),
@@ -183,8 +197,12 @@ def ask(
         trace_path = None if no_trace else (trace or session.default_trace_path(run, index))
         try:
             result = run.ask(
-                question, trace_path=trace_path, quiet=quiet, resume=resume_path,
-                latest=resume == _LATEST, use_cache=not no_cache,
+                question,
+                trace_path=trace_path,
+                quiet=quiet,
+                resume=resume_path,
+                latest=resume == _LATEST,
+                use_cache=not no_cache,
             )
         except (KeyboardInterrupt, Interrupted) as exc:
             display.error(run.interrupted_message(str(exc) or "SIGINT"))
@@ -276,9 +294,7 @@ def _optional_resume_value(argv: list[str]) -> list[str]:
         out.append(arg)
         if arg == "--resume":
             following = argv[i + 1] if i + 1 < len(argv) else None
-            if following is None or not (
-                following.endswith(".jsonl") or Path(following).is_file()
-            ):
+            if following is None or not (following.endswith(".jsonl") or Path(following).is_file()):
                 out.append(_LATEST)
     return out
 

@@ -143,7 +143,9 @@ class LiveView:
             self._rates.add(event)
             step = event.step
             self._progress.update(
-                self._task, advance=1, rates=self._rates.text(),
+                self._task,
+                advance=1,
+                rates=self._rates.text(),
                 tokens=f"{step.chunk.token_end:,}/{self._total_tokens:,} tokens",
             )
             self._memory = Panel(
@@ -199,8 +201,12 @@ class _ExtractionProgress:
         if console.is_terminal:
             if self._bar is None:
                 self._bar = Progress(
-                    TextColumn(f"extracting {escape(self._name)}"), BarColumn(),
-                    MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=True,
+                    TextColumn(f"extracting {escape(self._name)}"),
+                    BarColumn(),
+                    MofNCompleteColumn(),
+                    TimeElapsedColumn(),
+                    console=console,
+                    transient=True,
                 )
                 self._bar.start()
                 self._task = self._bar.add_task("extract", total=total)

@@ -83,7 +83,10 @@ def _document_info(document: Document) -> dict[str, Any]:
 
 
 def estimate(
-    backend: LlamaCppBackend, chunks: list[Chunk], chunk_tokens: int, memory_tokens: int,
+    backend: LlamaCppBackend,
+    chunks: list[Chunk],
+    chunk_tokens: int,
+    memory_tokens: int,
     quiet: bool,
 ) -> dict[str, Any]:
     """Seconds one question will take, from a short measured warm-up of the model."""
@@ -106,8 +109,7 @@ def estimate(
     gen_rate = max(warm.completion_tokens, 1) / max(warm.generation_seconds, 1e-6)
     fixed = warm.prompt_tokens - _WARMUP_PROMPT_TOKENS  # chat + template + question
     seconds = sum(
-        (fixed + memory_tokens + c.tokens) / prompt_rate + memory_tokens / gen_rate
-        for c in chunks
+        (fixed + memory_tokens + c.tokens) / prompt_rate + memory_tokens / gen_rate for c in chunks
     )
     seconds += (fixed + memory_tokens) / prompt_rate + memory_tokens / gen_rate  # the answer
     return {
@@ -131,15 +133,18 @@ def print_report(report: dict[str, Any]) -> None:
     summary.add_row("format", doc["format"] + (f" ({doc['title']})" if doc["title"] else ""))
     if doc["unit"] == "page":
         summary.add_row(
-            "pages", f"{doc['pages']:,}" + (f" ({doc['pages_without_text']} without text)"
-                                            if doc["pages_without_text"] else "")
+            "pages",
+            f"{doc['pages']:,}"
+            + (f" ({doc['pages_without_text']} without text)" if doc["pages_without_text"] else ""),
         )
     elif doc["unit"] == "chapter":
         summary.add_row("chapters", f"{doc['sections']:,}")
     summary.add_row("characters", f"{doc['characters']:,}")
     tok = report["tokenizer"]
-    how = f"{tok['model']} tokenizer" if tok["kind"] == "model" else (
-        f"tiktoken {tok['encoding']}, approximate for the model"
+    how = (
+        f"{tok['model']} tokenizer"
+        if tok["kind"] == "model"
+        else (f"tiktoken {tok['encoding']}, approximate for the model")
     )
     summary.add_row("tokens", f"{report['tokens']:,} ({how})")
     summary.add_row("chunks", f"{len(report['chunks']):,} of {report['chunk_tokens']:,} tokens")
@@ -157,8 +162,10 @@ def print_report(report: dict[str, Any]) -> None:
     table = Table("chunk", "tokens", "characters", "span", box=None, pad_edge=False)
     for c in report["chunks"]:
         table.add_row(
-            str(c["index"] + 1), f"{c['tokens'][0]:,}–{c['tokens'][1]:,}",
-            f"{c['chars'][0]:,}–{c['chars'][1]:,}", c["span"],
+            str(c["index"] + 1),
+            f"{c['tokens'][0]:,}–{c['tokens'][1]:,}",
+            f"{c['chars'][0]:,}–{c['chars'][1]:,}",
+            c["span"],
         )
     out.print()
     out.print(table)

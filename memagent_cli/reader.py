@@ -107,9 +107,7 @@ def evidence(answer: Answer) -> Step | None:
     target = protocol.normalize_answer(answer.answer or "")
     if not target:
         return None
-    return next(
-        (s for s in answer.steps if target in protocol.normalize_answer(s.memory)), None
-    )
+    return next((s for s in answer.steps if target in protocol.normalize_answer(s.memory)), None)
 
 
 # Detokenized windows can re-tokenize a little longer inside the prompt.

@@ -161,8 +161,10 @@ class Session:
             cached = trace.find_run(header, finished=True)
             if cached is not None:
                 if not quiet:
-                    display.note(f"answered from the finished trace {cached.path} (--no-cache "
-                                 "reads the document again)")
+                    display.note(
+                        f"answered from the finished trace {cached.path} (--no-cache "
+                        "reads the document again)"
+                    )
                 return self._result_from(cached, start, cached=True)
         done: list[Step] = []
         if resume is not None or latest:
@@ -174,8 +176,7 @@ class Session:
             done = self._steps_of(earlier)
             trace_path = earlier.path
             if not quiet:
-                display.note(f"resuming {trace_path} after step {len(done)} of "
-                             f"{len(self.chunks)}")
+                display.note(f"resuming {trace_path} after step {len(done)} of {len(self.chunks)}")
         self._prepare()
         writer = None
         if trace_path is not None:
@@ -240,7 +241,7 @@ class Session:
                 or record.get("chunk_sha256") != _sha256(chunk.text)
             ):
                 raise UserError(
-                    f"Cannot resume {earlier.path}: its step {index} did not read the chunk "
+                    f"Cannot resume {earlier.path}: its step {index + 1} did not read the chunk "
                     "this run would read (a different tokenizer or build?)."
                 )
             steps.append(Step(chunk, record["memory"], _generation(record)))

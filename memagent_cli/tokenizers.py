@@ -22,9 +22,11 @@ _URL = "https://openaipublic.blob.core.windows.net/encodings/{name}.tiktoken"
 
 
 def _seed_cache(name: str) -> None:
-    cache = Path(os.environ.setdefault(
-        "TIKTOKEN_CACHE_DIR", str(platformdirs.user_cache_path("memagent") / "tiktoken")
-    ))
+    cache = Path(
+        os.environ.setdefault(
+            "TIKTOKEN_CACHE_DIR", str(platformdirs.user_cache_path("memagent") / "tiktoken")
+        )
+    )
     target = cache / hashlib.sha1(_URL.format(name=name).encode()).hexdigest()
     if target.exists():
         return

@@ -10,8 +10,7 @@ import hashlib
 import json
 import os
 import re
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -116,9 +115,7 @@ def _drop_partial_line(path: Path) -> None:
             file.truncate(end)
 
 
-def evidence_record(
-    answer: Answer, span_of: Callable[[int, int], str]
-) -> dict[str, Any] | None:
+def evidence_record(answer: Answer, span_of: Callable[[int, int], str]) -> dict[str, Any] | None:
     """Where the answer entered the memory: step index, span, token and character range."""
     step = evidence(answer)
     if step is None:
@@ -280,25 +277,3 @@ def recent_traces(directory: Path | None = None) -> list[Path]:
         except OSError:  # removed while listing
             continue
     return [path for _, _, path in sorted(stamped, reverse=True)]
-
-
-def follow(path: Path, poll_seconds: float = 0.2) -> Iterator[dict[str, Any]]:
-    """Every record of a trace as its line lands on disk, waiting for more; never ends.
-
-    A line still being written waits for the rest; a line that is not a record is skipped.
-    """
-    pending = b""
-    with path.open("rb") as file:
-        while True:
-            data = file.read()
-            if not data:
-                time.sleep(poll_seconds)
-                continue
-            *lines, pending = (pending + data).split(b"\n")
-            for line in lines:
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(record, dict) and "type" in record:
-                    yield record

@@ -6,6 +6,8 @@ import difflib
 import json
 import re
 import sys
+import time
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -17,15 +19,17 @@ from rich.text import Text
 
 from memagent_cli import display, protocol
 from memagent_cli.errors import UserError
-from memagent_cli.trace import Trace, TraceError, default_dir, follow, read_trace, recent_traces
+from memagent_cli.trace import Trace, TraceError, default_dir, read_trace, recent_traces
 
 
 def trace_command(
     trace: Annotated[
         Path | None,
         typer.Argument(
-            help="Trace file, or the name of one in the data folder [default: the most "
-            "recent trace].",
+            # The backslash keeps Typer's Rich help from reading "[default: ...]" as markup.
+            help="Trace file, or the name of one in the data folder "
+            "\\[default: the most recent trace].",
+            metavar="TRACE",
             show_default=False,
         ),
     ] = None,
@@ -35,7 +39,10 @@ def trace_command(
     step: Annotated[
         int | None,
         typer.Option(
-            "--step", metavar="N", help="Show the memory after step N in full.", show_default=False
+            "--step",
+            metavar="N",
+            help="Show the memory after step N in full (step 1 reads the first chunk).",
+            show_default=False,
         ),
     ] = None,
     diff: Annotated[
@@ -43,7 +50,7 @@ def trace_command(
         typer.Option(
             "--diff",
             metavar="N",
-            help="Show what step N changed in the memory.",
+            help="Show what step N changed in the memory (step 1: against the initial memory).",
             show_default=False,
         ),
     ] = None,
@@ -57,7 +64,12 @@ def trace_command(
         ),
     ] = None,
     as_json: Annotated[
-        bool, typer.Option("--json", help="Print the trace (or --list) as JSON.")
+        bool,
+        typer.Option(
+            "--json",
+            help="Print the trace (or --list) as JSON: the records as written, where a step's "
+            '"index" counts from 0.',
+        ),
     ] = False,
     markdown: Annotated[
         bool, typer.Option("--markdown", help="Print a Markdown report of the run.")
@@ -91,8 +103,7 @@ def trace_command(
         _follow(out, path)
         return
     loaded = read_trace(path)
-    for problem in loaded.problems:
-        display.warn(f"{path}: {problem}; shown as far as it goes.")
+    _warn_problems(loaded)
     if as_json:
         print(json.dumps(_as_json(loaded), ensure_ascii=False, indent=2))
     elif markdown:
@@ -120,6 +131,13 @@ def _locate(trace: Path | None) -> Path:
     if not trace.exists() and len(trace.parts) == 1 and (default_dir() / trace).exists():
         return default_dir() / trace
     return trace
+
+
+def _warn_problems(trace: Trace) -> None:
+    for problem in trace.problems:
+        display.warn(f"{trace.path}: {problem}.")
+    if trace.problems:
+        display.note("Showing the trace as far as it goes.")
 
 
 # ---------------------------------------------------------------- what a trace says
@@ -151,15 +169,51 @@ def _total_steps(trace: Trace) -> int | None:
     return total if isinstance(total, int) else None
 
 
+def _interrupted(trace: Trace) -> dict[str, Any] | None:
+    """The interruption a trace ends with; None once the run was resumed or finished.
+
+    `read_trace` forgets an interruption when a "resumed" record follows it. A run resumed
+    before its first step starts again with a header instead, so an interruption that counts
+    fewer steps than the trace holds is an old one as well.
+    """
+    found = trace.interrupted
+    if trace.finished or not found:
+        return None
+    done = found.get("steps_done")
+    if isinstance(done, int) and not isinstance(done, bool) and done < len(trace.steps):
+        return None
+    return found
+
+
+def _status_word(trace: Trace) -> str:
+    if trace.finished:
+        return "finished"
+    return "interrupted" if _interrupted(trace) else "unfinished"
+
+
 def _status(trace: Trace) -> str:
     """finished / interrupted / unfinished, in words."""
     if trace.finished:
         return "finished"
     total = _total_steps(trace)
     done = f"{len(trace.steps)} of {total} steps" if total else f"{len(trace.steps)} steps"
-    if trace.interrupted:
-        return f"interrupted ({trace.interrupted.get('reason', '?')}) after {done}"
+    interrupted = _interrupted(trace)
+    if interrupted:
+        return f"interrupted ({interrupted.get('reason', '?')}) after {done}"
     return f"unfinished: {done} (still running, or the run was killed)"
+
+
+def _shown(index: Any) -> str:
+    """A 0-based step index as people count steps, from 1 (as `memagent ask` does)."""
+    if isinstance(index, int) and not isinstance(index, bool):
+        return str(index + 1)
+    return "?"
+
+
+def _step_number(trace: Trace, n: int) -> str:
+    """The number shown for the step at position `n` (0-based) of the trace."""
+    index = trace.steps[n].get("index", n)
+    return _shown(index if isinstance(index, int) else n)
 
 
 def _evidence(trace: Trace) -> str | None:
@@ -169,7 +223,7 @@ def _evidence(trace: Trace) -> str | None:
     found = trace.final["evidence"]
     if not found:
         return "the answer's text is in no step's memory"
-    where = f"step {found.get('step')}"
+    where = f"step {_shown(found.get('step'))}"
     if found.get("span"):
         where += f", {found['span']}"
     tokens = found.get("tokens")
@@ -208,22 +262,26 @@ def _none(value: Any) -> str:
     return "none" if value is None else _number(value)
 
 
-def _check_step(trace: Trace, n: int) -> dict[str, Any]:
+def _check_step(trace: Trace, number: int) -> int:
+    """The position in the trace of step `number`, counted from 1 as `memagent ask` does."""
     if not trace.steps:
         raise UserError(f"{trace.path} has no steps yet.")
-    if not 0 <= n < len(trace.steps):
+    if not 1 <= number <= len(trace.steps):
+        steps = len(trace.steps)
+        has = "only step 1" if steps == 1 else f"steps 1 to {steps}"
         raise UserError(
-            f"There is no step {n}: {trace.path} has steps 0 to {len(trace.steps) - 1}."
+            f"There is no step {number}: {trace.path} has {has} (step 1 reads the first chunk)."
         )
-    return trace.steps[n]
+    return number - 1
 
 
 def _step_title(trace: Trace, n: int) -> str:
+    """ "step 3, p. 1–2, tokens 120–180" for the step at position `n` (0-based)."""
     record = trace.steps[n]
     span = f", {record['span']}" if record.get("span") else ""
     tokens = record.get("tokens")
     where = f", tokens {tokens[0]:,}–{tokens[1]:,}" if tokens else ""
-    return f"step {n}{span}{where}"
+    return f"step {_step_number(trace, n)}{span}{where}"
 
 
 # ---------------------------------------------------------------- views
@@ -243,10 +301,10 @@ def _show_summary(out: Console, trace: Trace) -> None:
     table.add_column("memory tokens", justify="right")
     table.add_column("changed words", justify="right")
     table.add_column("seconds", justify="right")
-    for record, (added, removed) in zip(trace.steps, _changes(trace), strict=True):
+    for n, (record, (added, removed)) in enumerate(zip(trace.steps, _changes(trace), strict=True)):
         seconds = record.get("seconds")
         table.add_row(
-            str(record.get("index", "?")),
+            _step_number(trace, n),
             Text(str(record.get("span", ""))),
             _number(record.get("completion_tokens", "")),
             Text.assemble((f"+{added}", "green"), " ", (f"-{removed}", "red")),
@@ -268,8 +326,9 @@ def _show_summary(out: Console, trace: Trace) -> None:
         _labelled(out, "Unfinished", _status(trace), "bold yellow")
 
 
-def _show_step(out: Console, trace: Trace, n: int) -> None:
-    record = _check_step(trace, n)
+def _show_step(out: Console, trace: Trace, number: int) -> None:
+    n = _check_step(trace, number)
+    record = trace.steps[n]
     tokens = record.get("completion_tokens")
     extra = f" ({tokens} tokens)" if tokens is not None else ""
     out.print(Text(f"memory after {_step_title(trace, n)}{extra}", style="bold"), soft_wrap=True)
@@ -277,28 +336,33 @@ def _show_step(out: Console, trace: Trace, n: int) -> None:
 
 
 def _word_diff(before: str, after: str, colour: bool) -> Text:
-    """`after` with the words `before` had and lost struck out, git --word-diff style."""
-    old, new = re.split(r"(\s+)", before), re.split(r"(\s+)", after)
+    """`after` with the words `before` lost struck out, git --word-diff style."""
+    old, new = re.findall(r"\S+\s*", before), re.findall(r"\S+\s*", after)
+    matcher = difflib.SequenceMatcher(
+        None, [w.strip() for w in old], [w.strip() for w in new], autojunk=False
+    )
     text = Text()
-    matcher = difflib.SequenceMatcher(None, old, new, autojunk=False)
     for op, i1, i2, j1, j2 in matcher.get_opcodes():
         if op == "equal":
             text.append("".join(new[j1:j2]))
             continue
         gone, came = "".join(old[i1:i2]), "".join(new[j1:j2])
-        if gone:
-            text.append(gone if colour else f"[-{gone}-]", style="red strike")
-        if came:
-            text.append(came if colour else f"{{+{came}+}}", style="green")
+        if gone.strip():
+            text.append(gone.rstrip() if colour else f"[-{gone.rstrip()}-]", "red strike")
+        if came.strip():
+            text.append(came.rstrip() if colour else f"{{+{came.rstrip()}+}}", "green")
+        spacing = came or gone  # keep the line breaks of the text that is left
+        text.append(spacing[len(spacing.rstrip()) :])
     return text
 
 
-def _show_diff(out: Console, trace: Trace, n: int) -> None:
-    record = _check_step(trace, n)
+def _show_diff(out: Console, trace: Trace, number: int) -> None:
+    n = _check_step(trace, number)
+    record = trace.steps[n]
     before = protocol.INITIAL_MEMORY if n == 0 else str(trace.steps[n - 1].get("memory", ""))
     after = str(record.get("memory", ""))
     added, removed = _word_change(before, after)
-    against = "the initial memory" if n == 0 else f"step {n - 1}"
+    against = "the initial memory" if n == 0 else f"step {_step_number(trace, n - 1)}"
     out.print(
         Text(f"{_step_title(trace, n)}: +{added} -{removed} words against {against}", style="bold"),
         soft_wrap=True,
@@ -321,11 +385,12 @@ def _show_grep(out: Console, trace: Trace, pattern: str) -> None:
                 shown.highlight_regex(finder, "bold magenta")
                 out.print(shown, soft_wrap=True)
     out.print()
-    out.print(Text(_presence(hits, len(trace.steps), pattern)), soft_wrap=True)
+    out.print(Text(_presence([i + 1 for i in hits], len(trace.steps), pattern)), soft_wrap=True)
 
 
 def _presence(hits: list[int], steps: int, pattern: str) -> str:
-    """When the text entered and left the memory: "in the memory at steps 2-4 and 7 of 0-9"."""
+    """When the text entered and left the memory, given the step numbers (from 1) it is in:
+    "in the memory at steps 2–4 and 7 (of steps 1–9)"."""
     runs: list[list[int]] = []
     for i in hits:
         if runs and runs[-1][1] == i - 1:
@@ -335,36 +400,84 @@ def _presence(hits: list[int], steps: int, pattern: str) -> str:
     parts = [f"{a}" if a == b else f"{a}–{b}" for a, b in runs]
     listed = ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0]
     label = "step" if len(hits) == 1 else "steps"
-    return f"{pattern!r} is in the memory at {label} {listed} (of steps 0–{steps - 1})."
+    of = "of step 1" if steps == 1 else f"of steps 1–{steps}"
+    return f"{pattern!r} is in the memory at {label} {listed} ({of})."
 
 
-def _follow(out: Console, path: Path) -> None:
-    """Print the run so far, then each step as it lands, until the run ends (or Ctrl-C)."""
+POLL_SECONDS = 0.2
+
+
+def _records(path: Path, poll_seconds: float = POLL_SECONDS) -> Iterator[dict[str, Any] | None]:
+    """Every record of a trace as its line lands on disk, and None after each poll interval
+    in which nothing arrived; never ends.
+
+    A line still being written waits for the rest; a line that is not a record is skipped.
+    """
+    pending = b""
+    with path.open("rb") as file:
+        while True:
+            data = file.read()
+            if not data:
+                time.sleep(poll_seconds)
+                data = file.read()
+                if not data:
+                    yield None
+                    continue
+            *lines, pending = (pending + data).split(b"\n")
+            for line in lines:
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(record, dict) and "type" in record:
+                    yield record
+
+
+def _follow(out: Console, path: Path, poll_seconds: float = POLL_SECONDS) -> None:
+    """Print the run so far, then each step as it lands, until the run ends (or Ctrl-C).
+
+    An interruption ends the view only when nothing follows it within a poll interval: a run
+    continued with `memagent ask --resume` appends a "resumed" record and goes on.
+    """
     loaded = read_trace(path)  # a file that is not a trace fails here, with a sentence
-    for problem in loaded.problems:
-        display.warn(f"{path}: {problem}.")
-    if not loaded.finished and not loaded.interrupted:
+    _warn_problems(loaded)
+    if not loaded.finished and not _interrupted(loaded):
         display.note(f"following {path}; Ctrl-C stops.")
     total: int | None = None
     memory = protocol.INITIAL_MEMORY
+    seen_header = interrupted = False
+    steps = 0
     try:
-        for record in follow(path):
+        for record in _records(path, poll_seconds):
+            if record is None:
+                if interrupted:
+                    return
+                continue
+            interrupted = False
             kind = record.get("type")
-            if kind == "header":
+            if kind == "header" and not seen_header:
+                seen_header = True
                 for label, text in _about(Trace(path=path, header=record)):
                     _labelled(out, label.capitalize(), text)
                 total = _total_steps(Trace(path=path, header=record))
+                out.print()
+            elif kind in ("resumed", "header"):  # a run resumed before its first step restarts
+                done = record.get("steps_done", 0 if kind == "header" else steps)
+                out.print(f"resumed after step {_number(done)}", soft_wrap=True, markup=False)
             elif kind == "step":
-                index, after = record.get("index", "?"), str(record.get("memory", ""))
+                after = str(record.get("memory", ""))
+                index = record.get("index", steps)
                 added, removed = _word_change(memory, after)
                 memory = after
+                steps += 1
                 of = f"/{total}" if total else ""
                 span = f"  {record['span']}" if record.get("span") else ""
                 seconds = record.get("seconds")
                 took = f"  {seconds:.1f}s" if isinstance(seconds, int | float) else ""
+                tokens = record.get("completion_tokens", "?")
                 out.print(
-                    f"step {index}{of}{span}  memory {record.get('completion_tokens', '?')} "
-                    f"tokens  +{added} -{removed} words{took}",
+                    f"step {_shown(index)}{of}{span}  memory {tokens} tokens  "
+                    f"+{added} -{removed} words{took}",
                     soft_wrap=True,
                     markup=False,
                 )
@@ -375,7 +488,7 @@ def _follow(out: Console, path: Path) -> None:
                 return
             elif kind == "interrupted":
                 _labelled(out, "Interrupted", str(record.get("reason", "?")), "bold yellow")
-                return
+                interrupted = True  # the end, unless a resumed run goes on at once
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
 
@@ -386,11 +499,7 @@ def _follow(out: Console, path: Path) -> None:
 def _as_json(trace: Trace) -> dict[str, Any]:
     return {
         "path": str(trace.path),
-        "status": "finished"
-        if trace.finished
-        else "interrupted"
-        if trace.interrupted
-        else "unfinished",
+        "status": _status_word(trace),
         "header": trace.header,
         "steps": trace.steps,
         "final": trace.final,
@@ -409,8 +518,8 @@ def _listing(path: Path, trace: Trace) -> dict[str, Any]:
         "model": (header.get("model") or {}).get("name"),
         "steps_done": len(trace.steps),
         "steps_total": _total_steps(trace),
-        "status": _as_json(trace)["status"],
-        "interrupted": (trace.interrupted or {}).get("reason"),
+        "status": _status_word(trace),
+        "interrupted": (_interrupted(trace) or {}).get("reason"),
         "answer": (trace.final or {}).get("answer"),
     }
 
@@ -435,6 +544,8 @@ def _show_list(out: Console, as_json: bool) -> None:
         return
     if not rows:
         raise TraceError(f"There are no traces in {default_dir()} yet.")
+    if not out.is_terminal:  # one line per trace in a pipe, however narrow it claims to be
+        out = Console(file=sys.stdout, highlight=False, width=1000)
     table = Table(box=None, pad_edge=False, header_style="bold")
     table.add_column("when", no_wrap=True)
     for name in ("document", "question"):

@@ -12,7 +12,8 @@ import pytest
 MEMAGENT = Path(sys.executable).with_name("memagent")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
-from village import FACT, story  # noqa: E402  (the README's example document)
+# The README's example document; tests import FACT and story from here.
+from village import FACT, story  # noqa: E402, F401
 
 FACT_QUESTION = "What is the secret password for the vault?"
 FACT_VALUE = "PELICAN"
@@ -32,7 +33,9 @@ def env(tmp_path: Path) -> dict[str, str]:
 def memagent(env: dict[str, str]):
     """Run the installed `memagent` command as a user would; returns the finished process."""
 
-    def run(*args: str, input: str | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
+    def run(
+        *args: str, input: str | None = None, timeout: float = 900
+    ) -> subprocess.CompletedProcess:
         return subprocess.run(
             [str(MEMAGENT), *args],
             input=input if input is not None else "",

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import FACT_QUESTION, FACT_VALUE, MEMAGENT, story
+
 from memagent_cli.trace import read_trace
 
 pytestmark = pytest.mark.model
@@ -55,7 +55,12 @@ def test_ask_finds_a_fact_in_a_20k_token_text(memagent, book, tmp_path):
 def test_json_answers_every_question_from_stdin(memagent, env):
     text = story(300)
     result = memagent(
-        "ask", "-", FACT_QUESTION, "Who painted the red barn?", *SMALL_STEPS, "--json",
+        "ask",
+        "-",
+        FACT_QUESTION,
+        "Who painted the red barn?",
+        *SMALL_STEPS,
+        "--json",
         input=text,
     )
     assert result.returncode == 0, result.stderr
@@ -84,8 +89,12 @@ def test_json_answers_every_question_from_stdin(memagent, env):
 def interrupt_after_steps(args: list[str], trace_path: Path, env, steps: int):
     """Start `memagent ask`, send Ctrl-C once `steps` steps are in its trace; the process."""
     process = subprocess.Popen(
-        [str(MEMAGENT), "ask", *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, env=env,
+        [str(MEMAGENT), "ask", *args],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
     )
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and process.poll() is None:
@@ -113,7 +122,9 @@ def test_resume_finishes_like_an_uninterrupted_run(memagent, env, tmp_path):
     assert again.returncode == 0, again.stderr
     cached = json.loads(again.stdout)
     assert cached["cached"] is True and cached["reply"] == expected["reply"]
-    assert cached["trace"] == expected["trace"] and "answered from the finished trace" in again.stderr
+    assert (
+        cached["trace"] == expected["trace"] and "answered from the finished trace" in again.stderr
+    )
 
     cut = tmp_path / "cut.jsonl"
     process = interrupt_after_steps([*ask, "--no-cache", "--trace", str(cut)], cut, env, 2)
@@ -147,8 +158,11 @@ def test_an_interrupted_run_keeps_its_finished_steps(env, tmp_path, sig):
     trace_path = tmp_path / "run.jsonl"
     process = subprocess.Popen(
         [str(MEMAGENT), "ask", str(doc), FACT_QUESTION, *SMALL_STEPS, "--trace", str(trace_path)],
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
     )
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and process.poll() is None:

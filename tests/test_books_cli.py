@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 import builders
+import pytest
 from conftest import FACT, FACT_QUESTION, story
-from memagent_cli.trace import read_trace
 from test_cli import assert_clean_failure
+
+from memagent_cli.trace import read_trace
 
 
 def labelled_pdf(path: Path) -> Path:
@@ -46,8 +46,9 @@ def test_inspect_epub_with_tiktoken_offline(memagent, tmp_path):
         ("two.xhtml", "Harbour", builders.xhtml("Harbour", [story(20, fact=None, seed=2)])),
     ]
     path = builders.epub_book(tmp_path / "book.epub", chapters, spine=[1, 0])
-    result = memagent("inspect", str(path), "--tokenizer", "tiktoken", "--chunk-tokens", "100",
-                      "--json")
+    result = memagent(
+        "inspect", str(path), "--tokenizer", "tiktoken", "--chunk-tokens", "100", "--json"
+    )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["tokenizer"] == {"kind": "tiktoken", "encoding": "cl100k_base", "exact": False}
@@ -76,16 +77,14 @@ def bad_books(tmp_path: Path) -> dict[str, tuple[Path, list[str], str]]:
         "random bytes": (random_pdf, [], "cannot be read"),
         "no password": (locked, [], "is encrypted; pass --password"),
         "wrong password": (locked, ["--password", "nope"], "password"),
-        "epub without opf": (
-            builders.rewrite_zip(epub, drop=["EPUB/content.opf"]), [], "EPUB"
-        ),
+        "epub without opf": (builders.rewrite_zip(epub, drop=["EPUB/content.opf"]), [], "EPUB"),
         "scanned": (builders.pdf(tmp_path / "scan.pdf", [None, None]), [], "needs OCR"),
     }
 
 
 @pytest.mark.parametrize(
-    "case", ["truncated", "random bytes", "no password", "wrong password", "epub without opf",
-             "scanned"]
+    "case",
+    ["truncated", "random bytes", "no password", "wrong password", "epub without opf", "scanned"],
 )
 def test_bad_books_get_one_sentence(memagent, tmp_path, case):
     path, extra, phrase = bad_books(tmp_path)[case]
@@ -115,8 +114,18 @@ def test_ask_a_pdf_records_page_spans(memagent, tmp_path):
     path = labelled_pdf(tmp_path / "manual.pdf")
     trace_path = tmp_path / "t.jsonl"
     result = memagent(
-        "ask", str(path), FACT_QUESTION, "--chunk-tokens", "700", "--memory-tokens", "64",
-        "--temperature", "0", "--json", "--trace", str(trace_path),
+        "ask",
+        str(path),
+        FACT_QUESTION,
+        "--chunk-tokens",
+        "700",
+        "--memory-tokens",
+        "64",
+        "--temperature",
+        "0",
+        "--json",
+        "--trace",
+        str(trace_path),
     )
     assert result.returncode == 0, result.stderr
     answer = json.loads(result.stdout)

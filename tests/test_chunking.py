@@ -1,8 +1,8 @@
 """Model-token windows: sizes, no overlap, and detokenized windows that cover the document."""
 
 import pytest
-
 from conftest import default_model_path, story
+
 from memagent_cli.backends.llama_cpp import LlamaCppBackend
 from memagent_cli.chunking import make_chunks
 
@@ -20,7 +20,7 @@ def test_windows_have_the_asked_size_and_no_overlap():
     chunks = make_chunks(tokens, 100, byte_detokenize)
     assert [c.tokens for c in chunks] == [100] * 10 + [3]
     assert chunks[0].token_start == 0 and chunks[-1].token_end == 1003
-    for before, after in zip(chunks, chunks[1:]):
+    for before, after in zip(chunks, chunks[1:], strict=False):
         assert before.token_end == after.token_start
         assert before.char_end == after.char_start
 

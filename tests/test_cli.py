@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import FACT_QUESTION, story
 
 
@@ -124,9 +123,7 @@ def test_a_step_larger_than_the_model_context(memagent, tmp_path):
     doc = tmp_path / "doc.txt"
     doc.write_text(story(50))
     result = memagent("ask", str(doc), FACT_QUESTION, "--chunk-tokens", "9000")
-    assert_clean_failure(
-        result, 1, "context holds 8192", "lower --chunk-tokens or --memory-tokens"
-    )
+    assert_clean_failure(result, 1, "context holds 8192", "lower --chunk-tokens or --memory-tokens")
 
 
 def test_a_question_too_long(memagent, tmp_path):

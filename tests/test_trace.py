@@ -76,15 +76,19 @@ def test_a_trace_cut_in_the_middle_of_a_line(tmp_path):
 def test_an_older_format_is_read_as_far_as_it_goes(tmp_path):
     path = tmp_path / "t.jsonl"
     path.write_text(
-        json.dumps({"type": "header", "format": 0, "question": "q"}) + "\n"
-        + json.dumps({"type": "step", "index": 0, "memory": "m"}) + "\n"
+        json.dumps({"type": "header", "format": 0, "question": "q"})
+        + "\n"
+        + json.dumps({"type": "step", "index": 0, "memory": "m"})
+        + "\n"
     )
     trace = read_trace(path)
     assert len(trace.steps) == 1
     assert "format 0" in trace.problems[0]
 
 
-@pytest.mark.parametrize("content", [b"", b"hello world\n", b"\x89PNG\r\n\x1a\n\x00\x00", b"[1, 2]\n"])
+@pytest.mark.parametrize(
+    "content", [b"", b"hello world\n", b"\x89PNG\r\n\x1a\n\x00\x00", b"[1, 2]\n"]
+)
 def test_a_file_that_is_not_a_trace(tmp_path, content):
     path = tmp_path / "not-a-trace.jsonl"
     path.write_bytes(content)

@@ -76,9 +76,7 @@ class LlamaCppBackend:
     context), then the weights with exactly the context one MemAgent step needs.
     """
 
-    def __init__(
-        self, path: Path, *, threads: int, gpu_layers: int, verbose: bool = False
-    ) -> None:
+    def __init__(self, path: Path, *, threads: int, gpu_layers: int, verbose: bool = False) -> None:
         from llama_cpp import Llama
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
