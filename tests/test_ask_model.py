@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import FACT_QUESTION, FACT_VALUE, MEMAGENT, story
+from conftest import FACT, FACT_QUESTION, FACT_VALUE, MEMAGENT, story
 
 from memagent_cli.trace import read_trace
 
@@ -50,6 +50,14 @@ def test_ask_finds_a_fact_in_a_20k_token_text(memagent, book, tmp_path):
     # stderr is not a terminal here: one plain line per step, then where the trace went.
     assert f"step {document['chunks']}/{document['chunks']}" in result.stderr
     assert str(trace_path) in result.stderr
+
+    # The real trace, read back the way a user would.
+    shown = memagent("trace", str(trace_path), "--grep", FACT_VALUE)
+    assert shown.returncode == 0, shown.stderr
+    n = document["chunks"]
+    assert f"at steps 1–{n} (of steps 1–{n})" in " ".join(shown.stdout.split())
+    first = memagent("trace", str(trace_path), "--step", "1")
+    assert FACT in " ".join(first.stdout.split())
 
 
 def test_json_answers_every_question_from_stdin(memagent, env):
@@ -151,7 +159,9 @@ def test_resume_finishes_like_an_uninterrupted_run(memagent, env, tmp_path):
     assert [s["memory"] for s in trace.steps] == [s["memory"] for s in reference.steps]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize(
+    "sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=["SIGINT", "SIGTERM", "SIGKILL"]
+)
 def test_an_interrupted_run_keeps_its_finished_steps(env, tmp_path, sig):
     doc = tmp_path / "doc.txt"
     doc.write_text(story(900))
@@ -172,12 +182,16 @@ def test_an_interrupted_run_keeps_its_finished_steps(env, tmp_path, sig):
     process.send_signal(sig)
     stdout, stderr = process.communicate(timeout=120)
 
-    assert process.returncode == 130, stderr
     assert stdout == ""
+    trace = read_trace(trace_path)
+    assert not trace.finished and not trace.problems and len(trace.steps) >= 1
+    if sig == signal.SIGKILL:  # no chance to say anything: the trace alone must hold
+        assert process.returncode == -signal.SIGKILL
+        assert trace.interrupted is None
+        return
+    assert process.returncode == 130, stderr
     assert "Traceback" not in stderr
     assert "Interrupted" in stderr and str(trace_path) in stderr
     assert f"resume with: memagent ask {doc}" in " ".join(stderr.split())
-    trace = read_trace(trace_path)
-    assert not trace.finished and not trace.problems
     assert trace.interrupted is not None
-    assert trace.interrupted["steps_done"] == len(trace.steps) >= 1
+    assert trace.interrupted["steps_done"] == len(trace.steps)

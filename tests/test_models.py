@@ -1,0 +1,43 @@
+"""Finding a model: --model, then $MEMAGENT_MODEL, each a path or a registry name, then the
+default; and one sentence when nothing is found."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from memagent_cli import models
+from memagent_cli.errors import ModelError
+
+
+def test_the_default_model_ships_in_a_package(monkeypatch):
+    monkeypatch.delenv(models.ENV_VAR, raising=False)
+    found = models.resolve(None)
+    assert found.name == "smollm2-135m"
+    assert found.path.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and found.path.is_file()
+
+
+def test_option_beats_environment(monkeypatch, tmp_path):
+    mine = tmp_path / "mine.gguf"
+    mine.write_bytes(b"GGUF")
+    monkeypatch.setenv(models.ENV_VAR, "smollm2-135m")
+    assert models.resolve(str(mine)).path == mine
+    assert models.resolve(None).name == "smollm2-135m"
+
+
+def test_nothing_found_names_what_was_tried_and_how_to_get_a_model(monkeypatch, tmp_path):
+    monkeypatch.delenv(models.ENV_VAR, raising=False)
+    monkeypatch.setattr(models, "model_dirs", lambda: [tmp_path])
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ModelError) as error:
+        models.resolve(None)
+    message = error.value.message
+    assert "no --model" in message and f"${models.ENV_VAR}" in message
+    assert "smollm2-135m" in message and "make install" in message and "--model PATH" in message
+
+
+def test_the_registry_names_the_memagent_models():
+    registry = models.registry()
+    assert registry["memagent-14b"]["source"] == "BytedTsinghua-SIA/RL-MemoryAgent-14B"
+    assert registry["memagent-7b"]["source"] == "BytedTsinghua-SIA/RL-MemoryAgent-7B"
