@@ -94,8 +94,10 @@ def test_json_answers_every_question_from_stdin(memagent, env):
         assert read_trace(Path(path)).finished
 
 
-def interrupt_after_steps(args: list[str], trace_path: Path, env, steps: int):
-    """Start `memagent ask`, send Ctrl-C once `steps` steps are in its trace; the process."""
+def interrupt_after_steps(
+    args: list[str], trace_path: Path, env, steps: int, sig: int = signal.SIGINT
+) -> tuple[subprocess.Popen, str, str]:
+    """Start `memagent ask`, send `sig` once `steps` steps are in its trace, let it end."""
     process = subprocess.Popen(
         [str(MEMAGENT), "ask", *args],
         stdin=subprocess.DEVNULL,
@@ -109,9 +111,9 @@ def interrupt_after_steps(args: list[str], trace_path: Path, env, steps: int):
         if trace_path.exists() and trace_path.read_text().count('"type": "step"') >= steps:
             break
         time.sleep(0.2)
-    process.send_signal(signal.SIGINT)
-    process.communicate(timeout=120)
-    return process
+    process.send_signal(sig)
+    stdout, stderr = process.communicate(timeout=120)
+    return process, stdout, stderr
 
 
 def test_resume_finishes_like_an_uninterrupted_run(memagent, env, tmp_path):
@@ -135,7 +137,7 @@ def test_resume_finishes_like_an_uninterrupted_run(memagent, env, tmp_path):
     )
 
     cut = tmp_path / "cut.jsonl"
-    process = interrupt_after_steps([*ask, "--no-cache", "--trace", str(cut)], cut, env, 2)
+    process, _, _ = interrupt_after_steps([*ask, "--no-cache", "--trace", str(cut)], cut, env, 2)
     assert process.returncode == 130
     assert not read_trace(cut).finished
 
@@ -166,29 +168,18 @@ def test_an_interrupted_run_keeps_its_finished_steps(env, tmp_path, sig):
     doc = tmp_path / "doc.txt"
     doc.write_text(story(900))
     trace_path = tmp_path / "run.jsonl"
-    process = subprocess.Popen(
-        [str(MEMAGENT), "ask", str(doc), FACT_QUESTION, *SMALL_STEPS, "--trace", str(trace_path)],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and process.poll() is None:
-        if trace_path.exists() and '"type": "step"' in trace_path.read_text():
-            break
-        time.sleep(0.2)
-    process.send_signal(sig)
-    stdout, stderr = process.communicate(timeout=120)
+    args = [str(doc), FACT_QUESTION, *SMALL_STEPS, "--trace", str(trace_path)]
+    process, stdout, stderr = interrupt_after_steps(args, trace_path, env, 1, sig)
 
     assert stdout == ""
     trace = read_trace(trace_path)
-    assert not trace.finished and not trace.problems and len(trace.steps) >= 1
+    assert not trace.finished and len(trace.steps) >= 1
     if sig == signal.SIGKILL:  # no chance to say anything: the trace alone must hold
         assert process.returncode == -signal.SIGKILL
         assert trace.interrupted is None
+        assert all("cut short" in problem for problem in trace.problems)  # killed mid-write
         return
+    assert not trace.problems
     assert process.returncode == 130, stderr
     assert "Traceback" not in stderr
     assert "Interrupted" in stderr and str(trace_path) in stderr
