@@ -34,6 +34,7 @@ def test_ask_finds_a_fact_in_a_20k_token_text(memagent, book, tmp_path):
     assert result.returncode == 0, result.stderr
     assert FACT_VALUE in result.stdout
     assert "Traceback" not in result.stderr
+    assert "llama" not in result.stderr and "ggml" not in result.stderr  # llama.cpp stays quiet
 
     trace = read_trace(trace_path)
     document = trace.header["document"]
