@@ -31,6 +31,13 @@ DocumentArg = Annotated[
     str,
     typer.Argument(help="Text, Markdown, PDF or EPUB file, or - for stdin.", metavar="DOCUMENT"),
 ]
+DocumentsArg = Annotated[
+    str,
+    typer.Argument(
+        help="Text, Markdown, PDF or EPUB file, a folder of them, or - for stdin.",
+        metavar="DOCUMENT",
+    ),
+]
 ModelOpt = Annotated[
     str | None,
     typer.Option(
@@ -66,6 +73,9 @@ ThreadsOpt = Annotated[
         show_default=False,
         help="CPU threads \\[default: physical cores].",
     ),
+]
+EncodingOpt = Annotated[
+    str, typer.Option(help="tiktoken encoding, where the model's own tokenizer is not at hand.")
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Show no progress.")]
@@ -109,7 +119,7 @@ def _root(
 @app.command()
 @user_errors
 def ask(
-    document: DocumentArg,
+    document: DocumentsArg,
     questions: Annotated[
         list[str] | None,
         typer.Argument(help="One or more questions.", show_default=False, metavar="QUESTION"),
@@ -155,10 +165,50 @@ def ask(
         bool,
         typer.Option("--no-cache", help="Read again even if an identical greedy run finished."),
     ] = False,
+    backend: Annotated[
+        str, typer.Option(help="llama (in-process GGUF) or openai (an OpenAI-compatible server).")
+    ] = "llama",
+    base_url: Annotated[
+        str | None,
+        typer.Option(
+            envvar="MEMAGENT_BASE_URL",
+            show_default=False,
+            help="Server URL for --backend openai, e.g. http://127.0.0.1:8080/v1.",
+        ),
+    ] = None,
+    api_key: Annotated[
+        str | None,
+        typer.Option(envvar="MEMAGENT_API_KEY", show_default=False, help="Server API key."),
+    ] = None,
+    served_model: Annotated[
+        str | None,
+        typer.Option(
+            envvar="MEMAGENT_SERVED_MODEL",
+            show_default=False,
+            help="Model name on the server \\[default: the first it serves].",
+        ),
+    ] = None,
+    encoding: EncodingOpt = "cl100k_base",
+    parallel: Annotated[
+        int, typer.Option(min=1, help="Question runs in flight at once (--backend openai).")
+    ] = 1,
+    documents_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--documents", show_default=False, help="File of document paths, one per line."
+        ),
+    ] = None,
+    glob: Annotated[
+        str | None,
+        typer.Option(
+            show_default=False,
+            help="With a folder as DOCUMENT: read only files matching this pattern.",
+        ),
+    ] = None,
     verbose: VerboseOpt = False,
 ) -> None:
     """Read DOCUMENT chunk by chunk into a memory and answer each QUESTION from it."""
-    from memagent_cli import session
+    from memagent_cli import batch, session
     from memagent_cli.backends import Sampling
     from memagent_cli.reader import Settings
 
@@ -180,34 +230,46 @@ def ask(
             )
     if trace is not None and resume_path is not None:
         raise typer.BadParameter("give --trace or --resume TRACE, not both.", param_hint="--trace")
+    if parallel > 1 and backend != "openai":
+        raise typer.BadParameter(
+            "one in-process model reads one question at a time; --parallel needs --backend openai.",
+            param_hint="--parallel",
+        )
+    paths = session.document_paths(document, documents_file, glob)
+    if len(paths) > 1 and (trace is not None or resume_path is not None):
+        raise typer.BadParameter(
+            "a named trace is for one document; leave the path out with several documents.",
+            param_hint="--trace" if trace is not None else "--resume",
+        )
     signal.signal(signal.SIGTERM, _on_sigterm)
-    run = session.open_session(
-        document,
-        password=password,
+    engine = session.open_engine(
+        backend=backend,
         model=model,
+        base_url=base_url,
+        api_key=api_key,
+        served_model=served_model,
+        encoding=encoding,
         settings=Settings(chunk_tokens, memory_tokens, Sampling(temperature, top_p, seed)),
-        gpu_layers=gpu_layers,
         threads=threads,
+        gpu_layers=gpu_layers,
         verbose=verbose,
         quiet=quiet,
         questions=asked,
     )
+    options = batch.Options(
+        password=password,
+        trace=trace,
+        write_traces=not no_trace,
+        resume=resume_path,
+        resume_latest=resume == _LATEST,
+        use_cache=not no_cache,
+        quiet=quiet,
+        parallel=parallel,
+    )
     warned = False
-    for index, question in enumerate(asked):
-        trace_path = None if no_trace else (trace or session.default_trace_path(run, index))
-        try:
-            result = run.ask(
-                question,
-                trace_path=trace_path,
-                quiet=quiet,
-                resume=resume_path,
-                latest=resume == _LATEST,
-                use_cache=not no_cache,
-            )
-        except (KeyboardInterrupt, Interrupted) as exc:
-            display.error(run.interrupted_message(str(exc) or "SIGINT"))
-            display.note("resume with: " + _resume_command(run.trace_in_flight))
-            raise typer.Exit(130) from None
+
+    def emit(result: session.Result) -> None:
+        nonlocal warned
         if as_json:
             print(json.dumps(result.to_json(), ensure_ascii=False), flush=True)
         else:
@@ -217,6 +279,16 @@ def ask(
                 "the model put no answer in \\boxed{}; printed its raw final reply instead."
             )
             warned = True
+
+    def stopped(stop: session.Stopped) -> None:
+        display.error(stop.message)
+        display.note(
+            "resume with: " + _resume_command(stop.trace_path if len(paths) == 1 else None)
+        )
+
+    code = batch.ask_all(paths, asked, engine, options, emit, stopped)
+    if code:
+        raise typer.Exit(code)
 
 
 @app.command()
@@ -229,7 +301,7 @@ def inspect(
     tokenizer: Annotated[
         str, typer.Option(help="Count tokens with the model's tokenizer, or with tiktoken.")
     ] = "model",
-    encoding: Annotated[str, typer.Option(help="tiktoken encoding.")] = "cl100k_base",
+    encoding: EncodingOpt = "cl100k_base",
     estimate: Annotated[
         bool, typer.Option(help="Estimate a question's time from a short model warm-up.")
     ] = True,
@@ -262,6 +334,64 @@ def inspect(
         print(json.dumps(report, ensure_ascii=False, indent=2))
     else:
         inspection.print_report(report)
+
+
+models_app = typer.Typer(help="List, describe and download GGUF models.", no_args_is_help=True)
+app.add_typer(models_app, name="models")
+
+
+@models_app.command("list")
+@user_errors
+def models_list(as_json: JsonOpt = False) -> None:
+    """The registry's models and every GGUF found locally, read from their headers."""
+    from memagent_cli import models, modelview
+
+    rows = models.catalogue()
+    if as_json:
+        print(json.dumps([row.to_json() for row in rows], ensure_ascii=False, indent=2))
+    else:
+        modelview.print_catalogue(rows)
+
+
+@models_app.command("info")
+@user_errors
+def models_info(
+    model: Annotated[
+        str,
+        typer.Argument(
+            help="GGUF file, registry name, or hf:OWNER/NAME[:QUANT] already pulled.",
+            metavar="MODEL",
+        ),
+    ],
+    as_json: JsonOpt = False,
+) -> None:
+    """One model's architecture, quantization, context and chat template."""
+    from memagent_cli import models, modelview
+
+    row = models.describe(model)
+    if as_json:
+        print(json.dumps(row.to_json(template=True), ensure_ascii=False, indent=2))
+    else:
+        modelview.print_info(row)
+
+
+@models_app.command("pull")
+@user_errors
+def models_pull(
+    model: Annotated[
+        str,
+        typer.Argument(
+            help="OWNER/NAME[:QUANT] on the Hugging Face Hub (QUANT as llama.cpp's -hf reads "
+            "it, default Q4_K_M), or a registry name.",
+            metavar="REPO[:QUANT]",
+        ),
+    ],
+    quiet: QuietOpt = False,
+) -> None:
+    """Download a GGUF into the data folder, resuming a partial download; prints its path."""
+    from memagent_cli import models
+
+    print(models.pull(model, quiet=quiet).path)
 
 
 from memagent_cli.traceview import trace_command  # noqa: E402

@@ -66,8 +66,9 @@ class _Rates:
 class PlainProgress:
     """One line per step, for logs and pipes (stderr is not a terminal)."""
 
-    def __init__(self, span_of: Callable[[int, int], str]) -> None:
+    def __init__(self, span_of: Callable[[int, int], str], label: str = "") -> None:
         self._span_of = span_of
+        self._prefix = f"[{label}] " if label else ""
         self._rates = _Rates()
         self._start = time.perf_counter()
 
@@ -83,15 +84,18 @@ class PlainProgress:
             chunk, gen = event.step.chunk, event.step.generation
             span = self._span_of(chunk.char_start, chunk.char_end)
             console.print(
-                f"step {chunk.index + 1}/{event.total}  tokens {chunk.token_start}-"
+                f"{self._prefix}step {chunk.index + 1}/{event.total}  tokens {chunk.token_start}-"
                 f"{chunk.token_end}{'  ' + span if span else ''}  memory "
                 f"{gen.completion_tokens} tokens  {gen.seconds:.1f}s  {self._rates.text()}  "
                 f"elapsed {time.perf_counter() - self._start:.0f}s",
                 highlight=False,
+                markup=False,
                 soft_wrap=True,
             )
         elif isinstance(event, Answering):
-            console.print("answering from the final memory", highlight=False)
+            console.print(
+                f"{self._prefix}answering from the final memory", highlight=False, markup=False
+            )
 
 
 class LiveView:
@@ -172,14 +176,14 @@ class Silent:
 
 
 def progress_view(
-    quiet: bool, span_of: Callable[[int, int], str], total_tokens: int, title: str
+    quiet: bool, span_of: Callable[[int, int], str], total_tokens: int, title: str, label: str = ""
 ) -> LiveView | PlainProgress | Silent:
-    """The right view for where stderr goes."""
+    """The right view for where stderr goes; labelled runs (several at once) get plain lines."""
     if quiet:
         return Silent()
-    if console.is_terminal:
+    if console.is_terminal and not label:
         return LiveView(span_of, total_tokens, title)
-    return PlainProgress(span_of)
+    return PlainProgress(span_of, label)
 
 
 class _ExtractionProgress:

@@ -1,5 +1,6 @@
-"""Finding a model: `--model`, then $MEMAGENT_MODEL, each a path or a registry name; then the
-default model."""
+"""Finding a model: `--model`, then $MEMAGENT_MODEL, each a path, a registry name or
+`hf:OWNER/NAME[:QUANT]` (pulled from the Hub on first use); then the default model. Also what
+`memagent models` lists, describes and pulls."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ import os
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-import platformdirs
-
+from memagent_cli import display, hub
 from memagent_cli.errors import ModelError
+from memagent_cli.gguf_info import GGUFInfo, split_parts
 
 ENV_VAR = "MEMAGENT_MODEL"
 _PACKAGE_DIR = Path(__file__).resolve().parent
@@ -37,7 +39,7 @@ def registry() -> dict[str, dict[str, object]]:
 
 def model_dirs() -> list[Path]:
     """Folders searched for registry models' files."""
-    return [_CHECKOUT_MODELS, platformdirs.user_data_path("memagent") / "models"]
+    return [_CHECKOUT_MODELS, hub.models_dir()]
 
 
 def default_name() -> str:
@@ -62,7 +64,9 @@ def resolve(option: str | None) -> Model:
     return Model(found, name)
 
 
-def _resolve_one(value: str, where: str) -> Model:
+def _resolve_one(value: str, where: str, pull: bool = True) -> Model:
+    if value.startswith(hub.PREFIX):
+        return _resolve_hub(value, where, pull)
     path = Path(value).expanduser()
     if path.is_file():
         return Model(path, path.stem)
@@ -75,13 +79,35 @@ def _resolve_one(value: str, where: str) -> Model:
     known = ", ".join(entries) or "none"
     raise ModelError(
         f"Model not found: {where} {value} is neither a file nor a registry name "
-        f"(known names: {known})."
+        f"(known names: {known}) nor {hub.PREFIX}OWNER/NAME[:QUANT]."
     )
+
+
+def _resolve_hub(value: str, where: str, pull: bool) -> Model:
+    spec = hub.parse(value)
+    found = hub.find_pulled(spec)
+    if found is None:
+        if not pull:
+            raise ModelError(
+                f"{value} has not been pulled yet; run `memagent models pull {spec}`."
+            )
+        display.note(f"{where} {value}: not pulled yet, pulling it from the Hugging Face Hub")
+        found = hub.pull(spec)
+    return Model(found, _hub_name(found))
+
+
+def _hub_name(path: Path) -> str:
+    spec = hub.spec_of(path)
+    return f"{hub.PREFIX}{spec}" if spec else path.stem
 
 
 def _find_registry_file(name: str) -> Path | None:
     entry = registry()[name]
-    file = str(entry["file"])
+    if entry.get("hf") and (pulled := hub.find_pulled(hub.parse(str(entry["hf"])))):
+        return pulled
+    file = str(entry.get("file", ""))
+    if not file:
+        return None
     folders = list(model_dirs())
     if package := entry.get("package"):
         spec = importlib.util.find_spec(str(package))  # locates without importing it
@@ -90,9 +116,107 @@ def _find_registry_file(name: str) -> Path | None:
     return next((f / file for f in folders if (f / file).is_file()), None)
 
 
+def _how_to_get(name: str, entry: dict[str, object]) -> str:
+    if entry.get("hf"):
+        return f"pull it with `memagent models pull {name}`"
+    if entry.get("how"):
+        return str(entry["how"])
+    return f"pip install {entry['pip']}" if entry.get("pip") else ""
+
+
 def _missing_registry_file(name: str, entry: dict[str, object]) -> str:
     where = " or ".join(str(d) for d in model_dirs())
-    how = entry.get("how") or (f"pip install {entry['pip']}" if entry.get("pip") else "")
-    return f"Model {name} is known but its file {entry['file']} is not in {where}" + (
+    how = _how_to_get(name, entry)
+    file = entry.get("file") or entry.get("hf")
+    return f"Model {name} is known but its file {file} is not in {where}" + (
         f"; {how}." if how else "."
     )
+
+
+@dataclass(frozen=True)
+class Listed:
+    """A model as `memagent models` shows it: a registry entry, a GGUF on disk, or both."""
+
+    name: str
+    path: Path | None  # None: a registry entry not downloaded
+    info: GGUFInfo | None  # None: not downloaded, or not readable
+    note: str = ""  # how to get it, or why its file could not be read
+    description: str = ""
+
+    def to_json(self, template: bool = False) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "path": str(self.path) if self.path else None}
+        out["downloaded"] = self.path is not None
+        if self.info:
+            out.update(self.info.to_json())
+            if template:
+                out["chat_template"] = self.info.chat_template
+        if self.note:
+            out["error" if self.path else "how_to_get"] = self.note
+        if self.description:
+            out["description"] = self.description
+        return out
+
+
+def catalogue() -> list[Listed]:
+    """The registry's models, then every other GGUF in the models folders."""
+    rows: list[Listed] = []
+    seen: set[Path] = set()
+    for name, entry in registry().items():
+        description = str(entry.get("description", ""))
+        path = _find_registry_file(name)
+        if path is None:
+            rows.append(Listed(name, None, None, _how_to_get(name, entry), description))
+        else:
+            seen.add(path.resolve())
+            rows.append(_listed(name, path, description))
+    for folder in model_dirs():
+        if not folder.is_dir():
+            continue
+        for path in sorted(folder.rglob("*.gguf")):
+            if path.resolve() in seen or not path.is_file() or split_parts(path)[0] != 1:
+                continue
+            seen.add(path.resolve())
+            rows.append(_listed(_hub_name(path), path))
+    return rows
+
+
+def describe(value: str) -> Listed:
+    """One model, named as `--model` names it (an `hf:` model must have been pulled)."""
+    from memagent_cli import gguf_info
+
+    model = _resolve_one(value, "model", pull=False)
+    description = str(registry().get(value, {}).get("description", ""))
+    return Listed(model.name, model.path, gguf_info.read(model.path), "", description)
+
+
+def pull(value: str, *, quiet: bool = False) -> Model:
+    """Download the model `value` names, a registry name or `[hf:]OWNER/NAME[:QUANT]`."""
+    entries = registry()
+    if value in entries:
+        entry = entries[value]
+        if entry.get("hf"):
+            return Model(hub.pull(hub.parse(str(entry["hf"])), quiet=quiet), value)
+        if found := _find_registry_file(value):
+            if not quiet:
+                display.note(f"{value} is already installed: {found}")
+            return Model(found, value)
+        raise ModelError(
+            f"{value} cannot be pulled: {_how_to_get(value, entry)}."
+        )
+    if not hub.looks_like_repo(value):
+        known = ", ".join(entries) or "none"
+        raise ModelError(
+            f"{value} is neither a registry name (known names: {known}) nor a Hugging Face "
+            "repository OWNER/NAME[:QUANT]."
+        )
+    path = hub.pull(hub.parse(value), quiet=quiet)
+    return Model(path, _hub_name(path))
+
+
+def _listed(name: str, path: Path, description: str = "") -> Listed:
+    from memagent_cli import gguf_info
+
+    try:
+        return Listed(name, path, gguf_info.read(path), "", description)
+    except ModelError as exc:
+        return Listed(name, path, None, exc.message, description)

@@ -7,6 +7,7 @@ This is where the pure core (documents, chunking, protocol, reader) meets the ed
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -14,22 +15,30 @@ from pathlib import Path
 from typing import Any
 
 from memagent_cli import __version__, display, models, protocol, trace
-from memagent_cli.backends import Generation
+from memagent_cli.backends import Backend, Generation
 from memagent_cli.backends.llama_cpp import LlamaCppBackend, can_offload, physical_cores
 from memagent_cli.chunking import Chunk, make_chunks
 from memagent_cli.documents import Document, load_document
 from memagent_cli.errors import DocumentError, Interrupted, UserError
-from memagent_cli.reader import Answer, Settings, Step, StepFinished, context_needed, read
+from memagent_cli.reader import (
+    Answer,
+    Settings,
+    Step,
+    StepFinished,
+    StepStarted,
+    context_needed,
+    read,
+)
 
 
-def questions_from_file(path: Path) -> list[str]:
-    """Non-empty lines of a questions file."""
+def questions_from_file(path: Path, what: str = "questions") -> list[str]:
+    """Non-empty lines of a questions (or documents) file."""
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
     except FileNotFoundError:
-        raise DocumentError(f"Questions file not found: {path}") from None
+        raise DocumentError(f"{what.capitalize()} file not found: {path}") from None
     except OSError as exc:
-        raise DocumentError(f"Cannot read questions file {path}: {exc.strerror}.") from None
+        raise DocumentError(f"Cannot read {what} file {path}: {exc.strerror}.") from None
     return [line.strip() for line in text.splitlines() if line.strip()]
 
 
@@ -88,28 +97,65 @@ class Result:
         }
 
 
-class Session:
-    """A document cut into chunks and a model ready to read them."""
+class Stopped(Exception):
+    """A run ended before its answer: interrupted, or the backend failed. The trace keeps
+    every finished step."""
 
     def __init__(
-        self,
-        document: Document,
-        tokens: list[int],
-        chunks: list[Chunk],
-        model: models.Model,
-        backend: LlamaCppBackend,
-        settings: Settings,
-        context: int,
+        self, reason: str, exit_code: int, done: int, total: int, trace_path: Path | None
+    ) -> None:
+        super().__init__(reason)
+        self.reason, self.exit_code = reason, exit_code
+        self.done, self.total, self.trace_path = done, total, trace_path
+
+    @property
+    def message(self) -> str:
+        kept = f"; the trace {self.trace_path} keeps them" if self.trace_path else ""
+        return f"Stopped ({self.reason}) after {self.done} of {self.total} steps{kept}."
+
+
+class Engine:
+    """A model ready to read any document: its backend, name, settings and context size."""
+
+    def __init__(
+        self, backend: Backend, model_info: dict[str, Any], settings: Settings, context: int
+    ) -> None:
+        self.backend = backend
+        self.model_info = model_info
+        self.settings = settings
+        self.context = context
+        self._prepared = False
+        self._lock = threading.Lock()
+
+    def prepare(self) -> None:
+        """Load the weights on first use: answers from traces never need them."""
+        with self._lock:
+            if not self._prepared:
+                self.backend.prepare(self.context)
+                self._prepared = True
+
+    def settings_info(self) -> dict[str, Any]:
+        return {
+            "chunk_tokens": self.settings.chunk_tokens,
+            "memory_tokens": self.settings.memory_tokens,
+            **asdict(self.settings.sampling),
+            "context_tokens": self.context,
+            "threads": getattr(self.backend, "threads", 0),
+            "gpu_layers": getattr(self.backend, "gpu_layers", 0),
+        }
+
+
+class Session:
+    """A document cut into chunks, and the engine that reads it."""
+
+    def __init__(
+        self, document: Document, tokens: list[int], chunks: list[Chunk], engine: Engine
     ) -> None:
         self.document = document
         self.tokens = tokens
         self.chunks = chunks
-        self.model = model
-        self.backend = backend
-        self.settings = settings
-        self.context = context
-        self._progress: tuple[int, Path | None] = (0, None)
-        self._prepared = False
+        self.engine = engine
+        self.settings = engine.settings
 
     def span_of(self, start: int, end: int) -> str:
         return self.document.span(start, end)
@@ -126,18 +172,10 @@ class Session:
         }
 
     def model_info(self) -> dict[str, Any]:
-        path = self.model.path.resolve()
-        return {"path": str(path), "name": self.model.name, "size": path.stat().st_size}
+        return self.engine.model_info
 
     def settings_info(self) -> dict[str, Any]:
-        return {
-            "chunk_tokens": self.settings.chunk_tokens,
-            "memory_tokens": self.settings.memory_tokens,
-            **asdict(self.settings.sampling),
-            "context_tokens": self.context,
-            "threads": self.backend.threads,
-            "gpu_layers": self.backend.gpu_layers,
-        }
+        return self.engine.settings_info()
 
     def ask(
         self,
@@ -148,12 +186,15 @@ class Session:
         resume: Path | None = None,
         latest: bool = False,
         use_cache: bool = True,
+        label: str = "",
+        cancel: threading.Event | None = None,
     ) -> Result:
         """Read the whole document for `question`, writing the trace as it goes.
 
         `resume` (a trace) or `latest` (the newest unfinished trace of this run) continues an
         interrupted run after its last finished step. An identical finished greedy run is
-        answered from its trace unless `use_cache` is off.
+        answered from its trace unless `use_cache` is off. `label` prefixes progress lines
+        (several runs at once); setting `cancel` stops the run before its next step.
         """
         header = self._trace_header(question)
         start = time.perf_counter()
@@ -177,7 +218,7 @@ class Session:
             trace_path = earlier.path
             if not quiet:
                 display.note(f"resuming {trace_path} after step {len(done)} of {len(self.chunks)}")
-        self._prepare()
+        self.engine.prepare()
         writer = None
         if trace_path is not None:
             writer = trace.TraceWriter(
@@ -185,36 +226,35 @@ class Session:
             )
             if not quiet and not done:
                 display.note(f"trace: {trace_path}")
-        self._progress = (len(done), trace_path)
+        finished = len(done)
 
         def listener(event: Any) -> None:
+            nonlocal finished
+            if isinstance(event, StepStarted) and cancel is not None and cancel.is_set():
+                raise Interrupted("SIGINT")
             if isinstance(event, StepFinished):
-                self._progress = (self._progress[0] + 1, trace_path)
+                finished += 1
             if writer is not None:
                 writer(event)
             view(event)
 
-        title = f"{Path(self.document.path).name} · {self.model.name} · {question}"
-        view = display.progress_view(quiet, self.span_of, len(self.tokens), title)
+        title = f"{Path(self.document.path).name} · {self.model_info()['name']} · {question}"
+        view = display.progress_view(quiet, self.span_of, len(self.tokens), title, label)
         try:
             with view:
                 answer = read(
-                    self.backend, question, self.chunks, self.settings, listener, done=done
+                    self.engine.backend, question, self.chunks, self.settings, listener, done=done
                 )
-        except (KeyboardInterrupt, Interrupted) as exc:
+        except (KeyboardInterrupt, Interrupted, UserError) as exc:
+            reason = exc.message if isinstance(exc, UserError) else (str(exc) or "SIGINT")
             if writer is not None:
-                writer.interrupted(str(exc) or "SIGINT")
-            raise
+                writer.interrupted(reason)
+            code = exc.exit_code if isinstance(exc, UserError) else 130
+            raise Stopped(reason, code, finished, len(self.chunks), trace_path) from None
         finally:
             if writer is not None:
                 writer.close()
         return Result(answer, self, time.perf_counter() - start, trace_path)
-
-    def _prepare(self) -> None:
-        """Load the weights on first use: answers from traces never need them."""
-        if not self._prepared:
-            self.backend.prepare(self.context)
-            self._prepared = True
 
     def _trace_to_resume(self, header: dict[str, Any], path: Path | None) -> trace.Trace:
         if path is None:
@@ -258,16 +298,6 @@ class Session:
             final=_generation(final),
         )
         return Result(answer, self, time.perf_counter() - start, earlier.path, cached=cached)
-
-    @property
-    def trace_in_flight(self) -> Path | None:
-        """The trace of the question being read now."""
-        return self._progress[1]
-
-    def interrupted_message(self, reason: str) -> str:
-        done, path = self._progress
-        kept = f"; the trace {path} keeps them" if path else ""
-        return f"Interrupted ({reason}) after {done} of {len(self.chunks)} steps{kept}."
 
     def _trace_header(self, question: str) -> dict[str, Any]:
         return {
@@ -313,6 +343,42 @@ def read_document(path: str, *, password: str | None, quiet: bool) -> Document:
     return document
 
 
+def open_engine(
+    *,
+    backend: str,
+    model: str | None,
+    base_url: str | None,
+    api_key: str | None,
+    served_model: str | None,
+    encoding: str,
+    settings: Settings,
+    threads: int | None,
+    gpu_layers: int | None,
+    verbose: bool,
+    quiet: bool,
+    questions: list[str],
+) -> Engine:
+    """The model that will read, with its context sized for one step; fails before reading."""
+    if backend == "openai":
+        from memagent_cli.backends.openai import OpenAIBackend
+
+        if not base_url:
+            raise UserError("--backend openai needs --base-url (or $MEMAGENT_BASE_URL).")
+        server = OpenAIBackend(
+            base_url,
+            api_key=api_key,
+            served_model=served_model,
+            encoding=encoding,
+            note=(lambda message: None) if quiet else display.note,
+        )
+        info = {"path": server.base_url, "name": server.served_model, "size": None}
+        return Engine(server, info, settings, context_needed(server, questions, settings))
+    found, local = open_backend(model, threads=threads, gpu_layers=gpu_layers, verbose=verbose)
+    path = found.path.resolve()
+    info = {"path": str(path), "name": found.name, "size": path.stat().st_size}
+    return Engine(local, info, settings, context_needed(local, questions, settings))
+
+
 def open_backend(
     model: str | None, *, threads: int | None, gpu_layers: int | None, verbose: bool
 ) -> tuple[models.Model, LlamaCppBackend]:
@@ -325,22 +391,37 @@ def open_backend(
     return found, backend
 
 
-def open_session(
-    document_path: str,
-    *,
-    password: str | None,
-    model: str | None,
-    settings: Settings,
-    gpu_layers: int | None,
-    threads: int | None,
-    verbose: bool,
-    quiet: bool,
-    questions: list[str],
-) -> Session:
-    """Load the document and the model, chunk, and size the context; fails before reading."""
-    document = read_document(document_path, password=password, quiet=quiet)
-    found, backend = open_backend(model, threads=threads, gpu_layers=gpu_layers, verbose=verbose)
-    context = context_needed(backend, questions, settings)
-    tokens = backend.tokenize(document.text)
-    chunks = make_chunks(tokens, settings.chunk_tokens, backend.detokenize)
-    return Session(document, tokens, chunks, found, backend, settings, context)
+def open_session(path: str, engine: Engine, *, password: str | None, quiet: bool) -> Session:
+    """Load and chunk one document for `engine`."""
+    document = read_document(path, password=password, quiet=quiet)
+    tokens = engine.backend.tokenize(document.text)
+    chunks = make_chunks(tokens, engine.settings.chunk_tokens, engine.backend.detokenize)
+    return Session(document, tokens, chunks, engine)
+
+
+_SUPPORTED_SUFFIXES = {".txt", ".md", ".markdown", ".text", ".rst", ".pdf", ".epub"}
+
+
+def document_paths(argument: str, listing: Path | None, pattern: str | None) -> list[str]:
+    """The documents to read: DOCUMENT (a file, `-`, or a folder searched recursively for
+    supported files, filtered by `pattern`) plus the paths listed in `listing`."""
+    paths: list[str] = []
+    if argument:
+        folder = Path(argument)
+        if argument != "-" and folder.is_dir():
+            found = sorted(
+                str(p)
+                for p in folder.rglob(pattern or "*")
+                if p.is_file() and (pattern or p.suffix.lower() in _SUPPORTED_SUFFIXES)
+            )
+            if not found:
+                raise DocumentError(
+                    f"{argument} holds no supported documents"
+                    + (f" matching {pattern}." if pattern else ".")
+                )
+            paths += found
+        else:
+            paths.append(argument)
+    if listing is not None:
+        paths += questions_from_file(listing, what="documents")
+    return paths

@@ -7,6 +7,7 @@ import json
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -96,9 +97,15 @@ def test_json_answers_every_question_from_stdin(memagent, env):
 
 
 def interrupt_after_steps(
-    args: list[str], trace_path: Path, env, steps: int, sig: int = signal.SIGINT
+    args: list[str],
+    trace_path: Path,
+    env,
+    steps: int,
+    sig: int = signal.SIGINT,
+    interrupt: Callable[[subprocess.Popen], None] | None = None,
 ) -> tuple[subprocess.Popen, str, str]:
-    """Start `memagent ask`, send `sig` once `steps` steps are in its trace, let it end."""
+    """Start `memagent ask`, send `sig` (or call `interrupt`) once `steps` steps are in its
+    trace, and let it end."""
     process = subprocess.Popen(
         [str(MEMAGENT), "ask", *args],
         stdin=subprocess.DEVNULL,
@@ -112,8 +119,11 @@ def interrupt_after_steps(
         if trace_path.exists() and trace_path.read_text().count('"type": "step"') >= steps:
             break
         time.sleep(0.2)
-    process.send_signal(sig)
-    stdout, stderr = process.communicate(timeout=120)
+    if interrupt is None:
+        process.send_signal(sig)
+    else:
+        interrupt(process)
+    stdout, stderr = process.communicate(timeout=180)
     return process, stdout, stderr
 
 

@@ -48,8 +48,10 @@ def test_missing_document(memagent, tmp_path):
     assert_clean_failure(result, 1, "Document not found", "nope.txt")
 
 
-def test_a_directory_is_not_a_document(memagent, tmp_path):
-    assert_clean_failure(memagent("ask", str(tmp_path), "q?"), 1, "is a directory")
+def test_a_folder_without_documents(memagent, tmp_path):
+    (tmp_path / "picture.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    assert_clean_failure(memagent("ask", str(tmp_path), "q?"), 1, "holds no supported documents")
+    assert_clean_failure(memagent("inspect", str(tmp_path)), 1, "is a directory")
 
 
 def test_empty_document(memagent, tmp_path):

@@ -1,0 +1,343 @@
+"""GGUF files from the Hugging Face Hub: `OWNER/NAME[:QUANT]` picks a file the way llama.cpp's
+`-hf` does; the download resumes where it stopped and is checked against the Hub's sha256.
+
+Pulled files live in the user data folder, under models/hf/OWNER/NAME/, so that
+`hf:OWNER/NAME:QUANT` finds them again without asking the Hub.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+import re
+import shutil
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import platformdirs
+
+from memagent_cli import display
+from memagent_cli.errors import ModelError
+from memagent_cli.gguf_info import quant_tag, split_parts
+
+PREFIX = "hf:"
+DEFAULT_QUANTS = ("Q4_K_M", "Q8_0")  # llama.cpp's -hf choice when no tag is given
+_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+_DEFAULT_ENDPOINT = "https://huggingface.co"
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A GGUF on the Hub: a repository and a quantization tag ("" for llama.cpp's default),
+    or an exact file path in the repository (a tag that ends in .gguf)."""
+
+    repo: str
+    quant: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.repo}:{self.quant}" if self.quant else self.repo
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    """One file of a repository, as the Hub describes it."""
+
+    path: str
+    size: int | None
+    sha256: str | None  # LFS files (every GGUF on the Hub)
+    blob_id: str | None  # git's sha1 of the blob, for files not in LFS
+
+
+def parse(text: str) -> Spec:
+    """`[hf:]OWNER/NAME[:QUANT]` as a Spec; ModelError if it is not one."""
+    repo, _, quant = text.removeprefix(PREFIX).partition(":")
+    if not _REPO.match(repo):
+        raise ModelError(
+            f"{text} is not a Hugging Face repository: write OWNER/NAME[:QUANT], "
+            "e.g. bartowski/Qwen2.5-7B-Instruct-GGUF:Q4_K_M."
+        )
+    return Spec(repo, quant.strip())
+
+
+def looks_like_repo(text: str) -> bool:
+    return text.startswith(PREFIX) or bool(_REPO.match(text.partition(":")[0]))
+
+
+def models_dir() -> Path:
+    """Where pulled models go: the user data folder's models/."""
+    return platformdirs.user_data_path("memagent") / "models"
+
+
+def repo_dir(repo: str) -> Path:
+    owner, name = repo.split("/")
+    return models_dir() / "hf" / owner / name
+
+
+def spec_of(path: Path) -> Spec | None:
+    """The Spec a pulled file answers to, from where it lies; None if it was not pulled."""
+    try:
+        owner, name, *_ = path.relative_to(models_dir() / "hf").parts
+    except ValueError:
+        return None
+    return Spec(f"{owner}/{name}", quant_tag(path.name) or path.name)
+
+
+def choose(paths: Iterable[str], quant: str, repo: str = "") -> list[str]:
+    """The files to fetch for `quant`: the model file first, then its other split parts.
+
+    As llama.cpp: the first model GGUF (not mmproj or imatrix) whose path holds the tag
+    followed by `.` or `-`, ignoring case; without a tag Q4_K_M, then Q8_0, then the first
+    model GGUF. A tag ending in .gguf names the file itself.
+    """
+    paths = sorted(paths)
+    models = [p for p in paths if _is_model(p) and split_parts(Path(p))[0] == 1]
+    if quant.lower().endswith(".gguf"):
+        primary = next((p for p in paths if p == quant), None)
+    else:
+        primary = None
+        for tag in [quant] if quant else DEFAULT_QUANTS:
+            pattern = re.compile(re.escape(tag) + r"[.-]", re.IGNORECASE)
+            if primary := next((p for p in models if pattern.search(p)), None):
+                break
+        if primary is None and not quant and models:
+            primary = models[0]
+    if primary is None:
+        where = f" in {repo}" if repo else ""
+        if not models:
+            raise ModelError(f"There is no GGUF model file{where}.")
+        tags = sorted({quant_tag(p) or p for p in models})
+        raise ModelError(
+            f"No GGUF file{where} matches {quant}; available: {', '.join(tags)}."
+        )
+    return [primary] + _other_parts(primary, paths)
+
+
+def find_pulled(spec: Spec) -> Path | None:
+    """The local file for `spec` if it was pulled, all split parts present; no network."""
+    folder = repo_dir(spec.repo)
+    if not folder.is_dir():
+        return None
+    local = [p.relative_to(folder).as_posix() for p in folder.rglob("*.gguf") if p.is_file()]
+    try:
+        chosen = choose(local, spec.quant)
+    except ModelError:
+        return None
+    if split_parts(Path(chosen[0]))[1] != len(chosen):
+        return None  # a split model with parts missing
+    return folder / chosen[0]
+
+
+def pull(spec: Spec, *, quiet: bool = False) -> Path:
+    """Download the GGUF `spec` names (every part of a split model); return the first part."""
+    from huggingface_hub.file_download import hf_hub_url
+    from huggingface_hub.utils import build_hf_headers, disable_progress_bars
+
+    if quiet:
+        disable_progress_bars()
+    endpoint = _endpoint()
+    commit, files = _list_files(spec.repo, endpoint)
+    chosen = choose(files, spec.quant, spec.repo)
+    if not quiet and not spec.quant.lower().endswith(".gguf"):
+        _note_other_matches(spec, files, chosen[0])
+    folder = repo_dir(spec.repo)
+    for path in chosen:
+        remote = files[path]
+        url = hf_hub_url(spec.repo, path, revision=commit, endpoint=endpoint)
+        _download(remote, folder / path, url, build_hf_headers(), spec, quiet)
+    return folder / chosen[0]
+
+
+def _endpoint() -> str:
+    # Read at call time: huggingface_hub reads HF_ENDPOINT once, when first imported.
+    return os.environ.get("HF_ENDPOINT", _DEFAULT_ENDPOINT).rstrip("/")
+
+
+def _is_model(path: str) -> bool:
+    name = path.rsplit("/", 1)[-1]
+    return name.endswith(".gguf") and "mmproj" not in name and "imatrix" not in name
+
+
+def _other_parts(primary: str, paths: list[str]) -> list[str]:
+    index, count = split_parts(Path(primary))
+    if count == 1:
+        return []
+    prefix = primary[: -len(f"-00001-of-{count:05d}.gguf")]
+    return [f"{prefix}-{i:05d}-of-{count:05d}.gguf" for i in range(2, count + 1)]
+
+
+def _note_other_matches(spec: Spec, files: dict[str, RemoteFile], primary: str) -> None:
+    tag = spec.quant or quant_tag(primary)
+    pattern = re.compile(re.escape(tag) + r"[.-]", re.IGNORECASE)
+    others = [
+        p
+        for p in sorted(files)
+        if p != primary and _is_model(p) and split_parts(Path(p))[0] == 1 and pattern.search(p)
+    ]
+    if others:
+        display.note(
+            f"{len(others) + 1} files match {tag}; taking {primary}. Name another file "
+            f"exactly with {spec.repo}:FILE.gguf (also: {', '.join(others)})."
+        )
+
+
+def _list_files(repo: str, endpoint: str) -> tuple[str, dict[str, RemoteFile]]:
+    """The commit the Hub serves for `repo` and its files with sizes and checksums."""
+    from huggingface_hub import HfApi
+
+    try:
+        info = HfApi(endpoint=endpoint).model_info(repo, files_metadata=True)
+    except Exception as exc:
+        raise _hub_error(exc, repo, endpoint) from None
+    files = {
+        s.rfilename: RemoteFile(
+            s.rfilename,
+            s.lfs.size if s.lfs else s.size,
+            s.lfs.sha256 if s.lfs else None,
+            s.blob_id,
+        )
+        for s in info.siblings or []
+    }
+    return info.sha or "main", files
+
+
+def _download(
+    remote: RemoteFile, dest: Path, url: str, headers: dict[str, str], spec: Spec, quiet: bool
+) -> None:
+    """Fetch `remote` to `dest` through a partial file that survives interruptions."""
+    from huggingface_hub.file_download import http_get
+
+    if dest.is_file() and remote.size is not None and dest.stat().st_size == remote.size:
+        if not quiet:
+            display.note(f"already pulled: {dest}")
+        return
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    checksum = remote.sha256 or remote.blob_id or "unknown"
+    partial = dest.with_name(f"{dest.name}.{checksum[:16]}.incomplete")
+    for stale in dest.parent.glob(f"{glob.escape(dest.name)}.*.incomplete"):
+        if stale != partial:  # left by an older revision of the file
+            stale.unlink()
+    have = partial.stat().st_size if partial.is_file() else 0
+    if remote.size is not None and have > remote.size:
+        partial.unlink()
+        have = 0
+    total = remote.size or 0
+    _check_space(dest.parent, total - have)
+    if not quiet:
+        size = human_size(total) if total else "size unknown"
+        if have:
+            display.note(f"resuming {remote.path} from {spec.repo} at {human_size(have)} of {size}")
+        else:
+            display.note(f"downloading {remote.path} ({size}) from {spec.repo} to {dest.parent}")
+    partial.touch()
+    try:
+        with partial.open("r+b") as file:
+            file.seek(have)
+            http_get(
+                url, file, resume_size=have, headers=headers, expected_size=remote.size,
+                displayed_filename=dest.name,
+            )
+    except KeyboardInterrupt:
+        display.note(f"interrupted; {_kept(partial, total)} Run the same pull again to resume.")
+        raise
+    except Exception as exc:
+        reason = _hub_error(exc, spec.repo, _endpoint()).message.rstrip(".")
+        raise ModelError(
+            f"Download of {remote.path} stopped: {reason}; {_kept(partial, total)} "
+            "Run the same command again to resume."
+        ) from None
+    _verify(partial, remote, quiet)
+    os.replace(partial, dest)
+    if not quiet:
+        display.note(f"pulled {dest}")
+
+
+def _verify(path: Path, remote: RemoteFile, quiet: bool) -> None:
+    """Refuse, and delete, a download whose checksum differs from the Hub's."""
+    if remote.sha256:
+        kind, expected = "sha256", remote.sha256.lower()
+        digest = hashlib.sha256()
+    elif remote.blob_id:
+        kind, expected = "git blob sha1", remote.blob_id.lower()
+        digest = hashlib.sha1(f"blob {path.stat().st_size}\0".encode())
+    else:
+        display.warn(f"the Hub published no checksum for {remote.path}; it was not verified.")
+        return
+    if not quiet and path.stat().st_size > 1 << 30:
+        display.note(f"checking the {kind} of {human_size(path.stat().st_size)}")
+    with path.open("rb") as file:
+        while block := file.read(1 << 20):
+            digest.update(block)
+    actual = digest.hexdigest()
+    if actual != expected:
+        path.unlink()
+        raise ModelError(
+            f"The download of {remote.path} is corrupt: its {kind} is {actual}, the Hub says "
+            f"{expected}; the file was deleted, pull it again."
+        )
+
+
+def _check_space(folder: Path, needed: int) -> None:
+    free = shutil.disk_usage(folder).free
+    if needed > free:
+        raise ModelError(
+            f"Not enough disk space in {folder}: the download needs {human_size(needed)} more, "
+            f"{human_size(free)} are free."
+        )
+
+
+def _kept(partial: Path, total: int) -> str:
+    have = partial.stat().st_size if partial.is_file() else 0
+    of = f" of {human_size(total)}" if total else ""
+    return f"{human_size(have)}{of} kept in {partial}."
+
+
+def _hub_error(exc: Exception, repo: str, endpoint: str) -> ModelError:
+    """One sentence for what went wrong talking to the Hub."""
+    import httpx2
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        OfflineModeIsEnabled,
+        RepositoryNotFoundError,
+    )
+
+    if isinstance(exc, ModelError):
+        return exc
+    if isinstance(exc, GatedRepoError):
+        return ModelError(
+            f"{repo} is gated: accept its terms at {endpoint}/{repo} and set HF_TOKEN to a "
+            "token of that account."
+        )
+    if isinstance(exc, RepositoryNotFoundError):
+        return ModelError(
+            f"There is no repository {repo} on the Hugging Face Hub ({endpoint}); check the "
+            "name (a private repository needs HF_TOKEN)."
+        )
+    if isinstance(exc, OfflineModeIsEnabled):
+        return ModelError(f"HF_HUB_OFFLINE is set, so {repo} cannot be pulled.")
+    if isinstance(exc, httpx2.TransportError):
+        return ModelError(
+            f"Cannot reach the Hugging Face Hub at {endpoint} ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else 'no answer'}); check the connection "
+            "or HF_ENDPOINT."
+        )
+    if isinstance(exc, HfHubHTTPError):
+        status = exc.response.status_code if exc.response is not None else "an error"
+        return ModelError(f"The Hugging Face Hub at {endpoint} answered HTTP {status} for {repo}.")
+    if isinstance(exc, OSError):
+        return ModelError(f"{exc.strerror or exc}.")
+    raise exc
+
+
+def human_size(size: int) -> str:
+    """Bytes as a person reads them: 98.4 MB, 8.9 GB."""
+    if size < 1000:
+        return f"{size} B"
+    value = float(size)
+    for unit in ("KB", "MB", "GB", "TB"):
+        value /= 1000
+        if value < 1000 or unit == "TB":
+            break
+    return f"{value:,.1f} {unit}"

@@ -1,0 +1,90 @@
+"""`memagent models list` and `info` as a person reads them, on stdout."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from memagent_cli import display
+from memagent_cli.hub import human_size
+from memagent_cli.models import Listed
+
+
+def _stdout() -> Console:
+    # Piped output is read by scripts and wide terminals: do not squeeze it to 80 columns.
+    width = None if sys.stdout.isatty() else 200
+    return Console(file=sys.stdout, highlight=False, width=width)
+
+
+def _short(path: Path | None) -> str:
+    """The path with the home folder as ~, to keep the table narrow."""
+    text, home = str(path), str(Path.home())
+    return escape("~" + text[len(home) :] if text.startswith(home + "/") else text)
+
+
+def print_catalogue(rows: list[Listed]) -> None:
+    """One row per model: what it is, or how to get it."""
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for column in ("name", "size", "architecture", "quant", "context", "template"):
+        table.add_column(column, justify="right" if column in ("size", "context") else "left")
+    table.add_column("file", overflow="fold")  # a path cut short is no use
+    for row in rows:
+        if row.info is None:
+            if row.path is None:
+                table.add_row(escape(row.name), "", "", "", "", "", "not downloaded")
+            else:
+                table.add_row(escape(row.name), "", "unreadable", "", "", "", _short(row.path))
+            continue
+        info = row.info
+        table.add_row(
+            escape(row.name),
+            human_size(info.size),
+            escape(info.architecture),
+            escape(info.quantization),
+            f"{info.context_length:,}" if info.context_length else "?",
+            "yes" if info.chat_template else "no",
+            _short(row.path),
+        )
+    _stdout().print(table)
+    for row in rows:  # how to get a missing model, or why a file is unreadable
+        if row.note:
+            text = f"{row.name} is not downloaded: {row.note}" if row.path is None else row.note
+            (display.note if row.path is None else display.warn)(text)
+
+
+def print_info(row: Listed) -> None:
+    """Every header fact of one model, then its chat template."""
+    info = row.info
+    assert info is not None
+    facts = {
+        "name": row.name,
+        "file": str(row.path),
+        "size": f"{human_size(info.size)} ({info.size:,} bytes"
+        + (f", {info.parts} parts)" if info.parts > 1 else ")"),
+        "architecture": info.architecture,
+        "quantization": info.quantization,
+        "context": f"{info.context_length:,} tokens (trained)" if info.context_length else "?",
+        "chat template": "yes" if info.chat_template else "no (memagent needs one)",
+        "general.name": info.name,
+        "parameters": info.size_label,
+        "layers": str(info.layers or "?"),
+        "vocabulary": f"{info.vocabulary:,} tokens" if info.vocabulary else "?",
+        "tensors": f"{info.tensors:,}",
+        "description": row.description,
+    }
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column()
+    grid.add_column(overflow="fold")
+    for key, value in facts.items():
+        if value:
+            grid.add_row(key, escape(value))
+    out = _stdout()
+    out.print(grid)
+    if info.chat_template:
+        out.print()
+        out.print("chat template:", style="bold")
+        out.print(escape(info.chat_template), soft_wrap=True)

@@ -1,0 +1,173 @@
+"""The OpenAI-compatible backend against a real server on 127.0.0.1: llama-cpp-python's own
+(`llama_cpp.server`) running the default model."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from conftest import FACT_QUESTION, default_model_path, story
+from test_ask_model import SMALL_STEPS, interrupt_after_steps
+
+from memagent_cli.trace import read_trace
+
+SECOND_QUESTION = "Who painted the red barn?"
+
+
+class Server:
+    """llama_cpp.server with the default model on a free loopback port; stops itself."""
+
+    def __init__(self) -> None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> Server:
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "llama_cpp.server",
+                "--model",
+                str(default_model_path()),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--n_ctx",
+                "4096",
+                "--n_threads",
+                "2",
+                "--verbose",
+                "false",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(f"{self.url}/models", timeout=2).read()
+                return self
+            except OSError:
+                time.sleep(0.5)
+        self.stop()
+        raise RuntimeError("llama_cpp.server did not start")
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait(timeout=30)
+            self.process = None
+
+
+@pytest.fixture
+def server():
+    running = Server()
+    yield running
+    running.stop()
+
+
+@pytest.mark.model
+def test_a_server_answers_like_the_in_process_model(memagent, tmp_path, server):
+    doc = tmp_path / "doc.txt"
+    doc.write_text(story(300))
+    ask = [str(doc), FACT_QUESTION, *SMALL_STEPS, "--json", "--no-cache"]
+    local = memagent("ask", *ask, "--trace", str(tmp_path / "local.jsonl"))
+    assert local.returncode == 0, local.stderr
+    expected = json.loads(local.stdout)
+
+    server.start()  # after the in-process run: one llama.cpp at a time on this machine
+    remote = memagent(
+        "ask",
+        *ask,
+        "--backend",
+        "openai",
+        "--base-url",
+        server.url,
+        "--trace",
+        str(tmp_path / "remote.jsonl"),
+    )
+    assert remote.returncode == 0, remote.stderr
+    got = json.loads(remote.stdout)
+    assert got["document"]["tokens"] == expected["document"]["tokens"]  # server's tokenizer
+    assert [s["tokens"] for s in got["steps"]] == [s["tokens"] for s in expected["steps"]]
+    memories = [s["memory"] for s in read_trace(tmp_path / "remote.jsonl").steps]
+    assert memories == [s["memory"] for s in read_trace(tmp_path / "local.jsonl").steps]
+    assert got["reply"] == expected["reply"] and got["answer"] == expected["answer"]
+    assert got["model"]["path"] == server.url
+
+    # Two questions, two runs in flight, answers in the order asked.
+    both = memagent(
+        "ask",
+        str(doc),
+        FACT_QUESTION,
+        SECOND_QUESTION,
+        *SMALL_STEPS,
+        "--json",
+        "--backend",
+        "openai",
+        "--base-url",
+        server.url,
+        "--parallel",
+        "2",
+    )
+    assert both.returncode == 0, both.stderr
+    lines = [json.loads(line) for line in both.stdout.splitlines()]
+    assert [line["question"] for line in lines] == [FACT_QUESTION, SECOND_QUESTION]
+    assert lines[0]["reply"] == expected["reply"]
+    assert "[q1] step" in both.stderr and "[q2] step" in both.stderr
+
+
+@pytest.mark.model
+def test_a_server_stopped_mid_run_leaves_a_trace_to_resume(memagent, env, tmp_path, server):
+    doc = tmp_path / "doc.txt"
+    doc.write_text(story(600))
+    cut = tmp_path / "cut.jsonl"
+    server.start()
+    args = [
+        str(doc),
+        FACT_QUESTION,
+        *SMALL_STEPS,
+        "--backend",
+        "openai",
+        "--base-url",
+        server.url,
+        "--trace",
+        str(cut),
+    ]
+    process, stdout, stderr = interrupt_after_steps(
+        args, cut, env, 1, interrupt=lambda process: server.stop()
+    )
+    assert process.returncode == 1, stderr
+    assert stdout == "" and "Traceback" not in stderr
+    assert "Cannot reach the server" in stderr and "resume with: memagent ask" in stderr
+    trace = read_trace(cut)
+    assert not trace.finished and len(trace.steps) >= 1
+    assert "Cannot reach the server" in trace.interrupted["reason"]
+
+    server.start()
+    resumed = memagent("ask", *args[:-2], "--resume", str(cut), "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    assert read_trace(cut).finished
+    assert len(json.loads(resumed.stdout)["steps"]) == trace.header["document"]["chunks"]
+
+
+def test_an_unreachable_server_is_one_sentence(memagent, tmp_path):
+    doc = tmp_path / "doc.txt"
+    doc.write_text("text")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    result = memagent(
+        "ask", str(doc), "q?", "--backend", "openai", "--base-url", f"http://127.0.0.1:{port}/v1"
+    )
+    assert result.returncode == 1 and result.stdout == ""
+    assert "Cannot reach the server" in result.stderr and "Traceback" not in result.stderr
