@@ -91,7 +91,7 @@ def share_of_ask(documents: list) -> None:
     """How much of a typical `ask` (default model and settings) extraction takes."""
     from memagent_cli import protocol, session
     from memagent_cli.chunking import make_chunks
-    from memagent_cli.inspection import estimate
+    from memagent_cli.inspection import estimate_seconds
 
     _, backend = session.open_backend(None, threads=None, gpu_layers=None, verbose=False)
     print()
@@ -104,7 +104,7 @@ def share_of_ask(documents: list) -> None:
         tokens = backend.tokenize(document.text)
         chunks = make_chunks(tokens, protocol.DEFAULT_CHUNK_TOKENS, backend.detokenize)
         tokenize_seconds = time.perf_counter() - start
-        guess = estimate(
+        guess = estimate_seconds(
             backend,
             chunks,
             protocol.DEFAULT_CHUNK_TOKENS,

@@ -64,7 +64,7 @@ def inspect_document(
         "estimate": None,
     }
     if estimate and backend is not None:
-        report["estimate"] = estimate(backend, chunks, chunk_tokens, memory_tokens, quiet)
+        report["estimate"] = estimate_seconds(backend, chunks, chunk_tokens, memory_tokens, quiet)
     return report
 
 
@@ -82,7 +82,7 @@ def _document_info(document: Document) -> dict[str, Any]:
     }
 
 
-def estimate(
+def estimate_seconds(
     backend: LlamaCppBackend,
     chunks: list[Chunk],
     chunk_tokens: int,
