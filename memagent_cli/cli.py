@@ -383,7 +383,7 @@ def models_pull(
         typer.Argument(
             help="OWNER/NAME[:QUANT] on the Hugging Face Hub (QUANT as llama.cpp's -hf reads "
             "it, default Q4_K_M), or a registry name.",
-            metavar="REPO[:QUANT]",
+            metavar="MODEL",
         ),
     ],
     quiet: QuietOpt = False,

@@ -7,14 +7,17 @@ Pulled files live in the user data folder, under models/hf/OWNER/NAME/, so that
 
 from __future__ import annotations
 
+import functools
 import glob
 import hashlib
 import os
 import re
 import shutil
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import platformdirs
 
@@ -108,9 +111,7 @@ def choose(paths: Iterable[str], quant: str, repo: str = "") -> list[str]:
         if not models:
             raise ModelError(f"There is no GGUF model file{where}.")
         tags = sorted({quant_tag(p) or p for p in models})
-        raise ModelError(
-            f"No GGUF file{where} matches {quant}; available: {', '.join(tags)}."
-        )
+        raise ModelError(f"No GGUF file{where} matches {quant}; available: {', '.join(tags)}.")
     return [primary] + _other_parts(primary, paths)
 
 
@@ -132,10 +133,8 @@ def find_pulled(spec: Spec) -> Path | None:
 def pull(spec: Spec, *, quiet: bool = False) -> Path:
     """Download the GGUF `spec` names (every part of a split model); return the first part."""
     from huggingface_hub.file_download import hf_hub_url
-    from huggingface_hub.utils import build_hf_headers, disable_progress_bars
+    from huggingface_hub.utils import build_hf_headers
 
-    if quiet:
-        disable_progress_bars()
     endpoint = _endpoint()
     commit, files = _list_files(spec.repo, endpoint)
     chosen = choose(files, spec.quant, spec.repo)
@@ -235,8 +234,13 @@ def _download(
         with partial.open("r+b") as file:
             file.seek(have)
             http_get(
-                url, file, resume_size=have, headers=headers, expected_size=remote.size,
+                url,
+                file,
+                resume_size=have,
+                headers=headers,
+                expected_size=remote.size,
                 displayed_filename=dest.name,
+                tqdm_class=functools.partial(_Progress, quiet=quiet),  # type: ignore[arg-type]
             )
     except KeyboardInterrupt:
         display.note(f"interrupted; {_kept(partial, total)} Run the same pull again to resume.")
@@ -251,6 +255,63 @@ def _download(
     os.replace(partial, dest)
     if not quiet:
         display.note(f"pulled {dest}")
+
+
+class _Progress:
+    """Bytes downloaded, on stderr: a bar on a terminal, else a line every 10 seconds.
+    huggingface_hub's http_get drives it as it would a tqdm bar."""
+
+    _PLAIN_EVERY = 10.0
+
+    def __init__(
+        self,
+        *,
+        quiet: bool,
+        total: int | None = None,
+        initial: int = 0,
+        desc: str = "",
+        **_: object,
+    ) -> None:
+        self.total, self.done, self.desc, self.quiet = total, initial, desc, quiet
+        self._last = time.monotonic()
+        self._bar: Any = None
+
+    def __enter__(self) -> _Progress:
+        if not self.quiet and display.console.is_terminal:
+            from rich.progress import (
+                BarColumn,
+                DownloadColumn,
+                Progress,
+                TextColumn,
+                TimeRemainingColumn,
+                TransferSpeedColumn,
+            )
+
+            self._bar = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                DownloadColumn(),
+                TransferSpeedColumn(),
+                TimeRemainingColumn(),
+                console=display.console,
+                transient=True,
+            )
+            self._bar.start()
+            self._task = self._bar.add_task(self.desc, total=self.total, completed=self.done)
+        return self
+
+    def update(self, n: int) -> None:
+        self.done += n
+        if self._bar is not None:
+            self._bar.update(self._task, completed=self.done)
+        elif not self.quiet and time.monotonic() - self._last >= self._PLAIN_EVERY:
+            self._last = time.monotonic()
+            of = f" of {human_size(self.total)}" if self.total else ""
+            display.console.print(f"{self.desc}: {human_size(self.done)}{of}", highlight=False)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.stop()
 
 
 def _verify(path: Path, remote: RemoteFile, quiet: bool) -> None:
@@ -326,8 +387,8 @@ def _hub_error(exc: Exception, repo: str, endpoint: str) -> ModelError:
     if isinstance(exc, HfHubHTTPError):
         status = exc.response.status_code if exc.response is not None else "an error"
         return ModelError(f"The Hugging Face Hub at {endpoint} answered HTTP {status} for {repo}.")
-    if isinstance(exc, OSError):
-        return ModelError(f"{exc.strerror or exc}.")
+    if isinstance(exc, OSError):  # disk full, or the size check after a short download
+        return ModelError(f"{exc.strerror or str(exc).splitlines()[0]}.")
     raise exc
 
 

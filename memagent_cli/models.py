@@ -88,9 +88,7 @@ def _resolve_hub(value: str, where: str, pull: bool) -> Model:
     found = hub.find_pulled(spec)
     if found is None:
         if not pull:
-            raise ModelError(
-                f"{value} has not been pulled yet; run `memagent models pull {spec}`."
-            )
+            raise ModelError(f"{value} has not been pulled yet; run `memagent models pull {spec}`.")
         display.note(f"{where} {value}: not pulled yet, pulling it from the Hugging Face Hub")
         found = hub.pull(spec)
     return Model(found, _hub_name(found))
@@ -200,9 +198,7 @@ def pull(value: str, *, quiet: bool = False) -> Model:
             if not quiet:
                 display.note(f"{value} is already installed: {found}")
             return Model(found, value)
-        raise ModelError(
-            f"{value} cannot be pulled: {_how_to_get(value, entry)}."
-        )
+        raise ModelError(f"{value} cannot be pulled: {_how_to_get(value, entry)}.")
     if not hub.looks_like_repo(value):
         known = ", ".join(entries) or "none"
         raise ModelError(

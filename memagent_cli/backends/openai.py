@@ -143,7 +143,7 @@ class OpenAIBackend:
             "top_p": sampling.top_p,
             # The paper sampled with vLLM's defaults; servers that know these fields
             # (llama.cpp, vLLM) would otherwise add top-k, min-p or a repeat penalty.
-            "top_k": -1,
+            "top_k": 0,  # 0 turns top-k off for llama.cpp, vLLM and llama-cpp-python
             "min_p": 0.0,
             "repeat_penalty": 1.0,
             "repetition_penalty": 1.0,

@@ -1,0 +1,329 @@
+"""`memagent models list | info | pull` as a user meets them; pulls go to a fake Hub on
+127.0.0.1 (tests/fake_hub.py), never to the network."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import default_model_path
+from fake_hub import FakeHub, HubFile
+
+from memagent_cli import hub
+from memagent_cli.errors import ModelError
+
+REPO = "someone/SmolLM2-135M-Instruct-GGUF"
+MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def words(text: str) -> str:
+    return " ".join(text.split())
+
+
+def assert_clean_failure(result, *phrases: str) -> None:
+    assert result.returncode == 1, result.stderr
+    assert result.stdout == ""
+    assert "Traceback" not in result.stderr
+    for phrase in phrases:
+        assert phrase in words(result.stderr), result.stderr
+
+
+def tiny_gguf(path: Path, context: int = 32768, rows: int = 4) -> bytes:
+    """A small valid GGUF: qwen2, Q8_0 file type, a chat template, one tensor."""
+    import gguf
+    import numpy as np
+
+    writer = gguf.GGUFWriter(str(path), "qwen2")
+    writer.add_context_length(context)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
+    writer.add_chat_template("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    writer.add_tensor("token_embd.weight", np.ones((rows, 64), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path.read_bytes()
+
+
+@pytest.fixture(scope="module")
+def real_gguf() -> bytes:
+    return default_model_path().read_bytes()
+
+
+@pytest.fixture
+def fake_hub(env, tmp_path, real_gguf):
+    """A Hub holding the default model's GGUF (and a small Q8_0 beside it), for `env`'s user."""
+    with FakeHub() as server:
+        server.add(
+            REPO,
+            {
+                MODEL_FILE: real_gguf,
+                "SmolLM2-135M-Instruct.Q8_0.gguf": tiny_gguf(tmp_path / "q8.gguf"),
+                "README.md": HubFile(b"# a model card\n", lfs=False),
+            },
+        )
+        env.update(
+            HF_ENDPOINT=server.url,
+            HF_HOME=str(tmp_path / "hf"),
+            HF_HUB_DISABLE_TELEMETRY="1",
+            NO_PROXY="127.0.0.1,localhost",
+        )
+        for name in ("HF_TOKEN", "HF_HUB_OFFLINE", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+            env.pop(name, None)
+            env.pop(name.lower(), None)
+        yield server
+
+
+def pulled_dir(env) -> Path:
+    return Path(env["XDG_DATA_HOME"]) / "memagent" / "models" / "hf" / REPO
+
+
+# models list / info ---------------------------------------------------------------------
+
+
+def test_list_reads_the_default_model_header_and_says_how_to_get_the_others(memagent):
+    result = memagent("models", "list", "--json")
+    assert result.returncode == 0, result.stderr
+    rows = {row["name"]: row for row in json.loads(result.stdout)}
+    default = rows["smollm2-135m"]
+    assert default["architecture"] == "llama" and default["quantization"] == "Q4_1"
+    assert default["context_length"] == 8192 and default["has_chat_template"] is True
+    assert default["size"] == default_model_path().stat().st_size
+    assert rows["memagent-14b"]["downloaded"] is False
+    assert "convert_hf_to_gguf.py" in rows["memagent-14b"]["how_to_get"]
+
+    table = memagent("models", "list")
+    assert table.returncode == 0
+    line = next(x for x in table.stdout.splitlines() if x.startswith("smollm2-135m"))
+    assert {"llama", "Q4_1", "8,192", "yes", "98.4", "MB"} <= set(line.split())
+    assert "memagent-7b" in table.stdout and "not downloaded" in table.stdout
+    assert "memagent-7b is not downloaded" in words(table.stderr)
+
+
+def test_info_shows_the_header_facts_and_the_chat_template(memagent):
+    result = memagent("models", "info", "smollm2-135m")
+    assert result.returncode == 0, result.stderr
+    text = words(result.stdout)
+    for fact in ("architecture llama", "quantization Q4_1", "context 8,192 tokens", "layers 30"):
+        assert fact in text
+    assert "<|im_start|>" in result.stdout  # the template itself
+
+    as_json = json.loads(memagent("models", "info", str(default_model_path()), "--json").stdout)
+    assert as_json["chat_template"].startswith("{% for message in messages %}")
+    assert as_json["vocabulary"] == 49152
+
+
+def test_info_refuses_a_file_that_is_not_gguf(memagent, tmp_path):
+    fake = tmp_path / "model.gguf"
+    fake.write_bytes(b"PK\x03\x04 this is a zip, not a model" * 10)
+    assert_clean_failure(memagent("models", "info", str(fake)), "is not a GGUF model file")
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(default_model_path().read_bytes()[:4096])
+    assert_clean_failure(memagent("models", "info", str(cut)), "damaged GGUF file")
+
+
+def test_list_shows_an_unreadable_file_and_goes_on(memagent, env):
+    folder = Path(env["XDG_DATA_HOME"]) / "memagent" / "models"
+    folder.mkdir(parents=True)
+    (folder / "notes.gguf").write_text("not a model")
+    result = memagent("models", "list")
+    assert result.returncode == 0
+    assert "notes" in result.stdout and "unreadable" in result.stdout
+    assert "notes.gguf is not a GGUF model file" in words(result.stderr)
+    assert "smollm2-135m" in result.stdout
+
+
+def test_info_of_an_hf_model_not_pulled_says_how(memagent):
+    result = memagent("models", "info", "hf:someone/Other-GGUF:Q4_K_M")
+    assert_clean_failure(
+        result, "has not been pulled yet", "memagent models pull someone/Other-GGUF"
+    )
+
+
+# models pull -----------------------------------------------------------------------------
+
+
+def test_pull_downloads_a_verified_gguf_that_list_and_info_then_show(
+    memagent, env, fake_hub, real_gguf
+):
+    env["HF_TOKEN"] = "hf_secret"
+    result = memagent("models", "pull", f"{REPO}:q4_1")  # tags match in any case
+    assert result.returncode == 0, result.stderr
+    path = Path(result.stdout.strip())
+    assert path == pulled_dir(env) / MODEL_FILE
+    assert path.read_bytes() == real_gguf
+    assert [p.name for p in path.parent.iterdir()] == [MODEL_FILE]  # no partial left
+    assert "downloading" in result.stderr and "pulled" in result.stderr
+    assert all(r.authorization == "Bearer hf_secret" for r in fake_hub.requests)
+
+    rows = json.loads(memagent("models", "list", "--json").stdout)
+    row = next(r for r in rows if r["path"] == str(path))
+    assert row["name"] == f"hf:{REPO}:Q4_1"
+    assert (row["architecture"], row["quantization"], row["context_length"]) == (
+        "llama",
+        "Q4_1",
+        8192,
+    )
+    info = memagent("models", "info", f"hf:{REPO}:Q4_1")
+    assert info.returncode == 0 and "quantization Q4_1" in words(info.stdout)
+
+    again = memagent("models", "pull", f"{REPO}:Q4_1")
+    assert again.returncode == 0 and "already pulled" in again.stderr
+    assert len(fake_hub.downloads(MODEL_FILE)) == 1
+
+
+def test_pull_without_a_tag_takes_q4_k_m_else_q8_0_as_llama_cpp_does(memagent, env, fake_hub):
+    result = memagent("models", "pull", REPO)
+    assert result.returncode == 0, result.stderr
+    assert Path(result.stdout.strip()).name == "SmolLM2-135M-Instruct.Q8_0.gguf"
+
+
+def test_an_interrupted_pull_resumes_where_it_stopped(memagent, env, fake_hub, real_gguf):
+    served = fake_hub.repos[REPO][MODEL_FILE]
+    served.drop_after, served.then_fail = 40_000_000, True  # hangs up, then the Hub is down
+    first = memagent("models", "pull", f"{REPO}:Q4_1")
+    assert_clean_failure(first, "Download of", "stopped", "Run the same command again to resume")
+    (partial,) = pulled_dir(env).glob("*.incomplete")
+    kept = partial.stat().st_size
+    assert 0 < kept < len(real_gguf)
+    assert real_gguf.startswith(partial.read_bytes())
+
+    served.then_fail = False
+    second = memagent("models", "pull", f"{REPO}:Q4_1")
+    assert second.returncode == 0, second.stderr
+    assert "resuming" in second.stderr
+    assert fake_hub.downloads(MODEL_FILE)[-1].range == f"bytes={kept}-"
+    assert Path(second.stdout.strip()).read_bytes() == real_gguf
+    assert not list(pulled_dir(env).glob("*.incomplete"))
+
+
+def test_a_dropped_connection_is_resumed_within_one_pull(memagent, env, fake_hub, real_gguf):
+    fake_hub.repos[REPO][MODEL_FILE].drop_after = 40_000_000
+    result = memagent("models", "pull", f"{REPO}:Q4_1")
+    assert result.returncode == 0, result.stderr
+    assert Path(result.stdout.strip()).read_bytes() == real_gguf
+    ranges = [r.range for r in fake_hub.downloads(MODEL_FILE)]
+    assert ranges[0] is None and ranges[1].startswith("bytes=") and ranges[1] != "bytes=0-"
+
+
+def test_a_download_with_the_wrong_checksum_is_refused_and_deleted(memagent, env, fake_hub):
+    fake_hub.repos[REPO][MODEL_FILE].announced_sha256 = "0" * 64
+    result = memagent("models", "pull", f"{REPO}:Q4_1")
+    assert_clean_failure(result, "is corrupt", "sha256", "the Hub says " + "0" * 64, "deleted")
+    assert not list(pulled_dir(env).iterdir())
+
+
+def test_unknown_repository(memagent, fake_hub):
+    result = memagent("models", "pull", "someone/no-such-model-GGUF")
+    assert_clean_failure(result, "There is no repository someone/no-such-model-GGUF")
+
+
+def test_missing_quantization_lists_the_available_ones(memagent, fake_hub):
+    result = memagent("models", "pull", f"{REPO}:Q2_K")
+    assert_clean_failure(result, f"No GGUF file in {REPO} matches Q2_K; available: Q4_1, Q8_0.")
+
+
+def test_unreachable_hub(memagent, env, fake_hub):
+    env["HF_ENDPOINT"] = "http://127.0.0.1:9"  # nothing listens on the discard port
+    result = memagent("models", "pull", REPO)
+    assert_clean_failure(result, "Cannot reach the Hugging Face Hub at http://127.0.0.1:9")
+
+
+def test_not_a_repository_nor_a_name(memagent):
+    result = memagent("models", "pull", "no-such-thing")
+    assert_clean_failure(result, "neither a registry name", "OWNER/NAME[:QUANT]")
+
+
+def test_a_registry_model_without_a_gguf_says_how_to_make_one(memagent):
+    result = memagent("models", "pull", "memagent-14b")
+    assert_clean_failure(result, "memagent-14b cannot be pulled", "convert_hf_to_gguf.py")
+
+
+def test_a_split_model_is_pulled_whole(memagent, env, fake_hub, tmp_path):
+    parts = {
+        f"big-Q4_K_M-0000{i}-of-00002.gguf": tiny_gguf(tmp_path / f"{i}.gguf", rows=4 + i)
+        for i in (1, 2)
+    }
+    fake_hub.add("someone/Big-GGUF", parts)
+    result = memagent("models", "pull", "someone/Big-GGUF")
+    assert result.returncode == 0, result.stderr
+    first = Path(result.stdout.strip())
+    assert first.name == "big-Q4_K_M-00001-of-00002.gguf"
+    assert sorted(p.name for p in first.parent.iterdir()) == sorted(parts)
+    rows = json.loads(memagent("models", "list", "--json").stdout)
+    (row,) = [r for r in rows if r["name"].startswith("hf:someone/Big-GGUF")]
+    assert row["size"] == sum(len(b) for b in parts.values())
+
+
+def test_model_option_pulls_an_hf_model_on_first_use_then_works_offline(env, fake_hub):
+    resolve = f"from memagent_cli import models; print(models.resolve('hf:{REPO}:Q4_1').path)"
+
+    def run() -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-c", resolve], capture_output=True, text=True, env=env, timeout=60
+        )
+
+    first = run()
+    assert first.returncode == 0, first.stderr
+    assert "not pulled yet, pulling it from the Hugging Face Hub" in words(first.stderr)
+    assert Path(first.stdout.strip()) == pulled_dir(env) / MODEL_FILE
+    env["HF_ENDPOINT"] = "http://127.0.0.1:9"  # the Hub is gone: the pulled file is enough
+    second = run()
+    assert second.returncode == 0, second.stderr
+    assert second.stdout == first.stdout and second.stderr == ""
+
+
+# choosing a file as llama.cpp's -hf does ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("quant", "expected"),
+    [
+        ("", "m-Q4_K_M.gguf"),
+        ("q4_k_m", "m-Q4_K_M.gguf"),
+        ("Q4_K", "m-Q4_K.gguf"),  # a tag must be followed by . or -, so Q4_K is not Q4_K_M
+        ("Q8_0", "big-Q8_0-00001-of-00002.gguf"),
+        ("sub/m-Q4_K_M.gguf", "sub/m-Q4_K_M.gguf"),  # an exact file
+    ],
+)
+def test_choose_follows_llama_cpp(quant, expected):
+    files = [
+        "README.md",
+        "mmproj-m-Q4_K_M.gguf",
+        "m-Q4_K.gguf",
+        "m-Q4_K_M.gguf",
+        "sub/m-Q4_K_M.gguf",
+        "big-Q8_0-00002-of-00002.gguf",
+        "big-Q8_0-00001-of-00002.gguf",
+    ]
+    chosen = hub.choose(files, quant)
+    assert chosen[0] == expected
+    if expected.startswith("big"):
+        assert chosen == ["big-Q8_0-00001-of-00002.gguf", "big-Q8_0-00002-of-00002.gguf"]
+
+
+def test_choose_without_a_default_tag_takes_the_first_model_file():
+    assert hub.choose(["b-F16.gguf", "a-IQ2_XS.gguf", "mmproj-F16.gguf"], "") == ["a-IQ2_XS.gguf"]
+
+
+def test_a_registry_entry_with_an_hf_gguf_is_pulled_by_name(env, fake_hub, monkeypatch):
+    import huggingface_hub.constants
+
+    from memagent_cli import models
+
+    for key in ("HF_ENDPOINT", "XDG_DATA_HOME"):
+        monkeypatch.setenv(key, env[key])
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_DISABLE_TELEMETRY", True)
+    entry = {"description": "tiny", "hf": f"{REPO}:Q8_0"}
+    monkeypatch.setattr(models, "registry", lambda: {"tiny": entry})
+    with pytest.raises(ModelError, match="memagent models pull tiny"):
+        models.resolve("tiny")
+
+    pulled = models.pull("tiny", quiet=True)
+    assert pulled == models.Model(pulled_dir(env) / "SmolLM2-135M-Instruct.Q8_0.gguf", "tiny")
+    assert models.resolve("tiny") == pulled
+    (row,) = models.catalogue()  # listed once, under its registry name
+    assert (row.name, row.info.architecture, row.info.context_length) == ("tiny", "qwen2", 32768)
