@@ -44,7 +44,8 @@ ModelOpt = Annotated[
         "--model",
         "-m",
         show_default=False,
-        help="GGUF file or registry name \\[default: $MEMAGENT_MODEL, else the default model].",
+        help="GGUF file, registry name, or hf:OWNER/NAME[:QUANT] (pulled on first use) "
+        "\\[default: $MEMAGENT_MODEL, else the default model].",
     ),
 ]
 ChunkTokensOpt = Annotated[int, typer.Option(min=1, help="Model tokens of document per step.")]
