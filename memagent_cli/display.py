@@ -6,6 +6,7 @@ stdout is for results only, so every console here writes to stderr.
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,6 +30,12 @@ from rich.text import Text
 from memagent_cli.reader import Answering, Event, StepFinished, StepStarted
 
 console = Console(stderr=True, highlight=False)
+
+
+def results_console() -> Console:
+    """A console for results on stdout. In a pipe it is wide, so that a table keeps one line
+    per row however narrow the pipe claims to be."""
+    return Console(file=sys.stdout, highlight=False, width=None if sys.stdout.isatty() else 200)
 
 
 def note(message: str) -> None:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
-from memagent_cli import protocol, session, tokenizers
+from memagent_cli import display, protocol, session, tokenizers
 from memagent_cli.backends import Sampling
 from memagent_cli.backends.llama_cpp import LlamaCppBackend
 from memagent_cli.chunking import Chunk, make_chunks
@@ -90,8 +89,6 @@ def estimate_seconds(
     quiet: bool,
 ) -> dict[str, Any]:
     """Seconds one question will take, from a short measured warm-up of the model."""
-    from memagent_cli import display
-
     settings = Settings(chunk_tokens, memory_tokens, Sampling(temperature=0.0))
     try:
         context = context_needed(backend, [_WARMUP_QUESTION], settings)
@@ -123,10 +120,9 @@ def estimate_seconds(
 
 def print_report(report: dict[str, Any]) -> None:
     """The report as tables on stdout."""
-    from rich.console import Console
     from rich.table import Table
 
-    out = Console(file=sys.stdout, highlight=False, soft_wrap=True)
+    out = display.results_console()
     doc = report["document"]
     summary = Table.grid(padding=(0, 2))
     summary.add_row("document", doc["path"])

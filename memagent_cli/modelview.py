@@ -2,22 +2,14 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from memagent_cli import display
 from memagent_cli.hub import human_size
 from memagent_cli.models import Listed
-
-
-def _stdout() -> Console:
-    # Piped output is read by scripts and wide terminals: do not squeeze it to 80 columns.
-    width = None if sys.stdout.isatty() else 200
-    return Console(file=sys.stdout, highlight=False, width=width)
 
 
 def _short(path: Path | None) -> str:
@@ -49,7 +41,7 @@ def print_catalogue(rows: list[Listed]) -> None:
             "yes" if info.chat_template else "no",
             _short(row.path),
         )
-    _stdout().print(table)
+    display.results_console().print(table)
     for row in rows:  # how to get a missing model, or why a file is unreadable
         if row.note:
             text = f"{row.name} is not downloaded: {row.note}" if row.path is None else row.note
@@ -82,7 +74,7 @@ def print_info(row: Listed) -> None:
     for key, value in facts.items():
         if value:
             grid.add_row(key, escape(value))
-    out = _stdout()
+    out = display.results_console()
     out.print(grid)
     if info.chat_template:
         out.print()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import difflib
 import json
 import re
-import sys
 import time
 from collections.abc import Iterator
 from datetime import datetime
@@ -92,7 +91,7 @@ def trace_command(
         raise typer.BadParameter(f"{' and '.join(chosen)} are different views; pick one.")
     if as_json and chosen and chosen != ["--list"]:
         raise typer.BadParameter(f"--json goes with the whole trace or --list, not {chosen[0]}.")
-    out = Console(file=sys.stdout, highlight=False)
+    out = display.results_console()
     if list_traces:
         if trace is not None:
             raise typer.BadParameter("--list lists the data folder; leave out TRACE.")
@@ -544,8 +543,6 @@ def _show_list(out: Console, as_json: bool) -> None:
         return
     if not rows:
         raise TraceError(f"There are no traces in {default_dir()} yet.")
-    if not out.is_terminal:  # one line per trace in a pipe, however narrow it claims to be
-        out = Console(file=sys.stdout, highlight=False, width=1000)
     table = Table(box=None, pad_edge=False, header_style="bold")
     table.add_column("when", no_wrap=True)
     for name in ("document", "question"):
