@@ -111,7 +111,10 @@ class Stopped(Exception):
     @property
     def message(self) -> str:
         kept = f"; the trace {self.trace_path} keeps them" if self.trace_path else ""
-        return f"Stopped ({self.reason}) after {self.done} of {self.total} steps{kept}."
+        progress = f"after {self.done} of {self.total} steps{kept}."
+        if self.exit_code == 130:
+            return f"Interrupted ({self.reason}) {progress}"
+        return f"{self.reason.rstrip('.')}. Stopped {progress}"
 
 
 class Engine:
