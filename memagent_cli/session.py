@@ -211,7 +211,8 @@ class Session:
                     )
                 return self._result_from(cached, start, cached=True)
         done: list[Step] = []
-        if resume is not None or latest:
+        resuming = resume is not None or latest
+        if resuming:
             earlier = self._trace_to_resume(header, resume)
             if earlier.finished:
                 if not quiet:
@@ -225,9 +226,9 @@ class Session:
         writer = None
         if trace_path is not None:
             writer = trace.TraceWriter(
-                trace_path, header, self.span_of, resume_from=len(done) if done else None
+                trace_path, header, self.span_of, resume_from=len(done) if resuming else None
             )
-            if not quiet and not done:
+            if not quiet and not resuming:
                 display.note(f"trace: {trace_path}")
         finished = len(done)
 
