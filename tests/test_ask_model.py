@@ -197,3 +197,38 @@ def test_an_interrupted_run_keeps_its_finished_steps(env, tmp_path, sig):
     assert f"resume with: memagent ask {doc}" in " ".join(stderr.split())
     assert trace.interrupted is not None
     assert trace.interrupted["steps_done"] == len(trace.steps)
+
+
+def test_a_folder_of_documents_skips_the_unreadable_one(memagent, tmp_path):
+    library = tmp_path / "library"
+    (library / "sub").mkdir(parents=True)
+    (library / "a.txt").write_text(story(40))
+    (library / "sub" / "b.md").write_text(story(40, seed=2))
+    (library / "broken.pdf").write_bytes(b"%PDF-1.7\n" + bytes(range(256)) * 4)
+    (library / "photo.png").write_bytes(b"\x89PNG\r\n\x1a\n")  # not a supported suffix
+    listed = tmp_path / "more.txt"
+    listed.write_text(f"{library / 'a.txt'}\n")
+
+    result = memagent(
+        "ask",
+        str(library),
+        FACT_QUESTION,
+        "--documents",
+        str(listed),
+        "--json",
+        "--chunk-tokens",
+        "2000",
+        "--memory-tokens",
+        "64",
+        "--temperature",
+        "0",
+    )
+    assert result.returncode == 1  # one document could not be read
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [Path(line["document"]["path"]).name for line in lines] == ["a.txt", "b.md", "a.txt"]
+    assert all(line["question"] == FACT_QUESTION for line in lines)
+    assert "broken.pdf" in result.stderr and "Skipped; the other documents go on" in result.stderr
+    assert "Traceback" not in result.stderr
+
+    none = memagent("ask", str(library), FACT_QUESTION, "--glob", "*.epub")
+    assert none.returncode == 1 and "holds no supported documents matching *.epub" in none.stderr

@@ -134,3 +134,13 @@ def test_ask_a_pdf_records_page_spans(memagent, tmp_path):
     assert "evidence" in answer
     assert [s["span"] for s in read_trace(trace_path).steps] == spans
     assert "p. i" in result.stderr  # the progress lines name the pages being read
+
+
+def test_an_encoding_not_available_offline_is_one_sentence(memagent, env, tmp_path):
+    path = tmp_path / "a.txt"
+    path.write_text("hello")
+    # No package ships o200k_base; a proxy that refuses keeps tiktoken's download attempt
+    # on this machine.
+    env["HTTPS_PROXY"] = env["HTTP_PROXY"] = "http://127.0.0.1:9"
+    result = memagent("inspect", str(path), "--tokenizer", "tiktoken", "--encoding", "o200k_base")
+    assert_clean_failure(result, 1, "o200k_base is not available offline")
