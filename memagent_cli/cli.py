@@ -231,6 +231,8 @@ def ask(
             )
     if trace is not None and resume_path is not None:
         raise typer.BadParameter("give --trace or --resume TRACE, not both.", param_hint="--trace")
+    if backend not in ("llama", "openai"):
+        raise typer.BadParameter("choose llama or openai.", param_hint="--backend")
     if parallel > 1 and backend != "openai":
         raise typer.BadParameter(
             "one in-process model reads one question at a time; --parallel needs --backend openai.",

@@ -140,3 +140,17 @@ def test_questions_file_missing(memagent, tmp_path):
     doc.write_text("text")
     result = memagent("ask", str(doc), "--questions", str(tmp_path / "q.txt"))
     assert_clean_failure(result, 1, "Questions file not found")
+
+
+def test_an_unknown_backend(memagent, tmp_path):
+    doc = tmp_path / "doc.txt"
+    doc.write_text("text")
+    result = memagent("ask", str(doc), "q?", "--backend", "bogus")
+    assert_clean_failure(result, 2, "--backend", "choose llama or openai")
+
+
+def test_parallel_needs_a_server(memagent, tmp_path):
+    doc = tmp_path / "doc.txt"
+    doc.write_text("text")
+    result = memagent("ask", str(doc), "q?", "--parallel", "2")
+    assert_clean_failure(result, 2, "--parallel needs --backend openai")
