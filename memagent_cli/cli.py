@@ -397,9 +397,77 @@ def models_pull(
     print(models.pull(model, quiet=quiet).path)
 
 
-from memagent_cli.traceview import trace_command  # noqa: E402
+@app.command("trace")
+@user_errors
+def trace_(
+    trace: Annotated[
+        Path | None,
+        typer.Argument(
+            # The backslash keeps Typer's Rich help from reading "[default: ...]" as markup.
+            help="Trace file, or the name of one in the data folder "
+            "\\[default: the most recent trace].",
+            metavar="TRACE",
+            show_default=False,
+        ),
+    ] = None,
+    list_traces: Annotated[
+        bool, typer.Option("--list", help="List the saved traces, newest first.")
+    ] = False,
+    step: Annotated[
+        int | None,
+        typer.Option(
+            "--step",
+            metavar="N",
+            help="Show the memory after step N in full (step 1 reads the first chunk).",
+            show_default=False,
+        ),
+    ] = None,
+    diff: Annotated[
+        int | None,
+        typer.Option(
+            "--diff",
+            metavar="N",
+            help="Show what step N changed in the memory (step 1: against the initial memory).",
+            show_default=False,
+        ),
+    ] = None,
+    grep: Annotated[
+        str | None,
+        typer.Option(
+            "--grep",
+            metavar="TEXT",
+            show_default=False,
+            help="Show the steps whose memory contains TEXT (any case).",
+        ),
+    ] = None,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="Print the trace (or --list) as JSON: the records as written, where a step's "
+            '"index" counts from 0.',
+        ),
+    ] = False,
+    markdown: Annotated[
+        bool, typer.Option("--markdown", help="Print a Markdown report of the run.")
+    ] = False,
+    follow_run: Annotated[
+        bool, typer.Option("--follow", "-f", help="Show steps as a running `ask` writes them.")
+    ] = False,
+) -> None:
+    """Show what the model kept, dropped and concluded at every step of a run."""
+    from memagent_cli import traceview
 
-app.command("trace")(user_errors(trace_command))
+    traceview.show(
+        trace,
+        list_traces=list_traces,
+        step=step,
+        diff=diff,
+        grep=grep,
+        as_json=as_json,
+        markdown=markdown,
+        follow_run=follow_run,
+    )
 
 
 _LATEST = "latest"

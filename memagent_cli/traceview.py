@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -21,63 +21,18 @@ from memagent_cli.errors import UserError
 from memagent_cli.trace import Trace, TraceError, default_dir, read_trace, recent_traces
 
 
-def trace_command(
-    trace: Annotated[
-        Path | None,
-        typer.Argument(
-            # The backslash keeps Typer's Rich help from reading "[default: ...]" as markup.
-            help="Trace file, or the name of one in the data folder "
-            "\\[default: the most recent trace].",
-            metavar="TRACE",
-            show_default=False,
-        ),
-    ] = None,
-    list_traces: Annotated[
-        bool, typer.Option("--list", help="List the saved traces, newest first.")
-    ] = False,
-    step: Annotated[
-        int | None,
-        typer.Option(
-            "--step",
-            metavar="N",
-            help="Show the memory after step N in full (step 1 reads the first chunk).",
-            show_default=False,
-        ),
-    ] = None,
-    diff: Annotated[
-        int | None,
-        typer.Option(
-            "--diff",
-            metavar="N",
-            help="Show what step N changed in the memory (step 1: against the initial memory).",
-            show_default=False,
-        ),
-    ] = None,
-    grep: Annotated[
-        str | None,
-        typer.Option(
-            "--grep",
-            metavar="TEXT",
-            show_default=False,
-            help="Show the steps whose memory contains TEXT (any case).",
-        ),
-    ] = None,
-    as_json: Annotated[
-        bool,
-        typer.Option(
-            "--json",
-            help="Print the trace (or --list) as JSON: the records as written, where a step's "
-            '"index" counts from 0.',
-        ),
-    ] = False,
-    markdown: Annotated[
-        bool, typer.Option("--markdown", help="Print a Markdown report of the run.")
-    ] = False,
-    follow_run: Annotated[
-        bool, typer.Option("--follow", "-f", help="Show steps as a running `ask` writes them.")
-    ] = False,
+def show(
+    trace: Path | None,
+    *,
+    list_traces: bool,
+    step: int | None,
+    diff: int | None,
+    grep: str | None,
+    as_json: bool,
+    markdown: bool,
+    follow_run: bool,
 ) -> None:
-    """Show what the model kept, dropped and concluded at every step of a run."""
+    """Show one view of a trace (or the list of traces) on stdout."""
     views = {
         "--list": list_traces,
         "--step": step is not None,
