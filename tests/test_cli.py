@@ -9,6 +9,14 @@ import pytest
 from conftest import FACT_QUESTION, story
 
 
+@pytest.fixture
+def doc(tmp_path):
+    """A one-word document, for failures that happen before any reading."""
+    path = tmp_path / "doc.txt"
+    path.write_text("text")
+    return path
+
+
 def assert_clean_failure(result, code: int, *phrases: str) -> None:
     """One clear message on stderr, nothing on stdout, no traceback."""
     assert result.returncode == code, result.stderr
@@ -65,48 +73,36 @@ def test_empty_stdin(memagent):
     assert_clean_failure(result, 1, "The document is empty", "stdin")
 
 
-def test_no_question(memagent, tmp_path):
-    path = tmp_path / "doc.txt"
-    path.write_text("text")
-    assert_clean_failure(memagent("ask", str(path)), 2, "at least one question")
+def test_no_question(memagent, doc):
+    assert_clean_failure(memagent("ask", str(doc)), 2, "at least one question")
 
 
-def test_missing_model_file(memagent, tmp_path):
-    path = tmp_path / "doc.txt"
-    path.write_text("text")
-    result = memagent("ask", str(path), "q?", "--model", str(tmp_path / "missing.gguf"))
+def test_missing_model_file(memagent, tmp_path, doc):
+    result = memagent("ask", str(doc), "q?", "--model", str(tmp_path / "missing.gguf"))
     assert_clean_failure(result, 1, "Model not found", "missing.gguf", "registry name")
 
 
-def test_missing_model_from_env(memagent, env, tmp_path):
-    path = tmp_path / "doc.txt"
-    path.write_text("text")
+def test_missing_model_from_env(memagent, env, doc):
     env["MEMAGENT_MODEL"] = "no-such-model"
-    result = memagent("ask", str(path), "q?")
+    result = memagent("ask", str(doc), "q?")
     assert_clean_failure(result, 1, "$MEMAGENT_MODEL no-such-model", "known names")
 
 
-def test_registry_model_not_downloaded(memagent, tmp_path):
-    path = tmp_path / "doc.txt"
-    path.write_text("text")
-    result = memagent("ask", str(path), "q?", "-m", "memagent-7b")
+def test_registry_model_not_downloaded(memagent, doc):
+    result = memagent("ask", str(doc), "q?", "-m", "memagent-7b")
     assert_clean_failure(result, 1, "memagent-7b is known", "convert_hf_to_gguf.py")
 
 
-def test_non_gguf_model(memagent, tmp_path):
-    doc = tmp_path / "doc.txt"
-    doc.write_text("text")
+def test_non_gguf_model(memagent, tmp_path, doc):
     fake = tmp_path / "model.gguf"
     fake.write_bytes(b"PK\x03\x04 this is a zip, not a model" * 10)
     result = memagent("ask", str(doc), "q?", "-m", str(fake))
     assert_clean_failure(result, 1, "is not a GGUF model file")
 
 
-def test_truncated_gguf_model(memagent, tmp_path):
+def test_truncated_gguf_model(memagent, tmp_path, doc):
     from conftest import default_model_path
 
-    doc = tmp_path / "doc.txt"
-    doc.write_text("text")
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(default_model_path().read_bytes()[:4096])
     result = memagent("ask", str(doc), "q?", "-m", str(broken))
@@ -114,9 +110,7 @@ def test_truncated_gguf_model(memagent, tmp_path):
 
 
 @pytest.mark.parametrize("option", ["--chunk-tokens", "--memory-tokens"])
-def test_zero_tokens_is_a_usage_error(memagent, tmp_path, option):
-    doc = tmp_path / "doc.txt"
-    doc.write_text("text")
+def test_zero_tokens_is_a_usage_error(memagent, option, doc):
     result = memagent("ask", str(doc), "q?", option, "0")
     assert_clean_failure(result, 2, "Invalid value", option)
 
@@ -135,22 +129,16 @@ def test_a_question_too_long(memagent, tmp_path):
     assert_clean_failure(result, 1, "question is too long")
 
 
-def test_questions_file_missing(memagent, tmp_path):
-    doc = tmp_path / "doc.txt"
-    doc.write_text("text")
+def test_questions_file_missing(memagent, tmp_path, doc):
     result = memagent("ask", str(doc), "--questions", str(tmp_path / "q.txt"))
     assert_clean_failure(result, 1, "Questions file not found")
 
 
-def test_an_unknown_backend(memagent, tmp_path):
-    doc = tmp_path / "doc.txt"
-    doc.write_text("text")
+def test_an_unknown_backend(memagent, doc):
     result = memagent("ask", str(doc), "q?", "--backend", "bogus")
     assert_clean_failure(result, 2, "--backend", "choose llama or openai")
 
 
-def test_parallel_needs_a_server(memagent, tmp_path):
-    doc = tmp_path / "doc.txt"
-    doc.write_text("text")
+def test_parallel_needs_a_server(memagent, doc):
     result = memagent("ask", str(doc), "q?", "--parallel", "2")
     assert_clean_failure(result, 2, "--parallel needs --backend openai")
