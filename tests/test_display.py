@@ -1,0 +1,45 @@
+"""What stderr shows while reading, when it is not a terminal (logs, pipes, CI)."""
+
+from __future__ import annotations
+
+from memagent_cli import display
+from memagent_cli.backends import Generation
+from memagent_cli.chunking import make_chunks
+from memagent_cli.reader import Answering, Step, StepFinished
+
+
+def test_quick_extraction_shows_nothing(capsys):
+    with display.extraction_progress(False, "book.pdf") as progress:
+        for page in range(1, 101):
+            progress(page, 100)
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == ""
+
+
+def test_slow_extraction_shows_pages_on_stderr(capsys, monkeypatch):
+    monkeypatch.setattr(display._ExtractionProgress, "_DELAY", 0.0)
+    with display.extraction_progress(False, "/books/manual.pdf") as progress:
+        for page in range(1, 2401):
+            progress(page, 2400)
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "extracting manual.pdf: 2400/2400" in captured.err
+
+
+def test_quiet_extraction_has_no_callback():
+    with display.extraction_progress(True, "book.pdf") as progress:
+        assert progress is None
+
+
+def test_plain_progress_lines_name_the_step_pages_and_run(capsys):
+    chunks = make_chunks(list(b"x" * 30), 10, bytes)
+    view = display.PlainProgress(lambda start, end: f"p. {start // 10 + 1}", label="q2")
+    gen = Generation("memory", 120, 42, 0.5, 1.5, "stop")
+    view(StepFinished(Step(chunks[1], "memory", gen), 3))
+    view(Answering("memory"))
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    line, answering = captured.err.splitlines()
+    assert line.startswith("[q2] step 2/3  tokens 10-20  p. 2  memory 42 tokens  1.5s")
+    assert "prompt 240 tok/s" in line  # 120 prompt tokens in 0.5 s
+    assert answering == "[q2] answering from the final memory"
