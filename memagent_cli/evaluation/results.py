@@ -1,0 +1,138 @@
+"""Results files: JSON Lines, one record per finished case, appended as each case finishes.
+
+A run stopped by Ctrl-C or a crash loses at most the cases in flight; `eval` run again
+with the same output skips the cases already there. The reader skips a line a crash left
+half-written and says so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+
+from memagent_cli.errors import UserError
+
+MAX_RESULTS_BYTES = 1 << 30  # a record is a few KB without the document; this is not ours
+MAX_LINE_BYTES = 16 << 20
+# Fields every record carries; the report needs these.
+REQUIRED = ("id", "group", "sub_em", "seconds", "tokens")
+
+
+class ResultsError(UserError):
+    """A results file that cannot be read or written."""
+
+
+@dataclass
+class Results:
+    """The records of one results file, read back."""
+
+    path: Path
+    records: list[dict[str, Any]]
+    skipped: int = 0  # lines that were damaged or not records
+
+    @property
+    def finished(self) -> set[tuple[str, str]]:
+        """(group, id) of every case already run."""
+        return {(str(r["group"]), str(r["id"])) for r in self.records}
+
+    @property
+    def label(self) -> str:
+        """The run's name in a plot legend or a comparison: its file name."""
+        return self.path.stem
+
+
+def default_path(first_data: Path, now: datetime | None = None) -> Path:
+    """A new results file in the data folder, named after the time and the data."""
+    stamp = (now or datetime.now(UTC)).strftime("%Y%m%d-%H%M%S")
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", first_data.stem)[:40] or "data"
+    return platformdirs.user_data_path("memagent") / "evals" / f"{stamp}-{name}.jsonl"
+
+
+def read(path: Path, *, missing_ok: bool = False) -> Results:
+    """The records of `path`; a missing file is an empty run when `missing_ok`."""
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        if missing_ok:
+            return Results(path, [])
+        raise ResultsError(f"Results file not found: {path}") from None
+    except OSError as exc:
+        raise ResultsError(f"Cannot read results file {path}: {exc.strerror}.") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise ResultsError(f"{path} is not a regular file, so it cannot be a results file.")
+    if info.st_size > MAX_RESULTS_BYTES:
+        raise ResultsError(f"{path} is {info.st_size:,} bytes, too large to be eval results.")
+    records, skipped = [], 0
+    try:
+        with path.open("rb") as file:
+            for line in file:
+                record = _record(line)
+                if record is None:
+                    skipped += line.strip() != b""
+                else:
+                    records.append(record)
+    except OSError as exc:
+        raise ResultsError(f"Cannot read results file {path}: {exc.strerror}.") from None
+    if skipped and not records:
+        raise ResultsError(f"{path} holds no eval results (JSON Lines from `memagent eval`).")
+    return Results(path, records, skipped)
+
+
+def _record(line: bytes) -> dict[str, Any] | None:
+    if len(line) > MAX_LINE_BYTES:
+        return None
+    try:
+        record = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    if not isinstance(record, dict) or any(name not in record for name in REQUIRED):
+        return None
+    return record
+
+
+class Writer:
+    """Appends one record per finished case, each flushed to disk before the next case."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if path.exists():
+                _drop_partial_line(path)
+            self._file = path.open("a", encoding="utf-8")
+        except OSError as exc:
+            raise ResultsError(f"Cannot write results to {path}: {exc.strerror}.") from None
+
+    def add(self, record: dict[str, Any]) -> None:
+        self._file.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> Writer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _drop_partial_line(path: Path) -> None:
+    """Cut a line left half-written by a crash, so appended records start on their own line."""
+    with path.open("r+b") as file:
+        size = file.seek(0, os.SEEK_END)
+        back = min(size, MAX_LINE_BYTES)
+        file.seek(size - back)
+        tail = file.read(back)
+        end = size - back + tail.rfind(b"\n") + 1
+        if end < size:
+            file.truncate(end)

@@ -1,0 +1,154 @@
+"""Results files (append, resume, damage), the report table and JSON, and the plots."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from memagent_cli.evaluation import plot, report, results
+from memagent_cli.evaluation.results import ResultsError
+
+
+def record(group: str, i: int, sub_em: float, tokens: int = 7168, seconds: float = 2.0, **kw):
+    base = {"id": f"q{i}", "group": group, "sub_em": sub_em, "em": 0.0, "f1": 0.5}
+    return base | {"seconds": seconds, "tokens": tokens} | kw
+
+
+def test_records_are_appended_and_read_back(tmp_path):
+    path = tmp_path / "deep" / "run.jsonl"
+    with results.Writer(path) as writer:
+        writer.add(record("eval_50", 1, 1.0, question="Où?"))
+    with results.Writer(path) as writer:  # a second run appends
+        writer.add(record("eval_50", 2, 0.0))
+    run = results.read(path)
+    assert [r["id"] for r in run.records] == ["q1", "q2"]
+    assert run.records[0]["question"] == "Où?"
+    assert run.finished == {("eval_50", "q1"), ("eval_50", "q2")}
+    assert run.skipped == 0 and run.label == "run"
+
+
+def test_a_line_cut_by_a_crash_is_dropped_before_appending(tmp_path):
+    path = tmp_path / "run.jsonl"
+    path.write_text(json.dumps(record("g", 1, 1.0)) + "\n" + '{"id": "q2", "gro')
+    assert results.read(path).skipped == 1
+    with results.Writer(path) as writer:
+        writer.add(record("g", 3, 0.0))
+    run = results.read(path)
+    assert [r["id"] for r in run.records] == ["q1", "q3"] and run.skipped == 0
+
+
+def test_reading_refuses_what_is_not_results(tmp_path):
+    with pytest.raises(ResultsError, match="not found"):
+        results.read(tmp_path / "none.jsonl")
+    assert results.read(tmp_path / "none.jsonl", missing_ok=True).records == []
+    (tmp_path / "trace.jsonl").write_text('{"type": "header"}\n')
+    with pytest.raises(ResultsError, match="holds no eval results"):
+        results.read(tmp_path / "trace.jsonl")
+    with pytest.raises(ResultsError, match="not a regular file"):
+        results.read(tmp_path)
+
+
+def test_the_default_path_is_a_new_file_in_the_data_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    when = datetime(2026, 11, 21, 15, 4, 5, tzinfo=UTC)
+    path = results.default_path(Path("/data/eval 50.json"), when)
+    assert path == tmp_path / "memagent" / "evals" / "20261121-150405-eval-50.jsonl"
+
+
+def test_length_labels_follow_the_paper():
+    labels = [report.length_label(t) for t in plot.REFERENCE_TOKENS]
+    assert labels == list(plot.REFERENCE_LENGTHS)
+    assert report.length_label(500) == "500"
+
+
+def test_groups_are_summarized_as_the_authors_print_them():
+    records = [
+        record("eval_100", 1, 1.0, tokens=14336, seconds=4.0, em=1.0, f1=1.0),
+        record("eval_100", 2, 0.0, tokens=14336, seconds=6.0, em=0.0, f1=0.67),
+        record("eval_50", 1, 1.0),
+        record("eval_50", 2, 1.0),
+        record("eval_50", 3, 0.0),
+    ]
+    rows = report.summarize(records)
+    assert [r.group for r in rows] == ["eval_50", "eval_100"]  # shortest first
+    short, long = rows
+    assert (short.label, short.cases, short.sub_em, short.em, short.f1) == (
+        "7K", 3, 66.67, 0.0, 50.0,
+    )  # fmt: skip
+    assert (long.label, long.sub_em, long.f1) == ("14K", 50.0, 83.5)
+    assert long.seconds_per_case == 5.0
+    assert long.tokens_per_second == pytest.approx(2 * 14336 / 10, abs=0.1)
+    assert report.overall(records).sub_em == 60.0
+
+
+def test_needle_runs_have_recall_only_and_a_depth_grid():
+    records = [
+        record("8K", d, s, tokens=8192, em=None, f1=None, depth=float(d))
+        for d, s in ((0, 1.0), (50, 0.5), (100, 0.0))
+    ] + [record("32K", 0, 0.0, tokens=32768, em=None, f1=None, depth=0.0)]
+    row = report.summarize(records)[0]
+    assert (row.sub_em, row.em, row.f1) == (50.0, None, None)
+    lengths, depths, grid = report.depth_grid(records)
+    assert lengths == ["8K", "32K"] and depths == [0.0, 50.0, 100.0]
+    assert grid == [[100.0, 0.0], [50.0, None], [0.0, None]]
+
+
+def test_the_table_and_the_json_object(tmp_path):
+    path = tmp_path / "run.jsonl"
+    with results.Writer(path) as writer:
+        for r in (record("eval_50", 1, 1.0), record("[red]eval_100", 1, 0.0, tokens=14336)):
+            writer.add(r)
+    run = results.read(path)
+    out = io.StringIO()
+    report.print_table(Console(file=out, width=120), run)
+    text = out.getvalue()
+    assert "[red]eval_100" in text  # group names are text, never markup
+    assert "7K" in text and "14K" in text and "all" in text
+    summary = report.to_json(run)
+    assert summary["cases"] == 2 and summary["overall"]["sub_em"] == 50.0
+    assert [g["group"] for g in summary["groups"]] == ["eval_50", "[red]eval_100"]
+    json.dumps(summary)
+
+
+def test_the_paper_rows_are_the_specs():
+    spec = Path("/work/shared/spec/memagent-protocol.md")
+    if not spec.exists():
+        pytest.skip("the protocol spec is not in this checkout")
+    for name, values in plot.REFERENCE.items():
+        line = next(x for x in spec.read_text().splitlines() if x.startswith(f"| {name} |"))
+        cells = [c.strip() for c in line.strip("|").split("|")[1:]]
+        assert [float(c) for c in cells] == list(values)
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    from PIL import Image
+
+    with Image.open(path) as image:
+        image.verify()
+    with Image.open(path) as image:
+        return image.size
+
+
+def test_plots_are_pngs_that_open(tmp_path):
+    pytest.importorskip("matplotlib")
+    rows = report.summarize([record("eval_50", 1, 1.0), record("eval_100", 1, 0.0, tokens=14336)])
+    plot.plot_accuracy([("q4", rows), ("q8", rows)], tmp_path / "acc.png")
+    width, height = png_size(tmp_path / "acc.png")
+    assert width > 400 and height > 300
+    plot.plot_heatmap(["8K", "32K"], [0.0, 50.0], [[100.0, None], [50.0, 0.0]], tmp_path / "h.png")
+    assert png_size(tmp_path / "h.png")[0] > 400
+    with pytest.raises(plot.PlotError, match="Cannot save the plot"):
+        plot.plot_accuracy([("q4", rows)], tmp_path / "acc.unknown")
+
+
+def test_a_missing_matplotlib_is_one_sentence(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    with pytest.raises(plot.PlotError, match=r"pip install 'memagent\[plot\]'"):
+        plot.plot_accuracy([], tmp_path / "acc.png")
