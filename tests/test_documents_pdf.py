@@ -109,7 +109,6 @@ def test_the_cache_does_not_open_an_encrypted_pdf_without_its_password(tmp_path:
             lambda p: p.write_bytes(b"%PDF-1.7\n" + b"\x93" * 4000 + b"\n%%EOF\n"),
             id="garbage-body",
         ),
-        pytest.param(lambda p: p.write_text("just some notes\n"), id="text-named-pdf"),
     ],
 )
 def test_a_damaged_pdf_is_one_clear_sentence(book: Path, damage) -> None:

@@ -17,7 +17,7 @@ from platformdirs import user_cache_path
 
 from memagent_cli.documents import Document, Section
 
-VERSION = 1  # bump when extraction changes what it produces
+VERSION = 2  # bump when extraction changes what it produces
 
 
 def directory() -> Path:
@@ -41,6 +41,7 @@ def load(sha256: str, source: str) -> Document | None:
             pages=entry["pages"],
             pages_without_text=entry["pages_without_text"],
             encrypted=entry["encrypted"],
+            notes=[str(note) for note in entry["notes"]],
             from_cache=True,
         )
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
@@ -58,6 +59,7 @@ def store(document: Document) -> None:
         "pages": document.pages,
         "pages_without_text": document.pages_without_text,
         "encrypted": document.encrypted,
+        "notes": document.notes,
         "sections": [[s.start, s.label] for s in document.sections],
         "text": document.text,
     }

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import re
 import zipfile
+import zlib
 from pathlib import PurePath
 
 from memagent_cli.documents import SUPPORTED
@@ -12,6 +13,7 @@ from memagent_cli.errors import DocumentError
 
 _PDF_HEADER = re.compile(rb"%PDF-\d\.\d")
 _ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
+_ZIP_METHODS = (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED)  # the two EPUB allows
 _UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
 # Bytes that do not occur in text: C0 controls other than whitespace and ESC, and DEL.
 _CONTROL = bytes(b for b in range(32) if b not in b"\t\n\r\f\v\x1b") + b"\x7f"
@@ -38,14 +40,38 @@ def detect_format(data: bytes, name: str, where: str) -> str:
         return suffix[1:]  # damaged or mislabelled: the reader says what is wrong
     if data.startswith(_UTF16_BOMS):
         return "text"
-    for magic, kind in _BINARY_KINDS.items():
-        if data.startswith(magic):
-            raise _unsupported(where, kind)
-    sample = data[:8192]
-    controls = sum(sample.count(c) for c in _CONTROL)
-    if b"\x00" in sample or controls > len(sample) // 20:
-        raise _unsupported(where, "binary data")
+    _refuse_binary_kinds(data[:8192], where)
     return "text"
+
+
+def refuse_binary(head: bytes, where: str) -> None:
+    """DocumentError when the first bytes of a document are neither text nor a format that
+    a reader takes; lets a stream (/dev/zero on stdin) be refused before it is all read."""
+    if head.startswith((*_ZIP_MAGIC, *_UTF16_BOMS)) or _PDF_HEADER.search(head[:1024]):
+        return
+    _refuse_binary_kinds(head, where)
+
+
+def _refuse_binary_kinds(head: bytes, where: str) -> None:
+    for magic, kind in _BINARY_KINDS.items():
+        if head.startswith(magic):
+            raise _unsupported(where, kind)
+    if _looks_binary(head[:8192]):
+        raise _unsupported(where, "binary data")
+
+
+def is_text(data: bytes) -> bool:
+    """Whether `data` decodes as UTF-8 and has no more control bytes than text has."""
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return not _looks_binary(data[:65536])
+
+
+def _looks_binary(sample: bytes) -> bool:
+    controls = sum(sample.count(c) for c in _CONTROL)
+    return b"\x00" in sample or controls > len(sample) // 20
 
 
 def _is_pdf(data: bytes) -> bool:
@@ -61,7 +87,7 @@ def _zip_kind(data: bytes) -> str:
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
             names = set(archive.namelist())
-            mimetype = archive.read("mimetype").strip() if "mimetype" in names else b""
+            mimetype = _head(archive, "mimetype").strip()
     except (zipfile.BadZipFile, OSError, EOFError, ValueError):
         return ""
     if mimetype == b"application/epub+zip" or "META-INF/container.xml" in names:
@@ -73,6 +99,18 @@ def _zip_kind(data: bytes) -> str:
     if "content.xml" in names:
         return "an OpenDocument file"
     return "a ZIP archive that is not an EPUB"
+
+
+def _head(archive: zipfile.ZipFile, name: str) -> bytes:
+    """The first bytes of member `name`, never the whole: a mimetype can be a zip bomb."""
+    try:
+        info = archive.getinfo(name)
+        if info.flag_bits & 0x1 or info.compress_type not in _ZIP_METHODS:
+            return b""
+        with archive.open(info) as member:
+            return member.read(64)
+    except (KeyError, zipfile.BadZipFile, zlib.error, RuntimeError, OSError, EOFError):
+        return b""
 
 
 def _unsupported(where: str, kind: str) -> DocumentError:

@@ -1,56 +1,31 @@
-"""EPUB documents with ebooklib: chapters in spine order, titled from the table of contents.
+"""EPUB documents: chapters in spine order, titled from the table of contents.
 
-XHTML is parsed with lxml's HTML parser: it is fast, tolerates the broken markup that
-real books contain, knows HTML's named entities without reading a DTD, and never loads
-external entities or anything over the network (`no_network=True`). ebooklib parses the
-OPF and container with lxml too, with entity resolution off.
+The ZIP is read member by member with limits (`archive`), and only the members the text
+needs are read: the container, the package file, the table of contents and the chapters.
+Images, fonts and anything else the manifest lists are never inflated.
 """
 
 from __future__ import annotations
 
-import io
 import posixpath
-import re
-import warnings
-import zipfile
 from pathlib import PurePosixPath
-from typing import Any
-from urllib.parse import unquote
 
-import ebooklib
-from ebooklib import epub
-from lxml import etree, html
+from lxml import etree
 
-from memagent_cli.documents import Document, Progress, assemble
+from memagent_cli.documents import Document, Progress, assemble, package, xhtml
+from memagent_cli.documents.archive import Archive
 from memagent_cli.errors import DocumentError
 
-_BLOCK_TAGS = (  # elements that end a paragraph
-    "address article aside blockquote body caption center dd details dialog div dl dt "
-    "fieldset figcaption figure footer form h1 h2 h3 h4 h5 h6 header hgroup hr html legend "
-    "li main nav ol p pre section summary table tbody tfoot thead tr ul"
-)
-_BLOCKS = frozenset(_BLOCK_TAGS.split())
-_SKIP = frozenset(("head", "script", "style", "template", "noscript", "title"))
-_CELLS = frozenset(("td", "th"))
-_HEADINGS = frozenset(("h1", "h2", "h3"))
-_BREAK = "\x00"  # stands for <br> until whitespace is collapsed
-_SPACES = re.compile(r"[ \t\n\r\f\v]+")
-_XML_DECLARATION = re.compile(rb"^\s*<\?xml[^>]*?encoding=[\"']([A-Za-z0-9._-]+)")
-_MISSING_MEMBER = re.compile(r"no item named '([^']*)'")
+# Kept importable from here: tests and benchmarks convert single XHTML files with it.
+xhtml_to_text = xhtml.to_text
 
-# What ebooklib and lxml raise on a damaged book; only their calls sit inside the handler.
-_DAMAGED = (
-    epub.EpubException,
-    KeyError,
-    zipfile.BadZipFile,
-    etree.LxmlError,
-    ValueError,
-    AttributeError,
-    IndexError,
-    TypeError,
-    EOFError,
-    OSError,
-)
+_CONTAINER = "META-INF/container.xml"
+_ENCRYPTION = "META-INF/encryption.xml"
+# Font obfuscation (IDPF, Adobe) scrambles fonts only; any other algorithm is DRM.
+_FONT_OBFUSCATION = ("http://www.idpf.org/2008/embedding", "http://ns.adobe.com/pdf/enc#RC")
+_SMALL = 16 * 1024 * 1024  # container, package file, TOC: never this large in a real book
+_XHTML_SUFFIXES = (".xhtml", ".html", ".htm", ".xml")
+_PARSE_ERRORS = (etree.LxmlError, ValueError, TypeError)
 
 
 def parse(
@@ -60,177 +35,135 @@ def parse(
     *,
     password: str | None = None,
     progress: Progress | None = None,
+    limit: int,
 ) -> Document:
-    """A chapter-titled Document from the bytes of an EPUB (`password` is not used)."""
-    book = _read_book(data, where)
-    titles = _toc_titles(book.toc)
-    items = [
-        item
-        for item in map(book.get_item_with_id, (i for i, _ in book.spine))
-        if isinstance(item, epub.EpubHtml) and not _is_nav(item)
-    ]
+    """A chapter-titled Document from the bytes of an EPUB (`password` is not used).
+
+    `limit` bounds the bytes inflated from the whole archive.
+    """
+    archive = Archive(data, where, total_limit=limit)
+    opf = _package_path(archive, where)
+    book = _read_package(archive, opf, where)
+    notes: list[str] = []
+    files = _reading_order(book, where, notes)
+    _refuse_drm(archive, files, where)
+    titles = _toc_titles(archive, book, where, notes)
     parts: list[tuple[str, str]] = []
-    for done, item in enumerate(items, 1):
-        text, heading = xhtml_to_text(item.get_content())
-        name = posixpath.normpath(item.file_name)
+    for done, name in enumerate(files, 1):
+        if name not in archive:
+            raise DocumentError(f"{where} is damaged: {name}, listed in its manifest, is missing.")
+        text, heading = xhtml.to_text(archive.read(name))
         parts.append((titles.get(name) or heading or PurePosixPath(name).name, text))
         if progress is not None:
-            progress(done, len(items))
-    return assemble(
+            progress(done, len(files))
+    document = assemble(
         parts,
         path=source,
         format="epub",
         sha256="",
         unit="chapter",
-        title=str(book.title or "").strip(),
-        pages=len(items),
+        title=book.title,
+        pages=len(files),
     )
+    document.notes = notes
+    return document
 
 
-def xhtml_to_text(content: bytes) -> tuple[str, str]:
-    """The text of one XHTML file, blocks separated by blank lines, and its first h1-h3."""
-    try:
-        root = html.document_fromstring(
-            _decode(content),
-            parser=html.HTMLParser(no_network=True, remove_comments=True, remove_pis=True),
-        )
-    except (etree.ParserError, ValueError):  # no elements at all
-        return "", ""
-    paragraphs: list[str] = []
-    current: list[str] = []
-    pre = 0
-    heading: Any = None
-    heading_text = ""
-
-    def flush() -> None:
-        joined = "".join(current)
-        current.clear()
-        if pre:
-            lines = joined.replace(_BREAK, "\n").strip("\n").split("\n")
-            text = "\n".join(line.rstrip() for line in lines)
-        else:
-            lines = (line.strip() for line in _SPACES.sub(" ", joined).split(_BREAK))
-            text = "\n".join(line for line in lines if line)
-        if text.strip():
-            paragraphs.append(text)
-
-    walker = etree.iterwalk(root, events=("start", "end"))
-    for event, element in walker:
-        tag = element.tag.rpartition(":")[2].lower() if isinstance(element.tag, str) else ""
-        if event == "start":
-            if tag in _SKIP:
-                walker.skip_subtree()
-                continue
-            if tag in _BLOCKS:
-                flush()
-            if tag == "pre":
-                pre += 1
-            elif tag == "br":
-                current.append(_BREAK)
-            elif tag in _CELLS:
-                current.append(" ")
-            if tag in _HEADINGS and heading is None:
-                heading = element
-            if element.text:
-                current.append(element.text)
-        else:
-            if tag not in _SKIP:
-                if tag in _BLOCKS:
-                    flush()
-                if tag == "pre":
-                    pre -= 1
-                if element is heading and not heading_text:
-                    heading_text = _SPACES.sub(" ", element.text_content()).strip()
-            if element.tail:
-                current.append(element.tail)
-    flush()
-    return "\n\n".join(paragraphs), heading_text
-
-
-def _decode(content: bytes) -> str:
-    """XHTML bytes as text, without the XML declaration (lxml refuses it in a str)."""
-    if content.startswith((b"\xff\xfe", b"\xfe\xff")):
-        encoding = "utf-16"
-    else:
-        declared = _XML_DECLARATION.match(content)
-        encoding = declared.group(1).decode("ascii") if declared else "utf-8-sig"
-    try:
-        text = content.decode(encoding, errors="replace")
-    except LookupError:
-        text = content.decode("utf-8-sig", errors="replace")
-    return re.sub(r"^\s*<\?xml[^>]*\?>", "", text.lstrip("\ufeff"), count=1)
-
-
-def _read_book(data: bytes, where: str) -> epub.EpubBook:
-    """The parsed book; DocumentError with what is wrong when the EPUB is damaged."""
-    package = ""
-    try:
-        with zipfile.ZipFile(io.BytesIO(data)) as archive:
-            names = set(archive.namelist())
-            if "META-INF/container.xml" not in names:
-                raise DocumentError(
-                    f"{where} is damaged: META-INF/container.xml, which says where its "
-                    "contents are, is missing."
-                )
-            package = _package_path(archive.read("META-INF/container.xml"))
-        if not package:
-            raise DocumentError(
-                f"{where} is damaged: META-INF/container.xml does not name its package file."
-            )
-        if package not in names:
-            raise DocumentError(f"{where} is damaged: its package file ({package}) is missing.")
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            try:
-                return epub.read_epub(io.BytesIO(data), options={"ignore_ncx": True})
-            except IndexError:  # a nav document without a toc <nav>: use the NCX instead
-                return epub.read_epub(io.BytesIO(data), options={"ignore_ncx": False})
-    except zipfile.BadZipFile as exc:
+def _package_path(archive: Archive, where: str) -> str:
+    if _CONTAINER not in archive:
         raise DocumentError(
-            f"{where} is damaged or not an EPUB: it is not a valid ZIP archive."
+            f"{where} is damaged: {_CONTAINER}, which says where its contents are, is missing."
+        )
+    try:
+        path = package.package_path(archive.read(_CONTAINER, limit=_SMALL))
+    except _PARSE_ERRORS as exc:
+        raise DocumentError(f"{where} is damaged: {_CONTAINER} cannot be parsed.") from exc
+    if not path:
+        raise DocumentError(f"{where} is damaged: {_CONTAINER} does not name its package file.")
+    if path not in archive:
+        raise DocumentError(f"{where} is damaged: its package file ({path}) is missing.")
+    return path
+
+
+def _read_package(archive: Archive, path: str, where: str) -> package.Package:
+    try:
+        return package.read_package(archive.read(path, limit=_SMALL), path)
+    except _PARSE_ERRORS as exc:
+        raise DocumentError(
+            f"{where} is damaged: its package file ({path}) cannot be parsed."
         ) from exc
-    except _DAMAGED as exc:
-        missing = _MISSING_MEMBER.search(str(exc)) if isinstance(exc, KeyError) else None
-        if missing is not None:
-            raise DocumentError(
-                f"{where} is damaged: {missing.group(1)}, listed in its manifest, is missing."
-            ) from exc
-        what = f"its package file ({package})" if package else "META-INF/container.xml"
-        raise DocumentError(f"{where} is damaged: {what} cannot be parsed.") from exc
 
 
-def _package_path(container: bytes) -> str:
-    """Where container.xml says the OPF package file is ("" when it does not say)."""
-    parser = etree.XMLParser(resolve_entities=False, no_network=True, load_dtd=False)
-    root = etree.fromstring(container, parser=parser)
-    for rootfile in root.iter("{*}rootfile"):
-        if rootfile.get("media-type") == "application/oebps-package+xml":
-            return posixpath.normpath(rootfile.get("full-path", ""))
-    return ""
+def _reading_order(book: package.Package, where: str, notes: list[str]) -> list[str]:
+    """The chapter files in reading order: the spine's, else the manifest's (with a note).
+
+    Manifest entries that only add a #fragment to a file already listed name that file,
+    so each file is read once, where it first appears.
+    """
+    nav = book.nav
+    by_id = {item.id: item for item in book.manifest}
+    spine = [by_id[i] for i in book.spine if i in by_id]
+    items = spine or book.manifest
+    if not spine:
+        notes.append(
+            f"{where} has no spine (the reading order), so its chapters are read in the "
+            "order its manifest lists them."
+        )
+    files: list[str] = []
+    for item in items:
+        is_text = item.media_type in package.XHTML_TYPES or (
+            not item.media_type and item.name.lower().endswith(_XHTML_SUFFIXES)
+        )
+        if is_text and item.name != nav and item.name not in files:
+            files.append(item.name)
+    if not files:
+        raise DocumentError(f"The document is empty: {where} lists no chapters to read.")
+    return files
 
 
-def _is_nav(item: epub.EpubItem) -> bool:
-    return (
-        isinstance(item, epub.EpubNav)
-        or item.get_type() == ebooklib.ITEM_NAVIGATION
-        or "nav" in (getattr(item, "properties", None) or [])
+def _toc_titles(
+    archive: Archive, book: package.Package, where: str, notes: list[str]
+) -> dict[str, str]:
+    """Chapter file -> the title of the first TOC entry, at any depth, that points into it.
+
+    The EPUB 3 nav document comes first, the EPUB 2 NCX second; a book with neither (or
+    with a TOC that cannot be read) gets its titles from headings, and a note says so.
+    """
+    for name, entries in ((book.nav, package.nav_entries), (book.ncx, package.ncx_entries)):
+        if not name or name not in archive:
+            continue
+        try:
+            found = entries(archive.read(name, limit=_SMALL), name)
+        except (DocumentError, *_PARSE_ERRORS):
+            continue  # a damaged TOC costs the titles, not the book
+        if found:
+            titles: dict[str, str] = {}
+            for file, title in found:
+                titles.setdefault(file, title)
+            return titles
+    notes.append(
+        f"{where} has no usable table of contents, so chapters are titled from their headings."
     )
+    return {}
 
 
-def _toc_titles(toc: list[Any]) -> dict[str, str]:
-    """File name -> title of the first table-of-contents entry that points into it."""
-    titles: dict[str, str] = {}
-    stack = list(reversed(toc))
-    while stack:
-        entry = stack.pop()
-        if isinstance(entry, tuple | list):
-            node, children = entry[0], entry[1] if len(entry) > 1 else []
-            stack.extend(reversed(children))
-        else:
-            node = entry
-        href, title = getattr(node, "href", "") or "", getattr(node, "title", "") or ""
-        name = posixpath.normpath(unquote(href.partition("#")[0])) if href else ""
-        title = _SPACES.sub(" ", str(title)).strip()
-        if name and title:
-            titles.setdefault(name, title)
-    return titles
+def _refuse_drm(archive: Archive, files: list[str], where: str) -> None:
+    """DocumentError when META-INF/encryption.xml says chapters are encrypted."""
+    if _ENCRYPTION not in archive:
+        return
+    try:
+        root = package.parse_xml(archive.read(_ENCRYPTION, limit=_SMALL))
+    except (DocumentError, *_PARSE_ERRORS):
+        return
+    encrypted = set()
+    for data in root.iter("{*}EncryptedData"):
+        method = data.find("{*}EncryptionMethod")
+        algorithm = method.get("Algorithm", "") if method is not None else ""
+        for reference in data.iter("{*}CipherReference"):
+            if algorithm not in _FONT_OBFUSCATION:
+                encrypted.add(posixpath.normpath(package.resolve("", reference.get("URI", ""))))
+    if encrypted.intersection(files):
+        raise DocumentError(
+            f"{where} is protected by DRM (its chapters are encrypted); memagent reads only "
+            "books without DRM."
+        )

@@ -26,6 +26,7 @@ _DAMAGED = (
     AttributeError,
     RecursionError,
     zlib.error,
+    NotImplementedError,  # an unsupported filter or encryption algorithm
 )
 
 
@@ -43,30 +44,43 @@ def parse(
     `pages_without_text`; a PDF with no text at all is refused with advice to OCR it.
     """
     reader = open_reader(data, where, password)
-    with _quiet():
+    with _quiet() as logged:
         total = len(reader.pages)
         if total == 0:
             raise DocumentError(f"The document is empty: {where} has no pages.")
         labels = _labels(reader, total)
         parts: list[tuple[str, str]] = []
         without_text = 0
+        failed: list[tuple[str, str]] = []  # (page label, why pypdf could not read it)
         for index in range(total):
+            logged.clear()
             try:
                 text = reader.pages[index].extract_text()
-            except _DAMAGED:
+            except _DAMAGED as exc:
+                failed.append((labels[index], _reason(exc)))
                 text = ""
-            if not text.strip():
-                without_text += 1
+            else:
+                if logged and not text.strip():  # pypdf gave up on the content, said why
+                    failed.append((labels[index], f"pypdf: {logged[0].strip().rstrip('.')}"))
+                elif not text.strip():
+                    without_text += 1
             parts.append((labels[index], text))
             if progress is not None:
                 progress(index + 1, total)
         title = _title(reader)
+    if failed and without_text + len(failed) == total:  # no text at all, and not for OCR
+        which = f"any of its {total} pages" if len(failed) == total else _pages(failed)
+        rest = "" if len(failed) == total else ", and its other pages have no text layer"
+        raise DocumentError(
+            f"{where} is damaged: pypdf could not decode the content of {which} "
+            f"({failed[0][1]}){rest}."
+        )
     if without_text == total:
         raise DocumentError(
             f"{where} has no text layer on any of its {total} pages: it looks scanned and "
             "needs OCR first (for example `ocrmypdf in.pdf out.pdf`)."
         )
-    return assemble(
+    document = assemble(
         parts,
         path=source,
         format="pdf",
@@ -77,6 +91,22 @@ def parse(
         pages_without_text=without_text,
         encrypted=reader.is_encrypted,
     )
+    if failed:
+        document.notes.append(
+            f"{where} is damaged: pypdf could not decode the content of {_pages(failed)} "
+            f"({failed[0][1]}); {'it was' if len(failed) == 1 else 'they were'} skipped."
+        )
+    return document
+
+
+def _pages(failed: list[tuple[str, str]]) -> str:
+    """ "p. 3", "p. 3, 7 and 9", "12 pages (p. 3, 7, 9, ...)"."""
+    labels = [label for label, _ in failed]
+    if len(labels) == 1:
+        return f"p. {labels[0]}"
+    if len(labels) <= 5:
+        return f"p. {', '.join(labels[:-1])} and {labels[-1]}"
+    return f"{len(labels)} pages (p. {', '.join(labels[:3])}, ...)"
 
 
 def open_reader(data: bytes, where: str, password: str | None) -> PdfReader:
@@ -129,15 +159,32 @@ def _reason(exc: BaseException) -> str:
     return f"pypdf: {text}" if text else f"pypdf: {type(exc).__name__}"
 
 
+class _Collect(logging.Handler):
+    """Keeps what pypdf logs, so that a page it could not decode says why."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
 @contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """Silence pypdf's warnings about the damage it repairs: stderr is for our messages."""
+def _quiet() -> Iterator[list[str]]:
+    """Keep pypdf's warnings about the damage it repairs off stderr (stderr is for our
+    messages); what it logs is collected in the list this yields."""
     logger = logging.getLogger("pypdf")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
+    saved = logger.level, logger.propagate, logger.handlers[:]
+    collect = _Collect()
+    logger.setLevel(logging.WARNING)
+    logger.propagate = False
+    logger.handlers = [collect]
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            yield
+            yield collect.messages
     finally:
-        logger.setLevel(level)
+        logger.setLevel(saved[0])
+        logger.propagate = saved[1]
+        logger.handlers = saved[2]

@@ -1,0 +1,109 @@
+"""The text of one XHTML file of an EPUB: paragraphs, and the heading that titles it.
+
+XHTML is parsed with lxml's HTML parser: it is fast, tolerates the broken markup that
+real books contain, knows HTML's named entities without reading a DTD, and never loads
+external entities or anything over the network (`no_network=True`).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from lxml import etree, html
+
+_BLOCK_TAGS = (  # elements that end a paragraph
+    "address article aside blockquote body caption center dd details dialog div dl dt "
+    "fieldset figcaption figure footer form h1 h2 h3 h4 h5 h6 header hgroup hr html legend "
+    "li main ol p pre section summary table tbody tfoot thead tr ul"
+)
+_BLOCKS = frozenset(_BLOCK_TAGS.split())
+# Not the book's text: code, metadata, and navigation bars (Sphinx starts every page with
+# one whose heading is "Navigation").
+_SKIP = frozenset(("head", "script", "style", "template", "noscript", "title", "nav"))
+_CELLS = frozenset(("td", "th"))
+_HEADINGS = frozenset(("h1", "h2", "h3"))
+_BREAK = "\x00"  # stands for <br> until whitespace is collapsed
+_SPACES = re.compile(r"[ \t\n\r\f\v]+")
+_XML_DECLARATION = re.compile(rb"^\s*<\?xml[^>]*?encoding=[\"']([A-Za-z0-9._-]+)")
+_PARSER = html.HTMLParser(no_network=True, remove_comments=True, remove_pis=True)
+
+
+def parse(content: bytes) -> Any:
+    """The root element of an XHTML (or HTML) file, or None when it has no elements."""
+    try:
+        return html.document_fromstring(_decode(content), parser=_PARSER)
+    except (etree.ParserError, ValueError):
+        return None
+
+
+def to_text(content: bytes) -> tuple[str, str]:
+    """The text of one XHTML file, blocks separated by blank lines, and its first h1-h3
+    outside navigation."""
+    root = parse(content)
+    if root is None:
+        return "", ""
+    paragraphs: list[str] = []
+    current: list[str] = []
+    pre = 0
+    heading: Any = None
+    heading_text = ""
+
+    def flush() -> None:
+        joined = "".join(current)
+        current.clear()
+        if pre:
+            lines = joined.replace(_BREAK, "\n").strip("\n").split("\n")
+            text = "\n".join(line.rstrip() for line in lines)
+        else:
+            lines = (line.strip() for line in _SPACES.sub(" ", joined).split(_BREAK))
+            text = "\n".join(line for line in lines if line)
+        if text.strip():
+            paragraphs.append(text)
+
+    walker = etree.iterwalk(root, events=("start", "end"))
+    for event, element in walker:
+        tag = element.tag.rpartition(":")[2].lower() if isinstance(element.tag, str) else ""
+        skip = tag in _SKIP or element.get("role") == "navigation"
+        if event == "start":
+            if skip:
+                walker.skip_subtree()
+                continue
+            if tag in _BLOCKS:
+                flush()
+            if tag == "pre":
+                pre += 1
+            elif tag == "br":
+                current.append(_BREAK)
+            elif tag in _CELLS:
+                current.append(" ")
+            if tag in _HEADINGS and heading is None:
+                heading = element
+            if element.text:
+                current.append(element.text)
+        else:
+            if not skip:
+                if tag in _BLOCKS:
+                    flush()
+                if tag == "pre":
+                    pre -= 1
+                if element is heading and not heading_text:
+                    heading_text = _SPACES.sub(" ", element.text_content()).strip()
+            if element.tail:
+                current.append(element.tail)
+    flush()
+    return "\n\n".join(paragraphs), heading_text
+
+
+def _decode(content: bytes) -> str:
+    """XHTML bytes as text, without the XML declaration (lxml refuses it in a str)."""
+    if content.startswith((b"\xff\xfe", b"\xfe\xff")):
+        encoding = "utf-16"
+    else:
+        declared = _XML_DECLARATION.match(content)
+        encoding = declared.group(1).decode("ascii") if declared else "utf-8-sig"
+    try:
+        text = content.decode(encoding, errors="replace")
+    except LookupError:
+        text = content.decode("utf-8-sig", errors="replace")
+    return re.sub(r"^\s*<\?xml[^>]*\?>", "", text.lstrip("\ufeff"), count=1)
