@@ -339,7 +339,9 @@ def inspect(
         inspection.print_report(report)
 
 
-models_app = typer.Typer(help="List, describe and download GGUF models.", no_args_is_help=True)
+models_app = typer.Typer(
+    help="List, describe, download and convert GGUF models.", no_args_is_help=True
+)
 app.add_typer(models_app, name="models")
 
 
@@ -391,10 +393,53 @@ def models_pull(
     ],
     quiet: QuietOpt = False,
 ) -> None:
-    """Download a GGUF into the data folder, resuming a partial download; prints its path."""
-    from memagent_cli import models
+    """Download a GGUF into the data folder, resuming a partial download; a repository of
+    Hugging Face weights is downloaded, converted and quantized. Prints the GGUF's path."""
+    from memagent_cli import models, modelview
 
-    print(models.pull(model, quiet=quiet).path)
+    with modelview.transfer_progress(quiet) as progress:
+        print(models.pull(model, note=modelview.note(quiet), progress=progress).path)
+
+
+@models_app.command("convert")
+@user_errors
+def models_convert(
+    folder: Annotated[
+        Path,
+        typer.Argument(
+            help="A Hugging Face model folder: config.json, safetensors, tokenizer.json.",
+            metavar="PATH",
+        ),
+    ],
+    quant: Annotated[
+        str,
+        typer.Option(
+            "--quant", metavar="TYPE", help="llama.cpp type: Q4_K_M, Q5_K_M, Q8_0, F16, ..."
+        ),
+    ] = "Q4_K_M",
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            metavar="FILE",
+            help="GGUF to write \\[default: where --model finds it].",
+            show_default=False,
+        ),
+    ] = None,
+    keep_f16: Annotated[
+        bool, typer.Option("--keep-f16", help="Keep the F16 GGUF quantized from.")
+    ] = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Convert a local Hugging Face model to GGUF and quantize it; prints the GGUF's path."""
+    from memagent_cli import models, modelview
+
+    note = modelview.note(quiet)
+    with modelview.transfer_progress(quiet) as progress:
+        model = models.convert(
+            folder, quant=quant, out=out, keep_f16=keep_f16, note=note, progress=progress
+        )
+    print(model.path)
 
 
 @app.command("trace")

@@ -19,6 +19,7 @@ from typing import Any
 from memagent_cli.errors import ModelError
 
 _MAGIC = b"GGUF"
+_MAX_DIMS = 4  # GGML_MAX_DIMS
 _SPLIT = re.compile(r"^(.+)-(\d{5})-of-(\d{5})$", re.IGNORECASE)
 _TAG = re.compile(r"[-.]([A-Z0-9_]+)$", re.IGNORECASE)
 # Scalar value types by GGUF type id: struct format and size.
@@ -88,15 +89,28 @@ def quant_tag(filename: str) -> str:
     return found[1].upper() if found else ""
 
 
-def read(path: Path) -> GGUFInfo:
-    """The header facts of the GGUF file at `path`; ModelError if it is not one."""
+def check_magic(path: Path) -> None:
+    """Fail with a sentence unless `path` can be read and starts like a GGUF file."""
+    if path.exists() and not path.is_file():  # a FIFO would block the read below forever
+        raise ModelError(f"{path} is not a regular file, so not a GGUF model file.")
     try:
         with path.open("rb") as file:
-            if file.read(4) != _MAGIC:
-                raise ModelError(f"{path} is not a GGUF model file (llama.cpp reads GGUF only).")
-            # mmap only maps: the pages of the header are the only ones read from disk.
-            with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
-                fields, tensor_types = _parse(data)
+            magic = file.read(4)
+    except OSError as exc:
+        raise ModelError(f"Cannot read model {path}: {exc.strerror or exc}.") from None
+    if magic != _MAGIC:
+        raise ModelError(f"{path} is not a GGUF model file (llama.cpp reads GGUF models only).")
+
+
+def read(path: Path) -> GGUFInfo:
+    """The header facts of the GGUF file at `path`; ModelError if it is not one. Every count
+    and length in the header is checked against the file's size before it is used, so a
+    damaged or hostile file costs no more memory than its own size."""
+    check_magic(path)
+    try:
+        # mmap only maps: the pages of the header are the only ones read from disk.
+        with path.open("rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            fields, tensor_types = _parse(data)
     except OSError as exc:
         raise ModelError(f"Cannot read {path}: {exc.strerror or exc}.") from None
     except (struct.error, ValueError, UnicodeDecodeError):
@@ -143,8 +157,9 @@ def _parse(data: mmap.mmap) -> tuple[dict[str, Any], Counter[int]]:
     if version < 2:
         raise ValueError("GGUF version 1 is not supported")
     n_tensors, n_kv = struct.unpack_from(endian + "QQ", data, 8)
-    if n_kv > 1_000_000 or n_tensors > 10_000_000:
-        raise ValueError("implausible counts")
+    # A key-value pair takes at least 12 bytes, a tensor's description at least 24.
+    if n_kv * 12 > len(data) or n_tensors * 24 > len(data):
+        raise ValueError("counts larger than the file")
     offset = 24
     u64 = struct.Struct(endian + "Q")
     u32 = struct.Struct(endian + "I")
@@ -160,6 +175,8 @@ def _parse(data: mmap.mmap) -> tuple[dict[str, Any], Counter[int]]:
         if kind in _SCALARS:
             return at + struct.calcsize(_SCALARS[kind]) * count
         if kind == _STRING:
+            if count * 8 > len(data) - at:
+                raise ValueError("array larger than the file")
             for _ in range(count):
                 at += 8 + u64.unpack_from(data, at)[0]
             return at
@@ -190,6 +207,8 @@ def _parse(data: mmap.mmap) -> tuple[dict[str, Any], Counter[int]]:
     for _ in range(n_tensors):
         _, offset = string(offset)
         (n_dims,) = u32.unpack_from(data, offset)
+        if n_dims > _MAX_DIMS:
+            raise ValueError("too many dimensions")
         dims = struct.unpack_from(endian + "Q" * n_dims, data, offset + 4)
         offset += 4 + 8 * n_dims
         (kind,) = u32.unpack_from(data, offset)

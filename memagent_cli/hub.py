@@ -7,21 +7,18 @@ Pulled files live in the user data folder, under models/hf/OWNER/NAME/, so that
 
 from __future__ import annotations
 
-import functools
 import glob
 import hashlib
 import os
 import re
 import shutil
-import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import platformdirs
+from rich.filesize import decimal
 
-from memagent_cli import display
 from memagent_cli.errors import ModelError
 from memagent_cli.gguf_info import quant_tag, split_parts
 
@@ -29,6 +26,16 @@ PREFIX = "hf:"
 DEFAULT_QUANTS = ("Q4_K_M", "Q8_0")  # llama.cpp's -hf choice when no tag is given
 _REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 _DEFAULT_ENDPOINT = "https://huggingface.co"
+_BLOCK = 1 << 20  # bytes written at a time
+_RETRIES = 5  # dropped connections in a row, with no byte between them, before giving up
+_TIMEOUT = 60.0  # seconds without a byte from the Hub
+
+Note = Callable[[str], None]  # one line for the user, on stderr
+Progress = Callable[[str, int, int | None], None]  # what, bytes done, bytes in all
+
+
+def _silent(_: str) -> None:
+    return None
 
 
 @dataclass(frozen=True)
@@ -130,22 +137,29 @@ def find_pulled(spec: Spec) -> Path | None:
     return folder / chosen[0]
 
 
-def pull(spec: Spec, *, quiet: bool = False) -> Path:
-    """Download the GGUF `spec` names (every part of a split model); return the first part."""
-    from huggingface_hub.file_download import hf_hub_url
-    from huggingface_hub.utils import build_hf_headers
-
+def pull(spec: Spec, *, note: Note = _silent, progress: Progress | None = None) -> Path:
+    """Fetch the model `spec` names: its GGUF (every part of a split model), or, for a
+    repository of Hugging Face weights, the weights converted and quantized to
+    `spec.quant`. Returns the first GGUF file."""
     endpoint = _endpoint()
-    commit, files = _list_files(spec.repo, endpoint)
+    commit, files = list_files(spec.repo, endpoint)
+    if not any(_is_model(p) for p in files) and is_hf_model(files):
+        from memagent_cli.conversion.pull import pull_and_convert
+
+        return pull_and_convert(spec, commit, files, note=note, progress=progress)
     chosen = choose(files, spec.quant, spec.repo)
-    if not quiet and not spec.quant.lower().endswith(".gguf"):
-        _note_other_matches(spec, files, chosen[0])
+    if not spec.quant.lower().endswith(".gguf"):
+        _note_other_matches(spec, files, chosen[0], note)
     folder = repo_dir(spec.repo)
     for path in chosen:
-        remote = files[path]
-        url = hf_hub_url(spec.repo, path, revision=commit, endpoint=endpoint)
-        _download(remote, folder / path, url, build_hf_headers(), spec, quiet)
+        download(spec.repo, commit, files[path], folder / path, note=note, progress=progress)
     return folder / chosen[0]
+
+
+def is_hf_model(files: Iterable[str]) -> bool:
+    """Whether a repository holds Hugging Face weights: config.json and safetensors."""
+    names = set(files)
+    return "config.json" in names and any(n.endswith(".safetensors") for n in names)
 
 
 def _endpoint() -> str:
@@ -166,7 +180,7 @@ def _other_parts(primary: str, paths: list[str]) -> list[str]:
     return [f"{prefix}-{i:05d}-of-{count:05d}.gguf" for i in range(2, count + 1)]
 
 
-def _note_other_matches(spec: Spec, files: dict[str, RemoteFile], primary: str) -> None:
+def _note_other_matches(spec: Spec, files: dict[str, RemoteFile], primary: str, note: Note) -> None:
     tag = spec.quant or quant_tag(primary)
     pattern = re.compile(re.escape(tag) + r"[.-]", re.IGNORECASE)
     others = [
@@ -175,16 +189,17 @@ def _note_other_matches(spec: Spec, files: dict[str, RemoteFile], primary: str) 
         if p != primary and _is_model(p) and split_parts(Path(p))[0] == 1 and pattern.search(p)
     ]
     if others:
-        display.note(
+        note(
             f"{len(others) + 1} files match {tag}; taking {primary}. Name another file "
             f"exactly with {spec.repo}:FILE.gguf (also: {', '.join(others)})."
         )
 
 
-def _list_files(repo: str, endpoint: str) -> tuple[str, dict[str, RemoteFile]]:
+def list_files(repo: str, endpoint: str | None = None) -> tuple[str, dict[str, RemoteFile]]:
     """The commit the Hub serves for `repo` and its files with sizes and checksums."""
     from huggingface_hub import HfApi
 
+    endpoint = endpoint or _endpoint()
     try:
         info = HfApi(endpoint=endpoint).model_info(repo, files_metadata=True)
     except Exception as exc:
@@ -201,19 +216,39 @@ def _list_files(repo: str, endpoint: str) -> tuple[str, dict[str, RemoteFile]]:
     return info.sha or "main", files
 
 
-def _download(
-    remote: RemoteFile, dest: Path, url: str, headers: dict[str, str], spec: Spec, quiet: bool
+def partial_path(dest: Path, remote: RemoteFile) -> Path:
+    """Where the bytes of `remote` gather until it is complete and verified."""
+    checksum = remote.sha256 or remote.blob_id or "unknown"
+    return dest.with_name(f"{dest.name}.{checksum[:16]}.incomplete")
+
+
+def missing_bytes(dest: Path, remote: RemoteFile) -> int:
+    """How much of `remote` is still to download to `dest` (0 when it is there)."""
+    if dest.is_file() and (remote.size is None or dest.stat().st_size == remote.size):
+        return 0
+    partial = partial_path(dest, remote)
+    have = partial.stat().st_size if partial.is_file() else 0
+    return max(0, (remote.size or 0) - have)
+
+
+def download(
+    repo: str,
+    commit: str,
+    remote: RemoteFile,
+    dest: Path,
+    *,
+    note: Note = _silent,
+    progress: Progress | None = None,
 ) -> None:
-    """Fetch `remote` to `dest` through a partial file that survives interruptions."""
-    from huggingface_hub.file_download import http_get
+    """Fetch `remote` to `dest` through a partial file that survives interruptions: a
+    dropped connection is resumed at once, an interrupted pull when run again."""
+    from huggingface_hub import hf_hub_url
 
     if dest.is_file() and remote.size is not None and dest.stat().st_size == remote.size:
-        if not quiet:
-            display.note(f"already pulled: {dest}")
+        note(f"already pulled: {dest}")
         return
     dest.parent.mkdir(parents=True, exist_ok=True)
-    checksum = remote.sha256 or remote.blob_id or "unknown"
-    partial = dest.with_name(f"{dest.name}.{checksum[:16]}.incomplete")
+    partial = partial_path(dest, remote)
     for stale in dest.parent.glob(f"{glob.escape(dest.name)}.*.incomplete"):
         if stale != partial:  # left by an older revision of the file
             stale.unlink()
@@ -222,99 +257,74 @@ def _download(
         partial.unlink()
         have = 0
     total = remote.size or 0
-    _check_space(dest.parent, total - have)
-    if not quiet:
-        size = human_size(total) if total else "size unknown"
-        if have:
-            display.note(f"resuming {remote.path} from {spec.repo} at {human_size(have)} of {size}")
-        else:
-            display.note(f"downloading {remote.path} ({size}) from {spec.repo} to {dest.parent}")
+    check_space(dest.parent, total - have)
+    size = decimal(total) if total else "size unknown"
+    if have:
+        note(f"resuming {remote.path} from {repo} at {decimal(have)} of {size}")
+    else:
+        note(f"downloading {remote.path} ({size}) from {repo} to {dest.parent}")
     partial.touch()
+    endpoint = _endpoint()
+    url = hf_hub_url(repo, remote.path, revision=commit, endpoint=endpoint)
     try:
-        with partial.open("r+b") as file:
-            file.seek(have)
-            http_get(
-                url,
-                file,
-                resume_size=have,
-                headers=headers,
-                expected_size=remote.size,
-                displayed_filename=dest.name,
-                tqdm_class=functools.partial(_Progress, quiet=quiet),  # type: ignore[arg-type]
-            )
+        _fetch(url, partial, remote.size, progress, remote.path)
     except KeyboardInterrupt:
-        display.note(f"interrupted; {_kept(partial, total)} Run the same pull again to resume.")
+        note(f"interrupted; {_kept(partial, total)} Run the same pull again to resume.")
         raise
     except Exception as exc:
-        reason = _hub_error(exc, spec.repo, _endpoint()).message.rstrip(".")
+        reason = _hub_error(exc, repo, endpoint).message.rstrip(".")
         raise ModelError(
             f"Download of {remote.path} stopped: {reason}; {_kept(partial, total)} "
             "Run the same command again to resume."
         ) from None
-    _verify(partial, remote, quiet)
+    _verify(partial, remote, note)
     os.replace(partial, dest)
-    if not quiet:
-        display.note(f"pulled {dest}")
+    note(f"pulled {dest}")
 
 
-class _Progress:
-    """Bytes downloaded, on stderr: a bar on a terminal, else a line every 10 seconds.
-    huggingface_hub's http_get drives it as it would a tqdm bar."""
+def _fetch(
+    url: str, partial: Path, size: int | None, progress: Progress | None, label: str
+) -> None:
+    """Append the bytes of `url` that `partial` lacks, resuming with a Range request after a
+    dropped connection for as long as each attempt brings new bytes."""
+    import httpx2
+    from huggingface_hub import get_session, hf_raise_for_status
+    from huggingface_hub.utils import build_hf_headers
 
-    _PLAIN_EVERY = 10.0
-
-    def __init__(
-        self,
-        *,
-        quiet: bool,
-        total: int | None = None,
-        initial: int = 0,
-        desc: str = "",
-        **_: object,
-    ) -> None:
-        self.total, self.done, self.desc, self.quiet = total, initial, desc, quiet
-        self._last = time.monotonic()
-        self._bar: Any = None
-
-    def __enter__(self) -> _Progress:
-        if not self.quiet and display.console.is_terminal:
-            from rich.progress import (
-                BarColumn,
-                DownloadColumn,
-                Progress,
-                TextColumn,
-                TimeRemainingColumn,
-                TransferSpeedColumn,
-            )
-
-            self._bar = Progress(
-                TextColumn("{task.description}"),
-                BarColumn(),
-                DownloadColumn(),
-                TransferSpeedColumn(),
-                TimeRemainingColumn(),
-                console=display.console,
-                transient=True,
-            )
-            self._bar.start()
-            self._task = self._bar.add_task(self.desc, total=self.total, completed=self.done)
-        return self
-
-    def update(self, n: int) -> None:
-        self.done += n
-        if self._bar is not None:
-            self._bar.update(self._task, completed=self.done)
-        elif not self.quiet and time.monotonic() - self._last >= self._PLAIN_EVERY:
-            self._last = time.monotonic()
-            of = f" of {human_size(self.total)}" if self.total else ""
-            display.console.print(f"{self.desc}: {human_size(self.done)}{of}", highlight=False)
-
-    def __exit__(self, *exc: object) -> None:
-        if self._bar is not None:
-            self._bar.stop()
+    failures = 0
+    with partial.open("r+b") as file:
+        while True:
+            have = file.seek(0, os.SEEK_END)
+            if size is not None and have >= size:
+                return
+            headers = build_hf_headers()  # HF_TOKEN, as every huggingface_hub call
+            if have:
+                headers["Range"] = f"bytes={have}-"
+            try:
+                with get_session().stream(
+                    "GET", url, headers=headers, follow_redirects=True, timeout=_TIMEOUT
+                ) as response:
+                    hf_raise_for_status(response)
+                    if have and response.status_code != 206:  # the server sent it all again
+                        file.truncate(0)
+                        file.seek(0)
+                        have = 0
+                    for block in response.iter_bytes(_BLOCK):
+                        file.write(block)
+                        have += len(block)
+                        failures = 0
+                        if progress:
+                            progress(label, have, size)
+                if size is None or have >= size:
+                    return
+                raise httpx2.RemoteProtocolError("the connection closed early")
+            except httpx2.TransportError:
+                failures += 1
+                if failures > _RETRIES:
+                    raise
 
 
-def _verify(path: Path, remote: RemoteFile, quiet: bool) -> None:
+def _verify(path: Path, remote: RemoteFile, note: Note) -> None:
     """Refuse, and delete, a download whose checksum differs from the Hub's."""
     if remote.sha256:
         kind, expected = "sha256", remote.sha256.lower()
@@ -323,10 +333,10 @@ def _verify(path: Path, remote: RemoteFile, quiet: bool) -> None:
         kind, expected = "git blob sha1", remote.blob_id.lower()
         digest = hashlib.sha1(f"blob {path.stat().st_size}\0".encode())
     else:
-        display.warn(f"the Hub published no checksum for {remote.path}; it was not verified.")
+        note(f"warning: the Hub published no checksum for {remote.path}; it was not verified.")
         return
-    if not quiet and path.stat().st_size > 1 << 30:
-        display.note(f"checking the {kind} of {human_size(path.stat().st_size)}")
+    if path.stat().st_size > 1 << 30:
+        note(f"checking the {kind} of {decimal(path.stat().st_size)}")
     with path.open("rb") as file:
         while block := file.read(1 << 20):
             digest.update(block)
@@ -339,24 +349,26 @@ def _verify(path: Path, remote: RemoteFile, quiet: bool) -> None:
         )
 
 
-def _check_space(folder: Path, needed: int) -> None:
+def check_space(folder: Path, needed: int, what: str = "the download") -> None:
+    """Refuse, before writing anything, when `folder`'s disk cannot hold `needed` more bytes."""
+    folder.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(folder).free
     if needed > free:
         raise ModelError(
-            f"Not enough disk space in {folder}: the download needs {human_size(needed)} more, "
-            f"{human_size(free)} are free."
+            f"Not enough disk space in {folder}: {what} needs {decimal(needed)} more, "
+            f"{decimal(free)} are free."
         )
 
 
 def _kept(partial: Path, total: int) -> str:
     have = partial.stat().st_size if partial.is_file() else 0
-    of = f" of {human_size(total)}" if total else ""
-    return f"{human_size(have)}{of} kept in {partial}."
+    of = f" of {decimal(total)}" if total else ""
+    return f"{decimal(have)}{of} kept in {partial}."
 
 
 def _hub_error(exc: Exception, repo: str, endpoint: str) -> ModelError:
     """One sentence for what went wrong talking to the Hub."""
-    import httpx2
+    import httpx2  # huggingface_hub's HTTP client
     from huggingface_hub.errors import (
         GatedRepoError,
         HfHubHTTPError,
@@ -390,15 +402,3 @@ def _hub_error(exc: Exception, repo: str, endpoint: str) -> ModelError:
     if isinstance(exc, OSError):  # disk full, or the size check after a short download
         return ModelError(f"{exc.strerror or str(exc).splitlines()[0]}.")
     raise exc
-
-
-def human_size(size: int) -> str:
-    """Bytes as a person reads them: 98.4 MB, 8.9 GB."""
-    if size < 1000:
-        return f"{size} B"
-    value = float(size)
-    for unit in ("KB", "MB", "GB", "TB"):
-        value /= 1000
-        if value < 1000 or unit == "TB":
-            break
-    return f"{value:,.1f} {unit}"

@@ -1,23 +1,31 @@
 """Finding a model: `--model`, then $MEMAGENT_MODEL, each a path, a registry name or
 `hf:OWNER/NAME[:QUANT]` (pulled from the Hub on first use); then the default model. Also what
-`memagent models` lists, describes and pulls."""
+`memagent models` lists, describes, pulls and converts.
+
+Nothing here prints through the display: notes (one line for the user) and download or
+conversion progress go to the callbacks a caller passes, plain stderr lines by default."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memagent_cli import display, hub
+from memagent_cli import hub
 from memagent_cli.errors import ModelError
 from memagent_cli.gguf_info import GGUFInfo, split_parts
 
 ENV_VAR = "MEMAGENT_MODEL"
 _PACKAGE_DIR = Path(__file__).resolve().parent
 _CHECKOUT_MODELS = _PACKAGE_DIR.parent / "models"
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
 
 
 @dataclass(frozen=True)
@@ -46,12 +54,15 @@ def default_name() -> str:
     return next((name for name, entry in registry().items() if entry.get("default")), "")
 
 
-def resolve(option: str | None) -> Model:
-    """The model to use: `option`, else $MEMAGENT_MODEL, else the default; first match wins."""
+def resolve(
+    option: str | None, *, note: hub.Note = _stderr, progress: hub.Progress | None = None
+) -> Model:
+    """The model to use: `option`, else $MEMAGENT_MODEL, else the default; first match wins.
+    An `hf:` model not pulled yet is pulled, saying so through `note` and `progress`."""
     if option:
-        return _resolve_one(option, "--model")
+        return _resolve_one(option, "--model", note=note, progress=progress)
     if env := os.environ.get(ENV_VAR):
-        return _resolve_one(env, f"${ENV_VAR}")
+        return _resolve_one(env, f"${ENV_VAR}", note=note, progress=progress)
     name = default_name()
     found = _find_registry_file(name) if name else None
     if found is None:
@@ -64,9 +75,15 @@ def resolve(option: str | None) -> Model:
     return Model(found, name)
 
 
-def _resolve_one(value: str, where: str, pull: bool = True) -> Model:
+def _resolve_one(
+    value: str,
+    where: str,
+    pull: bool = True,
+    note: hub.Note = _stderr,
+    progress: hub.Progress | None = None,
+) -> Model:
     if value.startswith(hub.PREFIX):
-        return _resolve_hub(value, where, pull)
+        return _resolve_hub(value, where, pull, note, progress)
     path = Path(value).expanduser()
     if path.is_file():
         return Model(path, path.stem)
@@ -76,6 +93,12 @@ def _resolve_one(value: str, where: str, pull: bool = True) -> Model:
         if found is None:
             raise ModelError(_missing_registry_file(value, entries[value]))
         return Model(found, value)
+    name, _, quant = value.partition(":")
+    if quant and entries.get(name, {}).get("hf"):  # NAME:QUANT, another quantization
+        spec = hub.Spec(hub.parse(str(entries[name]["hf"])).repo, quant)
+        if found := hub.find_pulled(spec):
+            return Model(found, value)
+        raise ModelError(f"{value} has not been pulled yet; run `memagent models pull {value}`.")
     known = ", ".join(entries) or "none"
     raise ModelError(
         f"Model not found: {where} {value} is neither a file nor a registry name "
@@ -83,14 +106,16 @@ def _resolve_one(value: str, where: str, pull: bool = True) -> Model:
     )
 
 
-def _resolve_hub(value: str, where: str, pull: bool) -> Model:
+def _resolve_hub(
+    value: str, where: str, pull: bool, note: hub.Note, progress: hub.Progress | None
+) -> Model:
     spec = hub.parse(value)
     found = hub.find_pulled(spec)
     if found is None:
         if not pull:
             raise ModelError(f"{value} has not been pulled yet; run `memagent models pull {spec}`.")
-        display.note(f"{where} {value}: not pulled yet, pulling it from the Hugging Face Hub")
-        found = hub.pull(spec)
+        note(f"{where} {value}: not pulled yet, pulling it from the Hugging Face Hub")
+        found = hub.pull(spec, note=note, progress=progress)
     return Model(found, _hub_name(found))
 
 
@@ -187,26 +212,72 @@ def describe(value: str) -> Listed:
     return Listed(model.name, model.path, gguf_info.read(model.path), "", description)
 
 
-def pull(value: str, *, quiet: bool = False) -> Model:
-    """Download the model `value` names, a registry name or `[hf:]OWNER/NAME[:QUANT]`."""
+def pull(value: str, *, note: hub.Note = _stderr, progress: hub.Progress | None = None) -> Model:
+    """Fetch the model `value` names: a registry name (`NAME[:QUANT]`) or
+    `[hf:]OWNER/NAME[:QUANT]`; a repository of Hugging Face weights is converted."""
     entries = registry()
-    if value in entries:
-        entry = entries[value]
+    name, _, quant = value.partition(":")
+    if name in entries:
+        entry = entries[name]
         if entry.get("hf"):
-            return Model(hub.pull(hub.parse(str(entry["hf"])), quiet=quiet), value)
-        if found := _find_registry_file(value):
-            if not quiet:
-                display.note(f"{value} is already installed: {found}")
-            return Model(found, value)
-        raise ModelError(f"{value} cannot be pulled: {_how_to_get(value, entry)}.")
+            spec = hub.parse(str(entry["hf"]))
+            if quant:
+                spec = hub.Spec(spec.repo, quant)
+            return Model(hub.pull(spec, note=note, progress=progress), value)
+        if found := _find_registry_file(name):
+            note(f"{name} is already installed: {found}")
+            return Model(found, name)
+        raise ModelError(f"{name} cannot be pulled: {_how_to_get(name, entry)}.")
     if not hub.looks_like_repo(value):
         known = ", ".join(entries) or "none"
         raise ModelError(
             f"{value} is neither a registry name (known names: {known}) nor a Hugging Face "
             "repository OWNER/NAME[:QUANT]."
         )
-    path = hub.pull(hub.parse(value), quiet=quiet)
+    path = hub.pull(hub.parse(value), note=note, progress=progress)
     return Model(path, _hub_name(path))
+
+
+def convert(
+    folder: Path,
+    *,
+    quant: str = "Q4_K_M",
+    out: Path | None = None,
+    keep_f16: bool = False,
+    note: hub.Note = _stderr,
+    progress: hub.Progress | None = None,
+) -> Model:
+    """Convert a local Hugging Face model folder to a GGUF quantized to `quant`. Without
+    `out`, the file goes where `--model` finds it: beside the pulls of the registry model
+    whose repository has the folder's name, else in the models folder."""
+    from memagent_cli import conversion
+    from memagent_cli.conversion.pull import output_path
+    from memagent_cli.conversion.quantize import file_type
+
+    folder = folder.expanduser()
+    tag = file_type(quant).name.removeprefix("MOSTLY_").removeprefix("ALL_")
+    name = folder.resolve().name
+    registered = next(
+        (
+            (key, spec)
+            for key, entry in registry().items()
+            if entry.get("hf") and (spec := hub.parse(str(entry["hf"]))).repo.split("/")[1] == name
+        ),
+        None,
+    )
+    if out is None:
+        out = (
+            output_path(registered[1].repo, tag)
+            if registered
+            else hub.models_dir() / f"{name}.{tag}.gguf"
+        )
+    out = out.expanduser()
+    if out.suffix != ".gguf":
+        raise ModelError(f"--out {out} must end in .gguf, as llama.cpp's model files do.")
+    conversion.convert(folder, out, tag, keep_f16=keep_f16, name=name, note=note, progress=progress)
+    if registered and registered[1].quant.upper() == tag:
+        return Model(out, registered[0])
+    return Model(out, _hub_name(out))
 
 
 def _listed(name: str, path: Path, description: str = "") -> Listed:

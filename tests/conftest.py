@@ -52,3 +52,17 @@ def default_model_path() -> Path:
     from memagent_cli import models
 
     return models.resolve(None).path
+
+
+def words(text: str) -> str:
+    """`text` with its whitespace collapsed, as a check of what a user reads."""
+    return " ".join(text.split())
+
+
+def assert_clean_failure(result: subprocess.CompletedProcess, code: int, *phrases: str) -> None:
+    """One clear message on stderr, nothing on stdout, no traceback."""
+    assert result.returncode == code, result.stderr
+    assert result.stdout == ""
+    assert "Traceback" not in result.stderr
+    for phrase in phrases:
+        assert phrase in words(result.stderr), result.stderr

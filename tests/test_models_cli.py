@@ -4,31 +4,21 @@
 from __future__ import annotations
 
 import json
+import resource
+import struct
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import default_model_path
+from conftest import assert_clean_failure, default_model_path, words
 from fake_hub import FakeHub, HubFile
 
-from memagent_cli import hub
+from memagent_cli import gguf_info, hub
 from memagent_cli.errors import ModelError
 
 REPO = "someone/SmolLM2-135M-Instruct-GGUF"
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def words(text: str) -> str:
-    return " ".join(text.split())
-
-
-def assert_clean_failure(result, *phrases: str) -> None:
-    assert result.returncode == 1, result.stderr
-    assert result.stdout == ""
-    assert "Traceback" not in result.stderr
-    for phrase in phrases:
-        assert phrase in words(result.stderr), result.stderr
 
 
 def tiny_gguf(path: Path, context: int = 32768, rows: int = 4) -> bytes:
@@ -85,61 +75,133 @@ def pulled_dir(env) -> Path:
 
 
 def test_list_reads_the_default_model_header_and_says_how_to_get_the_others(memagent):
+    header = gguf_info.read(default_model_path())
     result = memagent("models", "list", "--json")
     assert result.returncode == 0, result.stderr
     rows = {row["name"]: row for row in json.loads(result.stdout)}
-    default = rows["smollm2-135m"]
-    assert default["architecture"] == "llama" and default["quantization"] == "Q4_1"
-    assert default["context_length"] == 8192 and default["has_chat_template"] is True
+    default = next(row for row in rows.values() if row["path"] == str(default_model_path()))
+    assert default["architecture"] == header.architecture != "?"
+    assert default["quantization"] == header.quantization != "?"
+    assert default["context_length"] == header.context_length
+    assert default["has_chat_template"] is True
     assert default["size"] == default_model_path().stat().st_size
     assert rows["memagent-14b"]["downloaded"] is False
-    assert "convert_hf_to_gguf.py" in rows["memagent-14b"]["how_to_get"]
+    assert rows["memagent-14b"]["how_to_get"] == "pull it with `memagent models pull memagent-14b`"
 
     table = memagent("models", "list")
     assert table.returncode == 0
-    line = next(x for x in table.stdout.splitlines() if x.startswith("smollm2-135m"))
-    assert {"llama", "Q4_1", "8,192", "yes", "98.4", "MB"} <= set(line.split())
+    line = next(x for x in table.stdout.splitlines() if x.startswith(default["name"] + " "))
+    assert {header.architecture, header.quantization, f"{header.context_length:,}"} <= set(
+        line.split()
+    )
     assert "memagent-7b" in table.stdout and "not downloaded" in table.stdout
     assert "memagent-7b is not downloaded" in words(table.stderr)
 
 
 def test_info_shows_the_header_facts_and_the_chat_template(memagent):
-    result = memagent("models", "info", "smollm2-135m")
+    header = gguf_info.read(default_model_path())
+    result = memagent("models", "info", str(default_model_path()))
     assert result.returncode == 0, result.stderr
     text = words(result.stdout)
-    for fact in ("architecture llama", "quantization Q4_1", "context 8,192 tokens", "layers 30"):
+    facts = [
+        f"architecture {header.architecture}",
+        f"quantization {header.quantization}",
+        f"context {header.context_length:,} tokens",
+        f"layers {header.layers}",
+        f"vocabulary {header.vocabulary:,} tokens",
+    ]
+    for fact in facts:
         assert fact in text
-    assert "<|im_start|>" in result.stdout  # the template itself
+    assert words(header.chat_template or "") in text  # the template itself
 
     as_json = json.loads(memagent("models", "info", str(default_model_path()), "--json").stdout)
-    assert as_json["chat_template"].startswith("{% for message in messages %}")
-    assert as_json["vocabulary"] == 49152
+    assert as_json["chat_template"] == header.chat_template
+    assert (as_json["vocabulary"], as_json["layers"]) == (header.vocabulary, header.layers)
+
+
+def test_default_model_metadata_smollm2(memagent):
+    """The facts of the default model as `models list` and `info` print them (SmolLM2-135M
+    Q4_1): the one place where its particular numbers are checked."""
+    table = memagent("models", "list")
+    line = next(x for x in table.stdout.splitlines() if x.startswith("smollm2-135m"))
+    assert {"llama", "Q4_1", "8,192", "yes", "98.4", "MB"} <= set(line.split())
+    info = words(memagent("models", "info", "smollm2-135m").stdout)
+    for fact in ("architecture llama", "context 8,192 tokens", "layers 30", "49,152 tokens"):
+        assert fact in info
 
 
 def test_info_refuses_a_file_that_is_not_gguf(memagent, tmp_path):
     fake = tmp_path / "model.gguf"
     fake.write_bytes(b"PK\x03\x04 this is a zip, not a model" * 10)
-    assert_clean_failure(memagent("models", "info", str(fake)), "is not a GGUF model file")
+    assert_clean_failure(memagent("models", "info", str(fake)), 1, "is not a GGUF model file")
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(default_model_path().read_bytes()[:4096])
-    assert_clean_failure(memagent("models", "info", str(cut)), "damaged GGUF file")
+    assert_clean_failure(memagent("models", "info", str(cut)), 1, "damaged GGUF file")
 
 
-def test_list_shows_an_unreadable_file_and_goes_on(memagent, env):
+def hostile_gguf(path: Path, n_dims: int = 0xFFFFFFFF) -> Path:
+    """101 bytes that announce one tensor with 4 billion dimensions."""
+    data = b"GGUF" + struct.pack("<IQQ", 3, 1, 0) + struct.pack("<Q", 1) + b"a"
+    data += struct.pack("<I", n_dims)
+    path.write_bytes(data + b"\0" * (101 - len(data)))
+    return path
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        struct.pack("<IQQ", 3, 1 << 62, 0),  # 2^62 tensors
+        struct.pack("<IQQ", 3, 0, 1 << 40),  # 2^40 key-value pairs
+        # one key whose value is an array of 2^60 strings
+        struct.pack("<IQQ", 3, 0, 1)
+        + struct.pack("<Q", 1)
+        + b"k"
+        + struct.pack("<IIQ", 9, 8, 1 << 60),
+        # one key whose string value is 2^63 bytes long
+        struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 1) + b"k" + struct.pack("<IQ", 8, 1 << 63),
+    ],
+)
+def test_huge_counts_in_a_small_gguf_are_refused_without_allocating(header, tmp_path):
+    path = tmp_path / "hostile.gguf"
+    path.write_bytes(b"GGUF" + header + b"\0" * 64)
+    with pytest.raises(ModelError, match="damaged GGUF file"):
+        gguf_info.read(path)
+
+
+def test_a_101_byte_gguf_claiming_4_billion_dimensions_is_damaged_not_4_gb(memagent, tmp_path):
+    path = hostile_gguf(tmp_path / "hostile.gguf")
+    limit = 1 << 30  # address space: far below the 4 GB the dimensions would take
+    run = subprocess.run(
+        [sys.executable, "-m", "memagent_cli", "models", "info", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)),
+    )
+    assert_clean_failure(run, 1, "is a damaged GGUF file")
+
+
+def test_list_shows_a_broken_file_and_goes_on(memagent, env):
     folder = Path(env["XDG_DATA_HOME"]) / "memagent" / "models"
     folder.mkdir(parents=True)
     (folder / "notes.gguf").write_text("not a model")
+    hostile_gguf(folder / "hostile.gguf")
     result = memagent("models", "list")
-    assert result.returncode == 0
-    assert "notes" in result.stdout and "unreadable" in result.stdout
+    assert result.returncode == 0, result.stderr
+    rows = {line.split()[0]: line for line in result.stdout.splitlines()[1:]}
+    assert "broken" in rows["notes"] and "broken" in rows["hostile"]
     assert "notes.gguf is not a GGUF model file" in words(result.stderr)
-    assert "smollm2-135m" in result.stdout
+    assert "hostile.gguf is a damaged GGUF file" in words(result.stderr)
+    assert "smollm2-135m" in rows and "broken" not in rows["smollm2-135m"]
+    listed = json.loads(memagent("models", "list", "--json").stdout)
+    broken = {Path(r["path"]).name: r["error"] for r in listed if r.get("error")}
+    assert set(broken) == {"notes.gguf", "hostile.gguf"}
 
 
 def test_info_of_an_hf_model_not_pulled_says_how(memagent):
     result = memagent("models", "info", "hf:someone/Other-GGUF:Q4_K_M")
     assert_clean_failure(
-        result, "has not been pulled yet", "memagent models pull someone/Other-GGUF"
+        result, 1, "has not been pulled yet", "memagent models pull someone/Other-GGUF"
     )
 
 
@@ -185,7 +247,7 @@ def test_an_interrupted_pull_resumes_where_it_stopped(memagent, env, fake_hub, r
     served = fake_hub.repos[REPO][MODEL_FILE]
     served.drop_after, served.then_fail = 40_000_000, True  # hangs up, then the Hub is down
     first = memagent("models", "pull", f"{REPO}:Q4_1")
-    assert_clean_failure(first, "Download of", "stopped", "Run the same command again to resume")
+    assert_clean_failure(first, 1, "Download of", "stopped", "Run the same command again to resume")
     (partial,) = pulled_dir(env).glob("*.incomplete")
     kept = partial.stat().st_size
     assert 0 < kept < len(real_gguf)
@@ -212,34 +274,36 @@ def test_a_dropped_connection_is_resumed_within_one_pull(memagent, env, fake_hub
 def test_a_download_with_the_wrong_checksum_is_refused_and_deleted(memagent, env, fake_hub):
     fake_hub.repos[REPO][MODEL_FILE].announced_sha256 = "0" * 64
     result = memagent("models", "pull", f"{REPO}:Q4_1")
-    assert_clean_failure(result, "is corrupt", "sha256", "the Hub says " + "0" * 64, "deleted")
+    assert_clean_failure(result, 1, "is corrupt", "sha256", "the Hub says " + "0" * 64, "deleted")
     assert not list(pulled_dir(env).iterdir())
 
 
 def test_unknown_repository(memagent, fake_hub):
     result = memagent("models", "pull", "someone/no-such-model-GGUF")
-    assert_clean_failure(result, "There is no repository someone/no-such-model-GGUF")
+    assert_clean_failure(result, 1, "There is no repository someone/no-such-model-GGUF")
 
 
 def test_missing_quantization_lists_the_available_ones(memagent, fake_hub):
     result = memagent("models", "pull", f"{REPO}:Q2_K")
-    assert_clean_failure(result, f"No GGUF file in {REPO} matches Q2_K; available: Q4_1, Q8_0.")
+    assert_clean_failure(result, 1, f"No GGUF file in {REPO} matches Q2_K; available: Q4_1, Q8_0.")
 
 
 def test_unreachable_hub(memagent, env, fake_hub):
     env["HF_ENDPOINT"] = "http://127.0.0.1:9"  # nothing listens on the discard port
     result = memagent("models", "pull", REPO)
-    assert_clean_failure(result, "Cannot reach the Hugging Face Hub at http://127.0.0.1:9")
+    assert_clean_failure(result, 1, "Cannot reach the Hugging Face Hub at http://127.0.0.1:9")
 
 
 def test_not_a_repository_nor_a_name(memagent):
     result = memagent("models", "pull", "no-such-thing")
-    assert_clean_failure(result, "neither a registry name", "OWNER/NAME[:QUANT]")
+    assert_clean_failure(result, 1, "neither a registry name", "OWNER/NAME[:QUANT]")
 
 
-def test_a_registry_model_without_a_gguf_says_how_to_make_one(memagent):
-    result = memagent("models", "pull", "memagent-14b")
-    assert_clean_failure(result, "memagent-14b cannot be pulled", "convert_hf_to_gguf.py")
+def test_pulling_an_installed_registry_model_names_its_file(memagent):
+    result = memagent("models", "pull", "smollm2-135m")
+    assert result.returncode == 0, result.stderr
+    assert Path(result.stdout.strip()) == default_model_path()
+    assert "already installed" in result.stderr
 
 
 def test_a_split_model_is_pulled_whole(memagent, env, fake_hub, tmp_path):
@@ -322,7 +386,9 @@ def test_a_registry_entry_with_an_hf_gguf_is_pulled_by_name(env, fake_hub, monke
     with pytest.raises(ModelError, match="memagent models pull tiny"):
         models.resolve("tiny")
 
-    pulled = models.pull("tiny", quiet=True)
+    notes: list[str] = []
+    pulled = models.pull("tiny", note=notes.append)
+    assert any("downloading" in n for n in notes) and any("pulled" in n for n in notes)
     assert pulled == models.Model(pulled_dir(env) / "SmolLM2-135M-Instruct.Q8_0.gguf", "tiny")
     assert models.resolve("tiny") == pulled
     (row,) = models.catalogue()  # listed once, under its registry name
