@@ -250,14 +250,37 @@ def members_of(path: Path) -> list[Member]:
 
 def replace_member(path: Path, member: Member) -> Path:
     """Rewrite the ZIP at `path` with `member` in place of the one of the same name (or
-    added at the end)."""
-    members = members_of(path)
+    added at the end). The other members are copied as stored, never inflated, so a zip
+    bomb already in the file costs nothing."""
+    members = _stored_members(path)
     names = [m.name for m in members]
     if member.name in names:
         members[names.index(member.name)] = member
     else:
         members.append(member)
     return write_zip(path, members)
+
+
+def _stored_members(path: Path) -> list[Member]:
+    data = path.read_bytes()
+    with zipfile.ZipFile(path) as archive:
+        infos = archive.infolist()
+    members = []
+    for info in infos:
+        name_length, extra_length = struct.unpack_from("<HH", data, info.header_offset + 26)
+        start = info.header_offset + 30 + name_length + extra_length
+        raw = data[start : start + info.compress_size]
+        members.append(
+            Member(
+                info.filename,
+                method=info.compress_type,
+                flags=info.flag_bits,
+                raw=raw,
+                crc=info.CRC,
+                size=info.file_size,
+            )
+        )
+    return members
 
 
 def zeros_member(name: str, size: int) -> Member:

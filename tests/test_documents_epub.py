@@ -188,3 +188,135 @@ def test_a_nav_document_without_a_toc_falls_back_to_the_ncx(book: Path) -> None:
     document = load_document(str(book))
 
     assert [s.label for s in document.sections] == ["The Storm", "Introduction", "Harbour"]
+
+
+# -- Structures of real books (Debian's live-manual, Sphinx), built member by member --------
+
+XHTML = "application/xhtml+xml"
+NCX = "application/x-dtbncx+xml"
+
+
+def live_manual(path: Path) -> Path:
+    """Debian's live-manual: each chapter listed once plainly, then several more times with
+    #fragment hrefs that are not in the spine; titles in an NCX."""
+    names = ["about-manual", "about-project", "installation"]
+    files = {f"{n}.xhtml": builders.page(f"<h1>{n}</h1><p>Text of {n}.</p>") for n in names}
+    files["toc.ncx"] = builders.ncx_document(
+        [(f"{n.replace('-', ' ').title()}", f"{n}.xhtml") for n in names]
+        + [(f"{names[0]} part {k}", f"{names[0]}.xhtml#o{k}") for k in (8, 9)]
+    )
+    manifest = [("ncx", "toc.ncx", NCX)]
+    for n in names:
+        manifest.append((n, f"{n}.xhtml", XHTML))
+        manifest += [(f"{n}-o{k}", f"{n}.xhtml#o{k}", XHTML) for k in (8, 9, 12)]
+    return builders.package_epub(path, files, manifest=manifest, spine=names, ncx_id="ncx")
+
+
+def test_fragment_hrefs_outside_the_spine_never_stop_a_book(tmp_path: Path) -> None:
+    document = load_document(str(live_manual(tmp_path / "live-manual.epub")))
+
+    assert [s.label for s in document.sections] == [
+        "About Manual",
+        "About Project",
+        "Installation",
+    ]
+    assert document.text.count("Text of about-manual.") == 1  # each file read once
+    assert document.notes == []
+
+
+SPHINX_BAR = (
+    '<div class="related" role="navigation" aria-label="related navigation"><h3>Navigation'
+    '</h3><ul><li><a href="genindex.xhtml">index</a></li><li>next</li></ul></div>'
+)
+
+
+def sphinx_book(path: Path, *, toc: bool = True) -> Path:
+    """A Sphinx-built EPUB: every page starts with a "Navigation" bar, and the nav
+    document's TOC nests the chapters under the book's own entry."""
+    chapters = [
+        ("introduction", "1. Introduction", "Packaging is the craft of building debs."),
+        ("getting-set-up", "2. Getting Set Up", "Install the tools first."),
+        ("fixing-a-bug", "3. Fixing a bug", "Find the bug in Launchpad."),
+    ]
+    files = {"index.xhtml": builders.page(SPHINX_BAR + "<h1>Ubuntu Packaging Guide</h1>")}
+    for name, title, text in chapters:
+        files[f"{name}.xhtml"] = builders.page(
+            f'{SPHINX_BAR}<div class="body"><section id="{name}"><h1>{title}</h1><p>{text}</p>'
+            f'<section id="more"><h2>{title}.1 More</h2><p>{text}</p></section></section></div>'
+        )
+    entries = [
+        (title, f"{name}.xhtml", [(f"{title}.1 More", f"{name}.xhtml#more", [])])
+        for name, title, _ in chapters
+    ]
+    files["nav.xhtml"] = builders.nav_document(
+        [("Ubuntu Packaging Guide", "index.xhtml", entries)] if toc else []
+    )
+    if not toc:
+        files["nav.xhtml"] = builders.page("<nav epub:type='landmarks'><ol></ol></nav>")
+    names = ["index"] + [name for name, _, _ in chapters]
+    manifest = [("nav", "nav.xhtml", XHTML)] + [(n, f"{n}.xhtml", XHTML) for n in names]
+    return builders.package_epub(path, files, manifest=manifest, spine=names, nav_id="nav")
+
+
+def test_sphinx_chapters_are_titled_from_the_nested_toc(tmp_path: Path) -> None:
+    document = load_document(str(sphinx_book(tmp_path / "guide.epub")))
+    text = document.text
+
+    assert [s.label for s in document.sections] == [
+        "Ubuntu Packaging Guide",
+        "1. Introduction",
+        "2. Getting Set Up",
+        "3. Fixing a bug",
+    ]
+    assert "Navigation" not in text and "index" not in text  # the bar is not the book's text
+    start, end = text.index("Install the tools"), text.index("Find the bug")
+    assert document.span(start, end + 1) == "2. Getting Set Up – 3. Fixing a bug"
+
+
+def test_a_nav_document_without_a_toc_titles_from_headings_and_says_so(tmp_path: Path) -> None:
+    document = load_document(str(sphinx_book(tmp_path / "guide.epub", toc=False)))
+
+    assert [s.label for s in document.sections][1:] == [
+        "1. Introduction",
+        "2. Getting Set Up",
+        "3. Fixing a bug",
+    ]
+    assert len(document.notes) == 1 and "no usable table of contents" in document.notes[0]
+
+
+@pytest.mark.parametrize("spine", [None, [], ["no-such-id"]], ids=["absent", "empty", "unknown"])
+def test_a_package_without_a_spine_is_read_in_manifest_order(tmp_path: Path, spine) -> None:
+    files = {f"{n}.xhtml": builders.page(f"<h1>{n}</h1><p>{n} text</p>") for n in "abc"}
+    manifest = [(n, f"{n}.xhtml", XHTML) for n in "cab"]
+    path = builders.package_epub(tmp_path / "b.epub", files, manifest=manifest, spine=spine)
+
+    document = load_document(str(path))
+
+    assert [s.label for s in document.sections] == ["c", "a", "b"]
+    assert any("no spine" in note and "manifest" in note for note in document.notes)
+
+
+def test_the_notes_survive_the_cache(tmp_path: Path) -> None:
+    files = {"a.xhtml": builders.page("<p>alpha</p>")}
+    path = builders.package_epub(
+        tmp_path / "b.epub", files, manifest=[("a", "a.xhtml", XHTML)], spine=None
+    )
+    first, second = load_document(str(path)), load_document(str(path))
+
+    assert second.from_cache and second.notes == first.notes != []
+
+
+def test_manifest_items_outside_the_spine_are_never_read(book: Path) -> None:
+    # A missing image and a member that cannot be decompressed: neither is needed.
+    builders.rewrite_zip(book, edit={})
+    members = builders.members_of(book)
+    opf = next(m for m in members if m.name == "EPUB/content.opf")
+    opf.data = opf.data.replace(
+        b"</manifest>",
+        b'<item id="gone" href="images/gone.png" media-type="image/png"/>'
+        b'<item id="bad" href="images/bad.png" media-type="image/png"/></manifest>',
+    )
+    members.append(builders.Member("EPUB/images/bad.png", raw=b"\xff" * 64, crc=1, size=64))
+    builders.write_zip(book, members)
+
+    assert "The mast broke." in load_document(str(book)).text

@@ -17,7 +17,7 @@ import zlib
 
 from memagent_cli.errors import DocumentError
 
-MEMBER_LIMIT = 256 * 1024 * 1024  # inflated bytes of any one member: no chapter is this big
+MEMBER_LIMIT = 128 * 1024 * 1024  # inflated bytes of any one member: no chapter is this big
 # Text deflates about 3 to 10 times; a large member a hundred times smaller compressed is
 # padding made to inflate, not a chapter. Small members may compress as they like.
 RATIO_LIMIT = 100
