@@ -1,30 +1,31 @@
-"""Every question about every document, one run or several at once, results in input order."""
+"""Every question about every document, one run or several at once, results in input order.
+
+Each document is read from disk before the model is opened for it, so a bad path fails
+before any model file is touched or any download starts.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 
-from memagent_cli import display
+from memagent_cli import display, run, trace
 from memagent_cli.errors import DocumentError
-from memagent_cli.session import Engine, Result, Session, Stopped, default_trace_path, open_session
+from memagent_cli.inputs import read_document
+from memagent_cli.session import Engine, Session, open_session
 
 
 @dataclass(frozen=True)
 class Options:
-    """How each question is run (the `ask` options that are not about the model)."""
+    """How every question is run: each run's options, and the batch's own."""
 
+    run: run.RunOptions = run.RunOptions()
+    write_traces: bool = True  # False: --no-trace
     password: str | None = None
-    trace: Path | None = None  # one named trace (one document, one question)
-    write_traces: bool = True
-    resume: Path | None = None
-    resume_latest: bool = False
-    use_cache: bool = True
-    quiet: bool = False
     parallel: int = 1
 
 
@@ -39,18 +40,19 @@ class Job:
 def ask_all(
     paths: list[str],
     questions: list[str],
-    engine: Engine,
+    open_engine: Callable[[], Engine],
     options: Options,
-    emit: Callable[[Result], None],
-    stopped: Callable[[Stopped], None],
+    emit: Callable[[run.Result], None],
+    stopped: Callable[[run.Stopped], None],
 ) -> int:
     """Answer each question about each document; the exit code (0 all answered, 1 some
-    document or run failed, 130 interrupted)."""
+    document or run failed, 130 interrupted). `open_engine` is called once, after the first
+    document was read."""
     outcome = {"code": 0}
-    jobs = _jobs(paths, questions, engine, options, outcome)
+    jobs = _jobs(paths, questions, _once(open_engine), options, outcome)
 
-    def finish(result: Result | Stopped) -> None:
-        if isinstance(result, Stopped):
+    def finish(result: run.Result | run.Stopped) -> None:
+        if isinstance(result, run.Stopped):
             stopped(result)
             outcome["code"] = max(outcome["code"], result.exit_code)
         else:
@@ -64,7 +66,7 @@ def ask_all(
                 break
         return outcome["code"]
     cancel = threading.Event()
-    pending: deque[Future[Result | Stopped]] = deque()
+    pending: deque[Future[run.Result | run.Stopped]] = deque()
     with ThreadPoolExecutor(options.parallel) as pool:
         try:
             for job in jobs:
@@ -83,19 +85,36 @@ def ask_all(
     return outcome["code"]
 
 
+def _once(open_engine: Callable[[], Engine]) -> Callable[[], Engine]:
+    opened: list[Engine] = []
+
+    def engine() -> Engine:
+        if not opened:
+            opened.append(open_engine())
+        return opened[0]
+
+    return engine
+
+
 def _jobs(
-    paths: list[str], questions: list[str], engine: Engine, options: Options, outcome: dict
+    paths: list[str],
+    questions: list[str],
+    engine: Callable[[], Engine],
+    options: Options,
+    outcome: dict[str, int],
 ) -> Iterator[Job]:
     several = len(paths) > 1
+    quiet = options.run.quiet
     for number, path in enumerate(paths, start=1):
         try:
-            session = open_session(path, engine, password=options.password, quiet=options.quiet)
+            document = read_document(path, password=options.password, quiet=quiet)
         except DocumentError as exc:
             if not several:
                 raise
             display.error(f"{exc.message} Skipped; the other documents go on.")
             outcome["code"] = max(outcome["code"], 1)
             continue
+        session = open_session(document, engine())
         for index, question in enumerate(questions):
             label = ""
             if options.parallel > 1:
@@ -103,21 +122,12 @@ def _jobs(
             yield Job(session, index, question, label)
 
 
-def _run(job: Job, options: Options, cancel: threading.Event | None) -> Result | Stopped:
-    if not options.write_traces:
-        trace_path = None
-    else:
-        trace_path = options.trace or default_trace_path(job.session, job.index)
+def _run(job: Job, options: Options, cancel: threading.Event | None) -> run.Result | run.Stopped:
+    trace_path = None
+    if options.write_traces:
+        trace_path = options.run.trace or trace.default_path(job.session.document.path, job.index)
+    job_options = dataclasses.replace(options.run, trace=trace_path, label=job.label, cancel=cancel)
     try:
-        return job.session.ask(
-            job.question,
-            trace_path=trace_path,
-            quiet=options.quiet,
-            resume=options.resume,
-            latest=options.resume_latest,
-            use_cache=options.use_cache,
-            label=job.label,
-            cancel=cancel,
-        )
-    except Stopped as stop:
+        return run.ask(job.session, job.question, job_options)
+    except run.Stopped as stop:
         return stop

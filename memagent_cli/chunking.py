@@ -5,6 +5,15 @@ from __future__ import annotations
 import codecs
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+class Tokenizer(Protocol):
+    """What chunking needs of a model: its own tokens, and their bytes back."""
+
+    def tokenize(self, text: str) -> list[int]: ...
+
+    def detokenize(self, tokens: Sequence[int]) -> bytes: ...
 
 
 @dataclass(frozen=True)
@@ -21,6 +30,15 @@ class Chunk:
     @property
     def tokens(self) -> int:
         return self.token_end - self.token_start
+
+    def where(self, span: str) -> dict[str, Any]:
+        """Where the chunk sits, as traces, `--json` and `inspect` report it."""
+        return {
+            "index": self.index,
+            "tokens": [self.token_start, self.token_end],
+            "chars": [self.char_start, self.char_end],
+            "span": span,
+        }
 
 
 def make_chunks(
@@ -55,3 +73,57 @@ def make_chunks(
         )
         char_offset += chars
     return chunks
+
+
+def chunk_text(text: str, tokenizer: Tokenizer, size: int) -> tuple[list[int], list[Chunk]]:
+    """The document's tokens and its chunks of `size` tokens, as the protocol cuts them."""
+    tokens = tokenizer.tokenize(text)
+    return tokens, make_chunks(tokens, size, tokenizer.detokenize)
+
+
+def tokenize_in_pieces(
+    text: str,
+    tokenize: Callable[[str], list[int]],
+    *,
+    piece_chars: int = 1 << 20,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[int]:
+    """The tokens of `text`, tokenized a piece of about `piece_chars` characters at a time.
+
+    Byte-level BPE tokenizers (GPT-2, cl100k, Qwen2, Llama 3) first split text with a regex
+    in which no pre-token runs from a non-space character into the space after it; so a
+    cut just before such a space (" " after a non-whitespace character) is a boundary the
+    whole text has too, and the pieces' tokens joined are the whole text's tokens. Memory
+    is the tokenizer's working set for one piece, not for a 50 MB line. A text with no such
+    space for a long stretch is cut at the next one found, however far. `progress(done,
+    total)` counts characters.
+    """
+    if piece_chars < 1:
+        raise ValueError(f"piece_chars must be at least 1, got {piece_chars}")
+    tokens: list[int] = []
+    start, total = 0, len(text)
+    while start < total:
+        end = _safe_cut(text, start, start + piece_chars)
+        tokens.extend(tokenize(text[start:end]))
+        start = end
+        if progress is not None:
+            progress(start, total)
+    return tokens
+
+
+def _safe_cut(text: str, start: int, target: int) -> int:
+    """The cut nearest before `target` (else the first after it) where text[cut] is a space
+    and text[cut - 1] is not whitespace; len(text) when there is none."""
+    if target >= len(text):
+        return len(text)
+    cut = text.rfind(" ", start + 1, target + 1)
+    while cut > start:
+        if not text[cut - 1].isspace():
+            return cut
+        cut = text.rfind(" ", start + 1, cut)
+    cut = text.find(" ", target)
+    while cut != -1:
+        if not text[cut - 1].isspace():
+            return cut
+        cut = text.find(" ", cut + 1)
+    return len(text)

@@ -14,7 +14,9 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from memagent_cli import __version__, display, protocol
+from memagent_cli.backends.factory import DEFAULT_TIMEOUT, KINDS, BackendOptions
 from memagent_cli.errors import Interrupted, UserError
+from memagent_cli.trace import default_dir
 
 app = typer.Typer(
     help="Answer questions about book-scale documents with a MemAgent model run locally "
@@ -154,14 +156,22 @@ def ask(
     ] = None,
     no_trace: Annotated[bool, typer.Option("--no-trace", help="Write no trace.")] = False,
     resume: Annotated[
-        str | None,
+        Path | None,
         typer.Option(
-            metavar="[TRACE]",
+            metavar="TRACE",
             show_default=False,
-            help="Continue an interrupted run after its last finished step: TRACE, or without "
-            "it the newest unfinished trace of the same document, question and settings.",
+            dir_okay=False,
+            help="Continue the interrupted run in TRACE after its last finished step.",
         ),
     ] = None,
+    resume_latest: Annotated[
+        bool,
+        typer.Option(
+            "--resume-latest",
+            help="Continue the newest unfinished trace of the same document, question, model "
+            "and settings.",
+        ),
+    ] = False,
     no_cache: Annotated[
         bool,
         typer.Option("--no-cache", help="Read again even if an identical greedy run finished."),
@@ -206,72 +216,83 @@ def ask(
             help="With a folder as DOCUMENT: read only files matching this pattern.",
         ),
     ] = None,
+    timeout: Annotated[
+        float,
+        typer.Option(min=1.0, help="Seconds a server may take for one call (--backend openai)."),
+    ] = DEFAULT_TIMEOUT,
     verbose: VerboseOpt = False,
 ) -> None:
     """Read DOCUMENT chunk by chunk into a memory and answer each QUESTION from it."""
-    from memagent_cli import batch, session
+    from memagent_cli import batch, inputs, run, session
     from memagent_cli.backends import Sampling
     from memagent_cli.reader import Settings
 
     asked = [q.strip() for q in questions or [] if q.strip()]
     if questions_file is not None:
-        asked += session.questions_from_file(questions_file)
+        asked += inputs.read_list(questions_file, "questions")
     if not asked:
         raise typer.BadParameter(
             "give at least one question, as an argument or with --questions FILE.",
             param_hint="QUESTION",
         )
-    resume_path = None if resume in (None, _LATEST) else Path(resume)
-    for option, named in (("--trace", trace), ("--resume", resume_path)):
+    for option, named in (("--trace", trace), ("--resume", resume)):
         if named is not None and len(asked) > 1:
             raise typer.BadParameter(
                 f"{option} names one trace, but there are several questions; leave the path "
                 "out to use one trace per question in the data folder.",
                 param_hint=option,
             )
-    if trace is not None and resume_path is not None:
-        raise typer.BadParameter("give --trace or --resume TRACE, not both.", param_hint="--trace")
-    if backend not in ("llama", "openai"):
+    named = {"--trace": trace is not None, "--resume": resume is not None}
+    chosen = [name for name, on in {**named, "--resume-latest": resume_latest}.items() if on]
+    if len(chosen) > 1:
+        raise typer.BadParameter(f"give one of {' and '.join(chosen)}.", param_hint=chosen[0])
+    if backend not in KINDS:
         raise typer.BadParameter("choose llama or openai.", param_hint="--backend")
     if parallel > 1 and backend != "openai":
         raise typer.BadParameter(
             "one in-process model reads one question at a time; --parallel needs --backend openai.",
             param_hint="--parallel",
         )
-    paths = session.document_paths(document, documents_file, glob)
-    if len(paths) > 1 and (trace is not None or resume_path is not None):
+    paths = inputs.document_paths(document, documents_file, glob)
+    if len(paths) > 1 and (trace is not None or resume is not None):
         raise typer.BadParameter(
             "a named trace is for one document; leave the path out with several documents.",
             param_hint="--trace" if trace is not None else "--resume",
         )
+    if trace is not None and not no_trace:
+        from memagent_cli.trace import check_new
+
+        check_new(trace)  # before any model loads
     signal.signal(signal.SIGTERM, _on_sigterm)
-    engine = session.open_engine(
-        backend=backend,
+    backend_options = BackendOptions(
+        kind=backend,
         model=model,
         base_url=base_url,
         api_key=api_key,
         served_model=served_model,
         encoding=encoding,
-        settings=Settings(chunk_tokens, memory_tokens, Sampling(temperature, top_p, seed)),
         threads=threads,
         gpu_layers=gpu_layers,
+        timeout=timeout,
         verbose=verbose,
-        quiet=quiet,
-        questions=asked,
     )
+    settings = Settings(chunk_tokens, memory_tokens, Sampling(temperature, top_p, seed))
+    note = (lambda message: None) if quiet else display.note
     options = batch.Options(
-        password=password,
-        trace=trace,
+        run=run.RunOptions(
+            trace=trace,
+            resume=resume,
+            resume_latest=resume_latest,
+            use_cache=not no_cache,
+            quiet=quiet,
+        ),
         write_traces=not no_trace,
-        resume=resume_path,
-        resume_latest=resume == _LATEST,
-        use_cache=not no_cache,
-        quiet=quiet,
+        password=password,
         parallel=parallel,
     )
     warned = False
 
-    def emit(result: session.Result) -> None:
+    def emit(result: run.Result) -> None:
         nonlocal warned
         if as_json:
             print(json.dumps(result.to_json(), ensure_ascii=False), flush=True)
@@ -283,13 +304,16 @@ def ask(
             )
             warned = True
 
-    def stopped(stop: session.Stopped) -> None:
+    def stopped(stop: run.Stopped) -> None:
         display.error(stop.message)
-        display.note(
-            "resume with: " + _resume_command(stop.trace_path if len(paths) == 1 else None)
-        )
+        if stop.trace_path is not None:
+            hint = _resume_command(stop.trace_path if len(paths) == 1 else None)
+            display.note("resume with: " + hint)
 
-    code = batch.ask_all(paths, asked, engine, options, emit, stopped)
+    def open_engine() -> session.Engine:
+        return session.open_engine(backend_options, settings, asked, note)
+
+    code = batch.ask_all(paths, asked, open_engine, options, emit, stopped)
     if code:
         raise typer.Exit(code)
 
@@ -323,14 +347,13 @@ def inspect(
     report = inspection.inspect_document(
         document,
         password=password,
-        model=model if tokenizer == "model" else None,
-        encoding=encoding if tokenizer == "tiktoken" else None,
+        model=BackendOptions(model=model, threads=threads, gpu_layers=gpu_layers, verbose=verbose)
+        if tokenizer == "model"
+        else None,
+        encoding=encoding,
         chunk_tokens=chunk_tokens,
         memory_tokens=memory_tokens,
         estimate=estimate and tokenizer == "model",
-        threads=threads,
-        gpu_layers=gpu_layers,
-        verbose=verbose,
         quiet=quiet,
     )
     if as_json:
@@ -501,53 +524,74 @@ def trace_(
     ] = False,
 ) -> None:
     """Show what the model kept, dropped and concluded at every step of a run."""
-    from memagent_cli import traceview
+    from memagent_cli import tracereport, traceview
 
-    traceview.show(
-        trace,
-        list_traces=list_traces,
-        step=step,
-        diff=diff,
-        grep=grep,
-        as_json=as_json,
-        markdown=markdown,
-        follow_run=follow_run,
-    )
-
-
-_LATEST = "latest"
+    views = {
+        "--list": list_traces,
+        "--step": step is not None,
+        "--diff": diff is not None,
+        "--grep": grep is not None,
+        "--markdown": markdown,
+        "--follow": follow_run,
+    }
+    chosen = [name for name, on in views.items() if on]
+    if len(chosen) > 1:
+        raise typer.BadParameter(f"{' and '.join(chosen)} are different views; pick one.")
+    if as_json and chosen and chosen != ["--list"]:
+        raise typer.BadParameter(f"--json goes with the whole trace or --list, not {chosen[0]}.")
+    out = display.results_console()
+    if list_traces:
+        if trace is not None:
+            raise typer.BadParameter("--list lists the data folder; leave out TRACE.")
+        rows = tracereport.listing()
+        if as_json:
+            print(json.dumps(rows, ensure_ascii=False, indent=2))
+        elif not rows:
+            raise UserError(f"There are no traces in {default_dir()} yet.")
+        else:
+            tracereport.print_listing(out, rows)
+        return
+    path = traceview.locate(trace)
+    if follow_run:
+        try:
+            traceview.follow(out, path)
+        except KeyboardInterrupt:
+            raise typer.Exit(130) from None
+        return
+    loaded = traceview.load(path)
+    if as_json:
+        print(json.dumps(loaded.to_json(), ensure_ascii=False, indent=2))
+    elif markdown:
+        print(tracereport.markdown(loaded), end="")
+    elif step is not None:
+        traceview.step(out, loaded, step)
+    elif diff is not None:
+        traceview.diff(out, loaded, diff)
+    elif grep is not None:
+        if not traceview.grep(out, loaded, grep):
+            raise typer.Exit(1)
+    else:
+        traceview.summary(out, loaded)
 
 
 def _resume_command(trace_path: Path | None) -> str:
-    """This command line again, continuing from `trace_path` (or the newest unfinished trace)."""
+    """This command line again, continuing from `trace_path` (or the newest unfinished trace
+    of each run, with several documents)."""
     words, skip = [], False
-    for arg in _optional_resume_value(sys.argv[1:]):
+    for arg in sys.argv[1:]:
         if skip:
             skip = False
         elif arg in ("--resume", "--trace"):
             skip = True
-        elif not arg.startswith(("--resume=", "--trace=")):
+        elif arg != "--resume-latest" and not arg.startswith(("--resume=", "--trace=")):
             words.append(arg)
-    words += ["--resume"] + ([str(trace_path)] if trace_path else [])
+    words += ["--resume", str(trace_path)] if trace_path else ["--resume-latest"]
     return "memagent " + shlex.join(words)
-
-
-def _optional_resume_value(argv: list[str]) -> list[str]:
-    """Let `--resume` stand alone: Click options need a value, so supply "latest" when the
-    next word is not an existing trace file."""
-    out = []
-    for i, arg in enumerate(argv):
-        out.append(arg)
-        if arg == "--resume":
-            following = argv[i + 1] if i + 1 < len(argv) else None
-            if following is None or not (following.endswith(".jsonl") or Path(following).is_file()):
-                out.append(_LATEST)
-    return out
 
 
 def main() -> None:
     """Console entry point."""
     try:
-        app(args=_optional_resume_value(sys.argv[1:]))
+        app()
     except KeyboardInterrupt:
         sys.exit(130)

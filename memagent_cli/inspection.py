@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from memagent_cli import display, protocol, session, tokenizers
+from memagent_cli import display, protocol
 from memagent_cli.backends import Sampling
+from memagent_cli.backends.factory import BackendOptions, open_backend
 from memagent_cli.backends.llama_cpp import LlamaCppBackend
-from memagent_cli.chunking import Chunk, make_chunks
-from memagent_cli.documents import Document
+from memagent_cli.chunking import Chunk, chunk_text
 from memagent_cli.errors import BudgetError
+from memagent_cli.inputs import read_document
 from memagent_cli.reader import Settings, context_needed
+from memagent_cli.session import describe_document
+from memagent_cli.tokenizers import TiktokenTokenizer
 
 _WARMUP_QUESTION = "What is this document about?"
 _WARMUP_PROMPT_TOKENS = 256
@@ -21,64 +24,37 @@ def inspect_document(
     path: str,
     *,
     password: str | None,
-    model: str | None,
+    model: BackendOptions | None,
     encoding: str | None,
     chunk_tokens: int,
     memory_tokens: int,
     estimate: bool,
-    threads: int | None,
-    gpu_layers: int | None,
-    verbose: bool,
     quiet: bool,
 ) -> dict[str, Any]:
-    """Everything `inspect` reports, as plain data (the JSON output)."""
-    document = session.read_document(path, password=password, quiet=quiet)
+    """Everything `inspect` reports, as plain data (the JSON output). Tokens are counted with
+    the `model`'s tokenizer, or with tiktoken's `encoding` when no model is given."""
+    document = read_document(path, password=password, quiet=quiet)
     backend = None
-    if encoding is not None:
-        tiktoken = tokenizers.encoding(encoding)
-        tokens = tiktoken.encode_ordinary(document.text)
-        chunks = make_chunks(tokens, chunk_tokens, lambda t: tiktoken.decode_bytes(list(t)))
-        tokenizer = {"kind": "tiktoken", "encoding": encoding, "exact": False}
+    if model is None:
+        tokenizer = TiktokenTokenizer(encoding or "cl100k_base")
+        about = {"kind": "tiktoken", "encoding": tokenizer.name, "exact": False}
     else:
-        found, backend = session.open_backend(
-            model, threads=threads, gpu_layers=gpu_layers, verbose=verbose
-        )
-        tokens = backend.tokenize(document.text)
-        chunks = make_chunks(tokens, chunk_tokens, backend.detokenize)
-        tokenizer = {"kind": "model", "model": found.name, "path": str(found.path), "exact": True}
+        tokenizer = backend = open_backend(model, display.note)
+        described = backend.describe().model
+        about = {"kind": "model", "model": described["name"], "path": described["path"]}
+        about["exact"] = True
+    tokens, chunks = chunk_text(document.text, tokenizer, chunk_tokens)
     report: dict[str, Any] = {
-        "document": _document_info(document),
-        "tokenizer": tokenizer,
+        "document": describe_document(document),
+        "tokenizer": about,
         "tokens": len(tokens),
         "chunk_tokens": chunk_tokens,
-        "chunks": [
-            {
-                "index": c.index,
-                "tokens": [c.token_start, c.token_end],
-                "chars": [c.char_start, c.char_end],
-                "span": document.span(c.char_start, c.char_end),
-            }
-            for c in chunks
-        ],
+        "chunks": [c.where(document.span(c.char_start, c.char_end)) for c in chunks],
         "estimate": None,
     }
-    if estimate and backend is not None:
+    if estimate and isinstance(backend, LlamaCppBackend):
         report["estimate"] = estimate_seconds(backend, chunks, chunk_tokens, memory_tokens, quiet)
     return report
-
-
-def _document_info(document: Document) -> dict[str, Any]:
-    return {
-        "path": document.path,
-        "format": document.format,
-        "sha256": document.sha256,
-        "title": document.title,
-        "unit": document.unit,
-        "pages": document.pages,
-        "pages_without_text": document.pages_without_text,
-        "sections": len(document.sections),
-        "characters": len(document.text),
-    }
 
 
 def estimate_seconds(
@@ -119,36 +95,40 @@ def estimate_seconds(
 
 
 def print_report(report: dict[str, Any]) -> None:
-    """The report as tables on stdout."""
+    """The report as tables on stdout. Every cell is plain text, never Rich markup: paths,
+    titles and chapter names come from the user's files and may contain "[/bold]"."""
     from rich.table import Table
+    from rich.text import Text
+
+    def row(table: Table, *cells: str) -> None:
+        table.add_row(*(Text(cell) for cell in cells))
 
     out = display.results_console()
     doc = report["document"]
     summary = Table.grid(padding=(0, 2))
-    summary.add_row("document", doc["path"])
-    summary.add_row("format", doc["format"] + (f" ({doc['title']})" if doc["title"] else ""))
+    row(summary, "document", doc["path"])
+    row(summary, "format", doc["format"] + (f" ({doc['title']})" if doc["title"] else ""))
     if doc["unit"] == "page":
-        summary.add_row(
-            "pages",
-            f"{doc['pages']:,}"
-            + (f" ({doc['pages_without_text']} without text)" if doc["pages_without_text"] else ""),
-        )
+        without = doc["pages_without_text"]
+        pages = f"{doc['pages']:,}" + (f" ({without} without text)" if without else "")
+        row(summary, "pages", pages)
     elif doc["unit"] == "chapter":
-        summary.add_row("chapters", f"{doc['sections']:,}")
-    summary.add_row("characters", f"{doc['characters']:,}")
+        row(summary, "chapters", f"{doc['sections']:,}")
+    row(summary, "characters", f"{doc['characters']:,}")
     tok = report["tokenizer"]
     how = (
         f"{tok['model']} tokenizer"
         if tok["kind"] == "model"
         else (f"tiktoken {tok['encoding']}, approximate for the model")
     )
-    summary.add_row("tokens", f"{report['tokens']:,} ({how})")
-    summary.add_row("chunks", f"{len(report['chunks']):,} of {report['chunk_tokens']:,} tokens")
+    row(summary, "tokens", f"{report['tokens']:,} ({how})")
+    row(summary, "chunks", f"{len(report['chunks']):,} of {report['chunk_tokens']:,} tokens")
     est = report["estimate"]
     if est and "error" in est:
-        summary.add_row("estimate", est["error"])
+        row(summary, "estimate", est["error"])
     elif est:
-        summary.add_row(
+        row(
+            summary,
             "estimate",
             f"about {_duration(est['seconds_per_question'])} per question on this machine "
             f"(an estimate: prompt {est['prompt_tokens_per_second']:,.0f} tok/s, generation "
@@ -157,7 +137,8 @@ def print_report(report: dict[str, Any]) -> None:
     out.print(summary)
     table = Table("chunk", "tokens", "characters", "span", box=None, pad_edge=False)
     for c in report["chunks"]:
-        table.add_row(
+        row(
+            table,
             str(c["index"] + 1),
             f"{c['tokens'][0]:,}–{c['tokens'][1]:,}",
             f"{c['chars'][0]:,}–{c['chars'][1]:,}",

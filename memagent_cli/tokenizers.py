@@ -11,6 +11,7 @@ import hashlib
 import importlib.resources
 import os
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 import platformdirs
@@ -56,3 +57,17 @@ def encoding(name: str = DEFAULT_ENCODING):  # -> tiktoken.Encoding
             f"The tiktoken encoding {name} is not available offline ({type(exc).__name__}); "
             f"only {DEFAULT_ENCODING} ships with memagent's dependencies."
         ) from None
+
+
+class TiktokenTokenizer:
+    """A tiktoken encoding as a chunking tokenizer: approximate for any particular model."""
+
+    def __init__(self, name: str = DEFAULT_ENCODING) -> None:
+        self.name = name
+        self._encoding = encoding(name)
+
+    def tokenize(self, text: str) -> list[int]:
+        return self._encoding.encode_ordinary(text)
+
+    def detokenize(self, tokens: Sequence[int]) -> bytes:
+        return self._encoding.decode_bytes(list(tokens))

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -66,3 +68,89 @@ def assert_clean_failure(result: subprocess.CompletedProcess, code: int, *phrase
     assert "Traceback" not in result.stderr
     for phrase in phrases:
         assert phrase in words(result.stderr), result.stderr
+
+
+class ScriptedBackend:
+    """A backend that replies from a script, one token per byte: for unit tests of the loop
+    and the run, with no model. `replies` run out: KeyboardInterrupt, as Ctrl-C would."""
+
+    name = "scripted"
+
+    def __init__(self, replies: list[str], context_limit: int = 8192) -> None:
+        self.replies = list(replies)
+        self.messages: list[tuple[str, int]] = []
+        self.context_limit = context_limit
+        self.prepared = 0
+
+    def tokenize(self, text: str) -> list[int]:
+        return list(text.encode())
+
+    def detokenize(self, tokens) -> bytes:
+        return bytes(tokens)
+
+    def chat_overhead(self) -> int:
+        return 10
+
+    def describe(self):
+        from memagent_cli.backends import Description
+
+        model = {"path": "/models/scripted.gguf", "name": "scripted", "size": 1234}
+        return Description(model=model, engine={"backend": "scripted"})
+
+    def prepare(self, context_tokens: int) -> None:
+        self.prepared += 1
+
+    def generate(self, message: str, *, max_tokens: int, sampling):
+        from memagent_cli.backends import Generation
+
+        if not self.replies:
+            raise KeyboardInterrupt
+        self.messages.append((message, max_tokens))
+        text = self.replies.pop(0)
+        return Generation(text, len(message), len(text.split()) + 2, 0.1, 0.2, "stop")
+
+
+@pytest.fixture
+def fake_server():
+    """An OpenAI-compatible server on 127.0.0.1 with a deterministic stand-in model."""
+    from fake_openai import FakeServer
+
+    with FakeServer() as server:
+        yield server
+
+
+def served(server, *args: str) -> list[str]:
+    """`ask` options that read through `server` (the fake one) instead of a GGUF."""
+    return ["--backend", "openai", "--base-url", server.url, *args]
+
+
+def interrupt_after_steps(
+    args: list[str],
+    trace_path: Path,
+    env: dict[str, str],
+    steps: int,
+    sig: int = signal.SIGINT,
+    interrupt=None,
+) -> tuple[subprocess.Popen, str, str]:
+    """Start `memagent ask ARGS`, send `sig` (or call `interrupt(process)`) once `steps` steps
+    are in its trace (as a terminal delivers Ctrl-C: to a process started from Python), and
+    let it end."""
+    process = subprocess.Popen(
+        [str(MEMAGENT), "ask", *args],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and process.poll() is None:
+        if trace_path.exists() and trace_path.read_text().count('"type": "step"') >= steps:
+            break
+        time.sleep(0.05)
+    if interrupt is None:
+        process.send_signal(sig)
+    else:
+        interrupt(process)
+    stdout, stderr = process.communicate(timeout=180)
+    return process, stdout, stderr

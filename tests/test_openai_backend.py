@@ -11,12 +11,12 @@ import time
 import urllib.request
 
 import pytest
-from conftest import FACT_QUESTION, default_model_path, story
-from test_ask_model import SMALL_STEPS, interrupt_after_steps
+from conftest import FACT_QUESTION, default_model_path, interrupt_after_steps, story
 
 from memagent_cli.trace import read_trace
 
 SECOND_QUESTION = "Who painted the red barn?"
+SMALL_STEPS = ["--chunk-tokens", "2000", "--memory-tokens", "128", "--temperature", "0"]
 
 
 class Server:
@@ -99,8 +99,8 @@ def test_a_server_answers_like_the_in_process_model(memagent, tmp_path, server):
     got = json.loads(remote.stdout)
     assert got["document"]["tokens"] == expected["document"]["tokens"]  # server's tokenizer
     assert [s["tokens"] for s in got["steps"]] == [s["tokens"] for s in expected["steps"]]
-    memories = [s["memory"] for s in read_trace(tmp_path / "remote.jsonl").steps]
-    assert memories == [s["memory"] for s in read_trace(tmp_path / "local.jsonl").steps]
+    memories = [s.memory for s in read_trace(tmp_path / "remote.jsonl").steps]
+    assert memories == [s.memory for s in read_trace(tmp_path / "local.jsonl").steps]
     assert got["reply"] == expected["reply"] and got["answer"] == expected["answer"]
     assert got["model"]["path"] == server.url
 
@@ -151,13 +151,13 @@ def test_a_server_stopped_mid_run_leaves_a_trace_to_resume(memagent, env, tmp_pa
     assert "Cannot reach the server" in stderr and "resume with: memagent ask" in stderr
     trace = read_trace(cut)
     assert not trace.finished and len(trace.steps) >= 1
-    assert "Cannot reach the server" in trace.interrupted["reason"]
+    assert "Cannot reach the server" in trace.interruption.reason
 
     server.start()
     resumed = memagent("ask", *args[:-2], "--resume", str(cut), "--json")
     assert resumed.returncode == 0, resumed.stderr
     assert read_trace(cut).finished
-    assert len(json.loads(resumed.stdout)["steps"]) == trace.header["document"]["chunks"]
+    assert len(json.loads(resumed.stdout)["steps"]) == trace.header.total_steps
 
 
 def test_an_unreachable_server_is_one_sentence(memagent, tmp_path):

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from conftest import ScriptedBackend
 
 from memagent_cli import protocol
-from memagent_cli.backends import Generation, Sampling
 from memagent_cli.chunking import make_chunks
 from memagent_cli.errors import BudgetError
 from memagent_cli.reader import (
@@ -17,33 +17,6 @@ from memagent_cli.reader import (
     context_needed,
     read,
 )
-
-
-class ScriptedBackend:
-    """Replies from a list and records every message it was sent (one token per byte)."""
-
-    name = "scripted"
-
-    def __init__(self, replies: list[str], context_limit: int = 8192) -> None:
-        self.replies = list(replies)
-        self.messages: list[tuple[str, int]] = []
-        self.context_limit = context_limit
-
-    def tokenize(self, text: str) -> list[int]:
-        return list(text.encode())
-
-    def detokenize(self, tokens) -> bytes:
-        return bytes(tokens)
-
-    def chat_overhead(self) -> int:
-        return 10
-
-    def prepare(self, context_tokens: int) -> None:
-        pass
-
-    def generate(self, message: str, *, max_tokens: int, sampling: Sampling) -> Generation:
-        self.messages.append((message, max_tokens))
-        return Generation(self.replies.pop(0), len(message), 5, 0.1, 0.2, "stop")
 
 
 def test_memory_is_overwritten_and_the_answer_comes_from_the_last_memory():

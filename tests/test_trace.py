@@ -10,12 +10,38 @@ import pytest
 from memagent_cli.backends import Generation
 from memagent_cli.chunking import make_chunks
 from memagent_cli.reader import Answer, Finished, Step, StepFinished
-from memagent_cli.trace import FORMAT_VERSION, TraceError, TraceWriter, read_trace
+from memagent_cli.trace import (
+    FORMAT_VERSION,
+    Header,
+    Interruption,
+    StepRecord,
+    TraceError,
+    TraceWriter,
+    read_trace,
+)
+
+
+def header(chunks: int = 3, question: str = "q") -> Header:
+    return Header(
+        question=question,
+        document={
+            "path": "d.txt",
+            "sha256": "ab" * 32,
+            "format": "text",
+            "tokens": 12,
+            "chunks": chunks,
+        },
+        model={"path": "/m.gguf", "name": "m", "size": 1},
+        settings={"chunk_tokens": 4, "memory_tokens": 8, "temperature": 0.0, "seed": None},
+        templates_sha256={"update": "cd" * 32, "final": "ef" * 32},
+        created="2026-01-01T00:00:00+00:00",
+        memagent="0.1.0",
+    )
 
 
 def write_run(path: Path, steps: int, finish: bool) -> list[Step]:
     chunks = make_chunks(list(b"x" * (steps * 4)), 4, bytes)
-    writer = TraceWriter(path, {"question": "q"}, lambda a, b: f"p. {a}")
+    writer = TraceWriter(path, header(steps), lambda a, b: f"p. {a}")
     done = []
     for chunk in chunks:
         gen = Generation(f"memory {chunk.index}", 40, 7, 0.1, 0.3, "stop")
@@ -34,18 +60,30 @@ def test_a_finished_run_reads_back_whole(tmp_path):
     path = tmp_path / "t.jsonl"
     write_run(path, 3, finish=True)
     trace = read_trace(path)
-    assert trace.header["question"] == "q" and trace.header["format"] == FORMAT_VERSION
-    assert [s["index"] for s in trace.steps] == [0, 1, 2]
-    assert trace.steps[1]["memory"] == "memory 1"
-    assert trace.steps[1]["tokens"] == [4, 8] and trace.steps[1]["span"] == "p. 4"
-    assert trace.final["answer"] == "yes" and trace.finished
+    assert trace.header.question == "q" and trace.header.format == FORMAT_VERSION
+    assert [s.index for s in trace.steps] == [0, 1, 2]
+    assert trace.steps[1].memory == "memory 1"
+    assert trace.steps[1].tokens == (4, 8) and trace.steps[1].span == "p. 4"
+    assert trace.final.answer == "yes" and trace.finished
+    assert str(trace.status) == "finished"
     assert not trace.problems
+
+
+def test_a_step_becomes_a_record_and_the_record_the_same_step(tmp_path):
+    path = tmp_path / "t.jsonl"
+    done = write_run(path, 3, finish=True)
+    again = [
+        record.to_step(step.chunk)
+        for record, step in zip(read_trace(path).steps, done, strict=True)
+    ]
+    rounded = [StepRecord.of(step, "p. 0").to_step(step.chunk) for step in done]
+    assert again == rounded
 
 
 def test_each_step_is_on_disk_before_the_next_one(tmp_path):
     path = tmp_path / "t.jsonl"
     chunks = make_chunks(list(b"abcd"), 2, bytes)
-    writer = TraceWriter(path, {"question": "q"})
+    writer = TraceWriter(path, header(2))
     writer(StepFinished(Step(chunks[0], "m", Generation("m", 1, 1, 0, 0, "stop")), 2))
     # Not closed: a crash now must still leave the step readable.
     assert len(read_trace(path).steps) == 1
@@ -57,7 +95,8 @@ def test_an_interrupted_run_says_where_it_stopped(tmp_path):
     write_run(path, 2, finish=False)
     trace = read_trace(path)
     assert not trace.finished
-    assert trace.interrupted == {"type": "interrupted", "reason": "SIGINT", "steps_done": 2}
+    assert trace.interruption == Interruption("SIGINT", 2)
+    assert str(trace.status) == "interrupted (SIGINT) after 2 of 2 steps"
 
 
 def test_a_trace_cut_in_the_middle_of_a_line(tmp_path):
@@ -68,22 +107,16 @@ def test_a_trace_cut_in_the_middle_of_a_line(tmp_path):
     cut = b"\n".join(lines[:3]) + b"\n" + lines[3][: len(lines[3]) // 2]
     path.write_bytes(cut)
     trace = read_trace(path)
-    assert [s["index"] for s in trace.steps] == [0, 1]
+    assert [s.index for s in trace.steps] == [0, 1]
     assert not trace.finished
     assert trace.problems and "cut short" in trace.problems[0]
 
 
-def test_an_older_format_is_read_as_far_as_it_goes(tmp_path):
+def test_another_format_is_refused_with_its_number(tmp_path):
     path = tmp_path / "t.jsonl"
-    path.write_text(
-        json.dumps({"type": "header", "format": 0, "question": "q"})
-        + "\n"
-        + json.dumps({"type": "step", "index": 0, "memory": "m"})
-        + "\n"
-    )
-    trace = read_trace(path)
-    assert len(trace.steps) == 1
-    assert "format 0" in trace.problems[0]
+    path.write_text(json.dumps({"type": "header", "format": 0, "question": "q"}) + "\n")
+    with pytest.raises(TraceError, match="format 0; this memagent reads format 1"):
+        read_trace(path)
 
 
 @pytest.mark.parametrize(
@@ -99,3 +132,123 @@ def test_a_file_that_is_not_a_trace(tmp_path, content):
 def test_a_missing_trace(tmp_path):
     with pytest.raises(TraceError, match="not found"):
         read_trace(tmp_path / "nope.jsonl")
+
+
+def lines_of(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def rewrite(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+@pytest.mark.parametrize(
+    "line, field, value",
+    [
+        (1, "document", "book.txt"),
+        (1, "created", 1_700_000_000),
+        (2, "tokens", "0-4"),
+        (2, "memory", None),
+        (5, "evidence", "step 1"),
+        (5, "answer", 42),
+    ],
+)
+def test_a_record_with_a_field_of_the_wrong_type_names_its_line(tmp_path, line, field, value):
+    path = tmp_path / "t.jsonl"
+    write_run(path, 3, finish=True)
+    records = lines_of(path)
+    records[line - 1][field] = value
+    with pytest.raises(TraceError, match=f"line {line} has a '{field}' field of the wrong type"):
+        read_trace(rewrite(path, records))
+
+
+def test_a_step_without_its_memory_names_its_line(tmp_path):
+    path = tmp_path / "t.jsonl"
+    write_run(path, 3, finish=True)
+    records = lines_of(path)
+    del records[2]["memory"]
+    with pytest.raises(TraceError, match="line 3 has no 'memory' field"):
+        read_trace(rewrite(path, records))
+
+
+@pytest.mark.parametrize(
+    "junk",
+    ["[" * 200_000 + "]" * 200_000, '{"type": "step", "index": ' + "9" * 5000 + "}"],
+    ids=["200000-deep nesting", "5000-digit number"],
+)
+def test_absurd_json_is_a_skipped_line(tmp_path, junk):
+    path = tmp_path / "t.jsonl"
+    write_run(path, 3, finish=True)
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:2]) + junk + "\n" + "".join(lines[2:]))
+    trace = read_trace(path)
+    assert [s.index for s in trace.steps] == [0, 1, 2] and trace.finished
+    assert trace.problems == ["line 3 is not a trace record and was skipped"]
+
+
+def test_steps_out_of_order_or_twice_are_skipped_and_said(tmp_path):
+    path = tmp_path / "t.jsonl"
+    write_run(path, 3, finish=True)
+    records = lines_of(path)
+    # header, step 3, step 1, step 1 again, step 2, step 3, final
+    rewrite(path, [records[0], records[3], records[1], records[1], *records[2:]])
+    trace = read_trace(path)
+    assert [s.index for s in trace.steps] == [0, 1, 2]
+    assert trace.steps[0].memory == "memory 0"
+    assert trace.problems == [
+        "a record of step 3 came where step 1 was due and was skipped",
+        "a record of step 1 came where step 2 was due and was skipped",
+    ]
+
+
+def test_a_header_alone_is_a_run_not_started(tmp_path):
+    path = tmp_path / "t.jsonl"
+    TraceWriter(path, header(5)).close()
+    trace = read_trace(path)
+    assert trace.status.state == "not started" and not trace.steps
+    assert str(trace.status).startswith("not started: 0 of 5 steps")
+
+
+def test_a_fresh_run_never_writes_into_an_existing_trace(tmp_path):
+    path = tmp_path / "t.jsonl"
+    write_run(path, 2, finish=True)
+    before = path.read_bytes()
+    with pytest.raises(TraceError, match=f"already exists; continue its run with --resume {path}"):
+        TraceWriter(path, header(2))
+    assert path.read_bytes() == before
+
+
+def test_a_second_run_in_one_file_is_not_merged_into_the_first(tmp_path):
+    # What older versions wrote for `ask --trace SAME` twice.
+    first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    write_run(first, 2, finish=False)
+    write_run(second, 3, finish=True)
+    first.write_text(first.read_text() + second.read_text())
+    trace = read_trace(first)
+    assert len(trace.steps) == 2 and not trace.finished
+    assert "a second run starts later in the file" in trace.problems[0]
+
+
+def test_a_fifo_or_a_folder_is_not_read_as_a_trace(tmp_path):
+    import os
+
+    fifo = tmp_path / "pipe.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(TraceError, match="is not a regular file"):
+        read_trace(fifo)  # would block forever if opened
+    with pytest.raises(TraceError, match="is not a regular file"):
+        read_trace(tmp_path)
+
+
+def test_a_huge_line_is_skipped_in_bounded_memory(tmp_path, monkeypatch):
+    from memagent_cli.trace import file
+
+    monkeypatch.setattr(file, "MAX_LINE_BYTES", 1000)
+    path = tmp_path / "t.jsonl"
+    write_run(path, 2, finish=True)
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:2]) + "x" * 5000 + "\n" + "".join(lines[2:]))
+    trace = read_trace(path)
+    assert [s.index for s in trace.steps] == [0, 1] and trace.finished
+    assert trace.problems == ["line 3 is longer than 1,000 bytes and was skipped"]

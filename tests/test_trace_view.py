@@ -12,13 +12,13 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import MEMAGENT
+from conftest import MEMAGENT, assert_clean_failure, words
 
 from memagent_cli.backends import Generation, Sampling
 from memagent_cli.chunking import make_chunks
 from memagent_cli.documents import assemble
 from memagent_cli.reader import Settings, Step, read
-from memagent_cli.trace import TraceWriter
+from memagent_cli.trace import Header, TraceWriter
 
 QUESTION = "What is the password for the vault?"
 PAGES = [
@@ -60,12 +60,12 @@ def book():
     return assemble(PAGES, path="/books/tower.pdf", format="pdf", sha256="ab" * 32, unit="page")
 
 
-def header(document, chunks, question: str = QUESTION) -> dict:
-    return {
-        "created": "2025-03-01T10:00:00+00:00",
-        "memagent": "0.1.0",
-        "question": question,
-        "document": {
+def header(document, chunks, question: str = QUESTION) -> Header:
+    return Header(
+        created="2025-03-01T10:00:00+00:00",
+        memagent="0.1.0",
+        question=question,
+        document={
             "path": document.path,
             "sha256": document.sha256,
             "format": document.format,
@@ -73,8 +73,8 @@ def header(document, chunks, question: str = QUESTION) -> dict:
             "tokens": len(document.text.encode()),
             "chunks": len(chunks),
         },
-        "model": {"path": "/models/tiny.gguf", "name": "tiny-model", "size": 2**28},
-        "settings": {
+        model={"path": "/models/tiny.gguf", "name": "tiny-model", "size": 2**28},
+        settings={
             "chunk_tokens": CHUNK,
             "memory_tokens": 64,
             "temperature": 0.0,
@@ -84,8 +84,8 @@ def header(document, chunks, question: str = QUESTION) -> dict:
             "threads": 2,
             "gpu_layers": 0,
         },
-        "templates_sha256": "cd" * 32,
-    }
+        templates_sha256={"update": "cd" * 32, "final": "ef" * 32},
+    )
 
 
 def write_trace(
@@ -147,16 +147,6 @@ def ok(result) -> str:
     return result.stdout
 
 
-def fails(result, *phrases: str) -> None:
-    """One clear sentence on stderr, exit 1, nothing on stdout."""
-    assert result.returncode == 1, (result.stdout, result.stderr)
-    assert result.stdout == ""
-    assert "Traceback" not in result.stderr
-    said = " ".join(result.stderr.split())
-    for phrase in phrases:
-        assert phrase in said, result.stderr
-
-
 @pytest.fixture
 def finished(env) -> Path:
     return write_trace(traces_dir(env) / "run.jsonl")
@@ -202,10 +192,16 @@ def test_step_1_is_the_first_chunk_and_the_last_step_is_the_number_of_steps(mema
 
 
 def test_a_step_out_of_range_is_one_sentence(memagent, finished):
-    fails(memagent("trace", str(finished), "--step", "6"), "no step 6", "steps 1 to 5")
-    fails(memagent("trace", str(finished), "--step", "0"), "no step 0", "steps 1 to 5")
-    fails(memagent("trace", str(finished), "--diff", "0"), "no step 0", "steps 1 to 5")
-    fails(memagent("trace", str(finished), "--diff", "-1"), "no step -1")
+    assert_clean_failure(
+        memagent("trace", str(finished), "--step", "6"), 1, "no step 6", "steps 1 to 5"
+    )
+    assert_clean_failure(
+        memagent("trace", str(finished), "--step", "0"), 1, "no step 0", "steps 1 to 5"
+    )
+    assert_clean_failure(
+        memagent("trace", str(finished), "--diff", "0"), 1, "no step 0", "steps 1 to 5"
+    )
+    assert_clean_failure(memagent("trace", str(finished), "--diff", "-1"), 1, "no step -1")
 
 
 def test_diff_shows_words_dropped_and_added(memagent, finished):
@@ -287,20 +283,23 @@ def test_list_shows_traces_newest_first(memagent, env):
     result = memagent("trace", "--list")
     out = ok(result)
     rows = [line for line in out.splitlines() if ".jsonl" in line]
-    assert [r.split()[-1] for r in rows] == ["c.jsonl", "a.jsonl", "b.jsonl"]
+    assert [r.split()[-1] for r in rows] == ["c.jsonl", "a.jsonl", "b.jsonl", "junk.jsonl"]
     assert "Where is the vault?" in rows[0] and "5/5" in rows[0] and "finished" in rows[0]
     assert "PELICAN" in rows[0] and "tiny-model" in rows[0] and "tower.pdf" in rows[0]
     assert "2/5" in rows[2] and "interrupted (SIGINT)" in rows[2]
-    assert "skipped junk.jsonl" in result.stderr
+    assert "junk.jsonl cannot be read" in words(result.stderr)
+    junk = [line for line in out.splitlines() if "junk.jsonl" in line]
+    assert junk and "unreadable" in junk[0]  # listed, and the others still are
 
     listed = json.loads(ok(memagent("trace", "--list", "--json")))
-    assert [Path(t["path"]).name for t in listed] == ["c.jsonl", "a.jsonl", "b.jsonl"]
+    assert [Path(t["path"]).name for t in listed] == ["c.jsonl", "a.jsonl", "b.jsonl", "junk.jsonl"]
+    assert listed[3]["status"] == "unreadable" and "not a memagent trace" in listed[3]["error"]
     assert listed[2]["status"] == "interrupted" and listed[2]["steps_done"] == 2
     assert listed[2]["steps_total"] == 5 and listed[2]["answer"] is None
 
 
 def test_no_traces_yet(memagent):
-    fails(memagent("trace"), "no traces in", "memagent ask")
+    assert_clean_failure(memagent("trace"), 1, "no traces in", "memagent ask")
 
 
 def test_an_interrupted_trace_says_how_far_it_got(memagent, tmp_path):
@@ -367,47 +366,65 @@ def test_a_resumed_run_interrupted_again_says_how_far_it_got(memagent, env):
     assert "nterrupted" not in out
 
 
-def test_a_run_restarted_before_its_first_step_is_not_shown_as_interrupted(memagent, tmp_path):
-    # `ask --resume` of a run stopped before any step starts it again with a new header.
-    path = write_trace(tmp_path / "t.jsonl", replies=[])
-    write_trace(path)
-    lines = path.read_text().splitlines(keepends=True)
-    assert json.loads(lines[-1])["type"] == "final"
-    assert "Answer: PELICAN" in ok(memagent("trace", str(path)))
-    path.write_text("".join(lines[:-2]))  # the restarted run is still at its fifth step
+def test_a_run_stopped_before_its_first_step_shows_as_not_started(memagent, tmp_path):
+    document = book()
+    chunks = make_chunks(list(document.text.encode()), CHUNK, bytes)
+    path = tmp_path / "t.jsonl"
+    TraceWriter(path, header(document, chunks), span_of=document.span).close()
     out = ok(memagent("trace", str(path)))
-    assert step_rows(out) == ["1", "2", "3", "4"]
-    assert "Unfinished: unfinished: 4 of 5 steps" in out and "nterrupted" not in out
+    assert "Unfinished: not started: 0 of 5 steps" in out
+    assert_clean_failure(memagent("trace", str(path), "--step", "1"), 1, "has no steps yet")
+    assert "Status:** not started" in ok(memagent("trace", str(path), "--markdown"))
+    assert json.loads(ok(memagent("trace", str(path), "--json")))["status"] == "not started"
 
 
-def test_an_older_format_is_shown_with_a_note(memagent, tmp_path):
+def test_out_of_order_steps_are_warned_about_and_step_1_is_step_1(memagent, tmp_path):
+    path = write_trace(tmp_path / "t.jsonl")
+    lines = path.read_text().splitlines(keepends=True)
+    # header, step 3, steps 1-5, final: the stray step 3 is skipped and said.
+    path.write_text(lines[0] + lines[3] + "".join(lines[1:]))
+    result = memagent("trace", str(path), "--step", "1")
+    assert ok(result).splitlines()[0].startswith("memory after step 1, ")
+    assert "a record of step 3 came where step 1 was due" in words(result.stderr)
+
+
+def test_an_older_format_is_refused_with_a_sentence(memagent, tmp_path):
     path = tmp_path / "old.jsonl"
-    path.write_text(
-        json.dumps({"type": "header", "format": 0, "question": "Old question?"})
-        + "\n"
-        + json.dumps({"type": "step", "index": 0, "memory": "an old memory"})
-        + "\n"
-        + json.dumps({"type": "final", "answer": "old answer", "reply": "\\boxed{old answer}"})
-        + "\n"
+    path.write_text(json.dumps({"type": "header", "format": 0, "question": "Old?"}) + "\n")
+    assert_clean_failure(
+        memagent("trace", str(path)), 1, "trace of format 0; this memagent reads format 1"
     )
-    result = memagent("trace", str(path))
-    out = ok(result)
-    assert "Question: Old question?" in out and "Answer: old answer" in out
-    assert [line.split() for line in out.splitlines() if line.strip()[:1].isdigit()] == [
-        ["1", "+2", "-2"]
-    ]
-    assert "trace format 0 is not 1" in result.stderr
-    assert ok(memagent("trace", str(path), "--step", "1")).endswith("an old memory\n")
+
+
+@pytest.mark.parametrize("field, value", [("document", "tower.pdf"), ("created", 12345)])
+def test_a_header_field_of_the_wrong_type_is_one_sentence_in_every_view(
+    memagent, tmp_path, field, value
+):
+    path = write_trace(tmp_path / "t.jsonl")
+    lines = path.read_text().splitlines(keepends=True)
+    first = json.loads(lines[0])
+    first[field] = value
+    path.write_text(json.dumps(first) + "\n" + "".join(lines[1:]))
+    for view in ([], ["--step", "1"], ["--json"], ["--markdown"], ["--grep", "x"]):
+        assert_clean_failure(
+            memagent("trace", str(path), *view), 1, f"line 1 has a '{field}' field"
+        )
+
+
+def test_a_fifo_is_refused_not_waited_on(memagent, tmp_path):
+    fifo = tmp_path / "pipe.jsonl"
+    os.mkfifo(fifo)
+    assert_clean_failure(memagent("trace", str(fifo), timeout=20), 1, "is not a regular file")
 
 
 def test_a_file_that_is_not_a_trace(memagent, tmp_path):
     path = tmp_path / "notes.txt"
     path.write_text("just some notes\n")
-    fails(memagent("trace", str(path)), "is not a memagent trace")
+    assert_clean_failure(memagent("trace", str(path)), 1, "is not a memagent trace")
 
 
 def test_a_missing_trace(memagent, tmp_path):
-    fails(memagent("trace", str(tmp_path / "nope.jsonl")), "Trace not found")
+    assert_clean_failure(memagent("trace", str(tmp_path / "nope.jsonl")), 1, "Trace not found")
 
 
 def test_views_do_not_combine(memagent, finished):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
@@ -26,10 +26,20 @@ class Generation:
     prompt_seconds: float  # time to read the prompt (first token out)
     seconds: float  # whole call
     finish_reason: str  # "stop" or "length"
+    drafted: int = 0  # tokens proposed by speculative decoding
+    accepted: int = 0  # of those, the ones the model itself would have produced
 
     @property
     def generation_seconds(self) -> float:
         return max(self.seconds - self.prompt_seconds, 0.0)
+
+
+@dataclass(frozen=True)
+class Description:
+    """What a backend says about itself in the trace header and in `--json`."""
+
+    model: dict[str, Any]  # path, name, size: the weights (resuming needs the same)
+    engine: dict[str, Any]  # how they run: backend kind, threads, offload
 
 
 class Backend(Protocol):
@@ -48,6 +58,10 @@ class Backend(Protocol):
 
     def chat_overhead(self) -> int:
         """Tokens the chat template adds around one user message, generation prompt included."""
+        ...
+
+    def describe(self) -> Description:
+        """The model and engine, for the trace header and `--json`."""
         ...
 
     def prepare(self, context_tokens: int) -> None:

@@ -3,19 +3,23 @@ llama-cpp-python's server): the same protocol over `/v1/chat/completions`."""
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from memagent_cli.backends import Generation, Sampling
+import httpx
+import tenacity
+
+from memagent_cli.backends import Description, Generation, Sampling
+from memagent_cli.backends.factory import DEFAULT_TIMEOUT
 from memagent_cli.errors import UserError
 
-# Transient failures are retried after these pauses (seconds), then reported.
-_BACKOFF = (1.0, 2.0, 4.0, 8.0)
+# Transient failures (the server restarting, overloaded, or dropping a connection) are
+# retried after 1, 2, 4 and 8 seconds, then reported. A call that times out is not: a server
+# that does not answer within --timeout will not answer the same call sooner next time.
+_RETRIES = 4
 _RETRY_STATUS = {408, 429, 500, 502, 503, 504}
+_TRANSIENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.ReadError, httpx.RemoteProtocolError)
 _UNKNOWN_CONTEXT = 10**9
 
 
@@ -36,24 +40,32 @@ class OpenAIBackend:
         api_key: str | None = None,
         served_model: str | None = None,
         encoding: str = "cl100k_base",
-        timeout: float = 600.0,
+        timeout: float = DEFAULT_TIMEOUT,
         note: Callable[[str], None] = lambda message: None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         if not self.base_url.endswith("/v1"):
             self.base_url += "/v1"
         self._root = self.base_url[: -len("/v1")]
-        self._api_key = api_key
         self._timeout = timeout
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.Client(
+            headers=headers, timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0))
+        )
+        self._retrying = tenacity.Retrying(
+            stop=tenacity.stop_after_attempt(_RETRIES + 1),
+            wait=tenacity.wait_exponential(multiplier=1, min=1, max=8),
+            retry=tenacity.retry_if_exception_type(_TRANSIENT)
+            | tenacity.retry_if_result(lambda response: response.status_code in _RETRY_STATUS),
+            retry_error_callback=lambda state: state.outcome.result(),  # the last answer
+            reraise=True,
+        )
         # No retries at first contact: a server that is not there should be said at once.
         served = self._request(f"{self.base_url}/models", retry=False).get("data") or []
         if not served and not served_model:
             raise BackendError(f"The server at {self._root} serves no model; pass --served-model.")
         self.served_model = served_model or str(served[0]["id"])
         self.name = self.served_model
-        self.path = f"{self.base_url} ({self.served_model})"
-        self.threads = 0
-        self.gpu_layers = 0
         self.context_limit = self._context_limit(served)
         self._tokenizer = self._find_tokenizer(encoding, note)
 
@@ -62,36 +74,46 @@ class OpenAIBackend:
         self, url: str, body: dict[str, Any] | None = None, *, retry: bool = True
     ) -> dict[str, Any]:
         """One JSON request, retried with backoff while the failure looks transient."""
-        data = None if body is None else json.dumps(body).encode()
-        headers = {"Content-Type": "application/json"}
-        if self._api_key:
-            headers["Authorization"] = f"Bearer {self._api_key}"
-        for attempt, pause in enumerate((*_BACKOFF, None) if retry else (None,)):
-            request = urllib.request.Request(url, data=data, headers=headers)
-            try:
-                with urllib.request.urlopen(request, timeout=self._timeout) as response:
-                    return json.loads(response.read())
-            except urllib.error.HTTPError as exc:
-                detail = _error_detail(exc)
-                if exc.code not in _RETRY_STATUS or pause is None:
-                    raise BackendError(
-                        f"The server at {self._root} answered HTTP {exc.code} to "
-                        f"{url.removeprefix(self._root)}: {detail}."
-                    ) from None
-            except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
-                reason = getattr(exc, "reason", exc)
-                if pause is None:
-                    raise BackendError(
-                        f"Cannot reach the server at {self._root} ({reason}) after "
-                        f"{attempt + 1} tries; is it running?"
-                    ) from None
-            except json.JSONDecodeError:
+        where = url.removeprefix(self._root)
+
+        def send() -> httpx.Response:
+            if body is None:
+                return self._client.get(url)
+            return self._client.post(url, json=body)
+
+        try:
+            response = self._retrying(send) if retry else send()
+        except httpx.TimeoutException as exc:
+            if isinstance(exc, httpx.ConnectTimeout):
                 raise BackendError(
-                    f"The server at {self._root} did not answer JSON at "
-                    f"{url.removeprefix(self._root)}; is --base-url right?"
+                    f"Cannot reach the server at {self._root}: it did not "
+                    "accept the connection; is it running?"
                 ) from None
-            time.sleep(pause)  # transient: wait and try again
-        raise AssertionError("unreachable")
+            raise BackendError(
+                f"The server at {self._root} did not answer {where} within {self._timeout:g} "
+                "seconds (--timeout)."
+            ) from None
+        except httpx.HTTPError as exc:
+            tries = f" after {_RETRIES + 1} tries" if retry else ""
+            raise BackendError(
+                f"Cannot reach the server at {self._root} ({type(exc).__name__}: "
+                f"{str(exc) or 'no answer'}){tries}; is it running?"
+            ) from None
+        if response.is_error:
+            raise BackendError(
+                f"The server at {self._root} answered HTTP {response.status_code} to {where}: "
+                f"{_error_detail(response)}."
+            )
+        try:
+            payload = response.json()
+        except ValueError:
+            payload = None
+        if not isinstance(payload, dict):
+            raise BackendError(
+                f"The server at {self._root} did not answer a JSON object at {where}; is "
+                "--base-url right?"
+            )
+        return payload
 
     def _context_limit(self, served: list[dict[str, Any]]) -> int:
         """The served context when the server tells it (vLLM's max_model_len, llama-server's
@@ -119,7 +141,9 @@ class OpenAIBackend:
             "The server has no tokenize endpoint: chunks are cut with tiktoken "
             f"{encoding}, so their sizes in the model's tokens are approximate."
         )
-        return _TiktokenTokenizer(encoding)
+        from memagent_cli.tokenizers import TiktokenTokenizer
+
+        return TiktokenTokenizer(encoding)
 
     def tokenize(self, text: str) -> list[int]:
         return self._tokenizer.tokenize(text)
@@ -129,6 +153,12 @@ class OpenAIBackend:
 
     def chat_overhead(self) -> int:
         return 16  # a typical chat template's wrapping; the server enforces the real limit
+
+    def describe(self) -> Description:
+        return Description(
+            model={"path": self.base_url, "name": self.served_model, "size": None},
+            engine={"backend": "openai"},
+        )
 
     def prepare(self, context_tokens: int) -> None:
         return None
@@ -174,15 +204,15 @@ class OpenAIBackend:
         )
 
 
-def _error_detail(exc: urllib.error.HTTPError) -> str:
+def _error_detail(response: httpx.Response) -> str:
     try:
-        payload = json.loads(exc.read() or b"{}")
-    except (ValueError, OSError):
-        return exc.reason or "error"
-    error = payload.get("error", payload.get("detail", exc.reason))
+        payload = response.json()
+    except ValueError:
+        return response.reason_phrase or "error"
+    error = payload.get("error", payload.get("detail")) if isinstance(payload, dict) else None
     if isinstance(error, dict):
         error = error.get("message", error)
-    return str(error).strip().rstrip(".") or "error"
+    return str(error or response.reason_phrase).strip().rstrip(".") or "error"
 
 
 class _Tokenizer:
@@ -252,16 +282,3 @@ class _LlamaCppPythonTokenizer(_Tokenizer):
 
     def _detokenize_body(self, tokens: list[int]) -> dict[str, Any]:
         return {"tokens": tokens, "model": self._backend.served_model}
-
-
-class _TiktokenTokenizer:
-    def __init__(self, name: str) -> None:
-        from memagent_cli import tokenizers
-
-        self._encoding = tokenizers.encoding(name)
-
-    def tokenize(self, text: str) -> list[int]:
-        return self._encoding.encode_ordinary(text)
-
-    def detokenize(self, tokens: Sequence[int]) -> bytes:
-        return self._encoding.decode_bytes(list(tokens))

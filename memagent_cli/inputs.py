@@ -1,0 +1,84 @@
+"""What `ask` was given to read: documents (a file, stdin, a folder, a list of paths) and
+questions (arguments or a file), found and read with bounds, before any model is touched."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path, PurePath
+
+from memagent_cli import display
+from memagent_cli.documents import Document, load_document
+from memagent_cli.errors import DocumentError, UserError
+
+SUPPORTED_SUFFIXES = {".txt", ".md", ".markdown", ".text", ".rst", ".pdf", ".epub"}
+MAX_LIST_BYTES = 16 << 20  # a questions or documents file; far more than anyone types
+
+
+def read_list(path: Path, what: str) -> list[str]:
+    """The non-empty lines of a questions or documents file (`what` names it), refusing
+    anything that is not a regular text file of a sane size."""
+    name = f"{what.capitalize()} file"
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        raise UserError(f"{name} not found: {path}") from None
+    except OSError as exc:
+        raise UserError(f"Cannot read {what} file {path}: {exc.strerror}.") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise UserError(f"{name} {path} is not a regular file; give a text file, one per line.")
+    if info.st_size > MAX_LIST_BYTES:
+        raise UserError(f"{name} {path} is {info.st_size:,} bytes; the limit is 16 MB.")
+    try:
+        data = path.read_bytes()[:MAX_LIST_BYTES]
+        if b"\0" in data:
+            raise UnicodeDecodeError("utf-8", data, 0, 1, "NUL byte")
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"{name} {path} is not UTF-8 text, so it holds no {what}.") from None
+    except OSError as exc:
+        raise UserError(f"Cannot read {what} file {path}: {exc.strerror}.") from None
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def document_paths(argument: str, listing: Path | None, pattern: str | None) -> list[str]:
+    """The documents to read: DOCUMENT (a file, `-`, or a folder searched recursively for
+    supported files, filtered by `pattern` inside the folder) plus the paths in `listing`."""
+    paths: list[str] = []
+    if argument:
+        folder = Path(argument)
+        if argument != "-" and folder.is_dir():
+            paths += _in_folder(folder, pattern)
+        else:
+            paths.append(argument)
+    if listing is not None:
+        paths += read_list(listing, "documents")
+    return paths
+
+
+def _in_folder(folder: Path, pattern: str | None) -> list[str]:
+    if pattern is not None and (PurePath(pattern).is_absolute() or ".." in PurePath(pattern).parts):
+        raise UserError(f"--glob {pattern} reaches outside {folder}; patterns match inside it.")
+    root = folder.resolve()
+    found = sorted(
+        str(p)
+        for p in folder.rglob(pattern or "*")
+        if p.is_file()
+        and (pattern or p.suffix.lower() in SUPPORTED_SUFFIXES)
+        and p.resolve().is_relative_to(root)
+    )
+    if not found:
+        matching = f" matching {pattern}" if pattern else ""
+        raise DocumentError(f"{folder} holds no supported documents{matching}.")
+    return found
+
+
+def read_document(path: str, *, password: str | None, quiet: bool) -> Document:
+    """Load a document, showing extraction progress on stderr when it takes a while."""
+    with display.extraction_progress(quiet, path) as progress:
+        document = load_document(path, password=password, progress=progress)
+    if document.pages_without_text and not quiet:
+        display.note(
+            f"{document.pages_without_text} of {document.pages} pages have no text layer "
+            "(scanned or images) and were skipped."
+        )
+    return document

@@ -1,0 +1,200 @@
+"""One question about one document: answered from a finished trace (cache), or read,
+continuing an interrupted run (resume), with the trace written step by step."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from memagent_cli import display, trace
+from memagent_cli.errors import Interrupted, UserError
+from memagent_cli.reader import Answer, Event, Step, StepFinished, StepStarted, read
+from memagent_cli.session import Session
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How one question is run, apart from the model and the document."""
+
+    trace: Path | None = None  # where a fresh run writes its trace; None writes none
+    resume: Path | None = None  # continue this interrupted trace
+    resume_latest: bool = False  # continue the newest unfinished trace of the same run
+    use_cache: bool = True  # answer an identical greedy run from its finished trace
+    quiet: bool = False
+    label: str = ""  # prefixes progress lines when several runs share stderr
+    cancel: threading.Event | None = None  # set: stop before the next step
+
+
+@dataclass
+class Result:
+    """One answered question, with everything `--json` reports."""
+
+    answer: Answer
+    session: Session
+    seconds: float
+    trace_path: Path | None
+    cached: bool = False  # answered from a finished trace, without reading
+
+    def stdout_line(self) -> str:
+        if self.answer.answer is not None:
+            return " ".join(self.answer.answer.split())
+        return self.answer.reply.strip()
+
+    def to_json(self) -> dict[str, Any]:
+        """The answer with the same records the trace holds, and the run's speeds."""
+        s, a = self.session, self.answer
+        calls = [step.generation for step in a.steps] + [a.final]
+        prompt_seconds = sum(g.prompt_seconds for g in calls)
+        generation_seconds = sum(g.generation_seconds for g in calls)
+        steps = [trace.StepRecord.of(step, _span(s, step)).to_json() for step in a.steps]
+        final = trace.FinalRecord.of(a, s.span_of).to_json()
+        return {
+            "answer": a.answer,
+            "reply": a.reply,
+            "question": a.question,
+            "document": s.document_record(),
+            "model": s.engine.model_record,
+            "settings": s.engine.settings_record(),
+            "steps": [{k: v for k, v in step.items() if k != "type"} for step in steps],
+            "final": {k: v for k, v in final.items() if k not in ("type", "reply", "answer")},
+            "evidence": final["evidence"],
+            "seconds": round(self.seconds, 3),
+            "tokens_per_second": {
+                "prompt": _rate(sum(g.prompt_tokens for g in calls), prompt_seconds),
+                "generation": _rate(sum(g.completion_tokens for g in calls), generation_seconds),
+            },
+            "trace": str(self.trace_path) if self.trace_path else None,
+            "cached": self.cached,
+        }
+
+
+class Stopped(Exception):
+    """A run ended before its answer: interrupted, or the backend failed. The trace keeps
+    every finished step."""
+
+    def __init__(
+        self, reason: str, exit_code: int, done: int, total: int, trace_path: Path | None
+    ) -> None:
+        super().__init__(reason)
+        self.reason, self.exit_code = reason, exit_code
+        self.done, self.total, self.trace_path = done, total, trace_path
+
+    @property
+    def message(self) -> str:
+        kept = f"; the trace {self.trace_path} keeps them" if self.trace_path else ""
+        progress = f"after {self.done} of {self.total} steps{kept}."
+        if self.exit_code == 130:
+            return f"Interrupted ({self.reason}) {progress}"
+        return f"{self.reason.rstrip('.')}. Stopped {progress}"
+
+
+def ask(session: Session, question: str, options: RunOptions) -> Result:
+    """Answer `question` about the session's document; Stopped when the run ends early."""
+    start = time.perf_counter()
+    note = (lambda message: None) if options.quiet else display.note
+    header = session.header(question)
+    earlier = _earlier_run(header, options)
+    if earlier is not None and earlier.finished:
+        if options.resume or options.resume_latest:
+            note(f"{earlier.path} is already finished; its answer follows.")
+        else:
+            note(f"answered from the finished trace {earlier.path} (--no-cache reads again)")
+        return _result_from(session, earlier, start)
+    done = _steps_of(session, earlier) if earlier else []
+    trace_path = earlier.path if earlier else options.trace
+    session.engine.prepare()
+    writer = None
+    if trace_path is not None:
+        resume_from = len(done) if earlier else None
+        writer = trace.TraceWriter(trace_path, header, session.span_of, resume_from=resume_from)
+        note(f"resuming {trace_path} after step {len(done)}" if earlier else f"trace: {trace_path}")
+    finished = len(done)
+
+    def listener(event: Event) -> None:
+        nonlocal finished
+        if isinstance(event, StepStarted) and options.cancel and options.cancel.is_set():
+            raise Interrupted("SIGINT")
+        if isinstance(event, StepFinished):
+            finished += 1
+        if writer is not None:
+            writer(event)
+        view(event)
+
+    name = Path(session.document.path).name
+    title = f"{name} · {session.engine.model_record['name']} · {question}"
+    view = display.progress_view(
+        options.quiet, session.span_of, len(session.tokens), title, options.label
+    )
+    engine = session.engine
+    try:
+        with view:
+            answer = read(engine.backend, question, session.chunks, engine.settings, listener, done)
+    except (KeyboardInterrupt, Interrupted, UserError) as exc:
+        reason = exc.message if isinstance(exc, UserError) else (str(exc) or "SIGINT")
+        if writer is not None:
+            writer.interrupted(reason)
+        code = exc.exit_code if isinstance(exc, UserError) else 130
+        raise Stopped(reason, code, finished, len(session.chunks), trace_path) from None
+    finally:
+        if writer is not None:
+            writer.close()
+    return Result(answer, session, time.perf_counter() - start, trace_path)
+
+
+def _earlier_run(header: trace.Header, options: RunOptions) -> trace.Trace | None:
+    """The trace this run continues (--resume) or is answered from (cache), if any."""
+    if options.resume is not None:
+        earlier = trace.read_trace(options.resume)
+        if differences := trace.differences(earlier.header, header):
+            raise UserError(f"Cannot resume {options.resume}: " + "; ".join(differences) + ".")
+        return earlier
+    if options.resume_latest:
+        found = trace.find_run(header, finished=False)
+        if found is None:
+            raise UserError(
+                "There is no unfinished trace of this document, question, model and "
+                "settings to resume; name one with --resume TRACE."
+            )
+        return found
+    if options.use_cache and header.settings["temperature"] == 0:
+        return trace.find_run(header, finished=True)
+    return None
+
+
+def _steps_of(session: Session, earlier: trace.Trace) -> list[Step]:
+    """The finished steps of a trace, checked against this session's chunks."""
+    steps = []
+    for record in earlier.steps:
+        index = record.index
+        chunk = session.chunks[index] if index < len(session.chunks) else None
+        if chunk is None or record.chunk_sha256 != trace.chunk_sha256(chunk):
+            raise UserError(
+                f"Cannot resume {earlier.path}: its step {index + 1} did not read the chunk "
+                "this run would read (a different tokenizer or build?)."
+            )
+        steps.append(record.to_step(chunk))
+    return steps
+
+
+def _result_from(session: Session, earlier: trace.Trace, start: float) -> Result:
+    final = earlier.final
+    assert final is not None
+    answer = Answer(
+        question=earlier.header.question,
+        answer=final.answer,
+        reply=final.reply,
+        steps=_steps_of(session, earlier),
+        final=final.generation(),
+    )
+    return Result(answer, session, time.perf_counter() - start, earlier.path, cached=True)
+
+
+def _span(session: Session, step: Step) -> str:
+    return session.span_of(step.chunk.char_start, step.chunk.char_end)
+
+
+def _rate(tokens: int, seconds: float) -> float | None:
+    return round(tokens / seconds, 1) if seconds else None

@@ -1,0 +1,63 @@
+"""Trace files: JSON Lines, a header, one record per finished step, then the final record.
+
+`records` types the lines both ways, `file` reads (and follows) and writes them, `folder`
+knows the data folder where traces live by default.
+"""
+
+from memagent_cli.trace.file import (
+    MAX_TRACE_BYTES,
+    Status,
+    Trace,
+    TraceWriter,
+    check_new,
+    read_trace,
+    records,
+    start,
+)
+from memagent_cli.trace.folder import (
+    default_dir,
+    default_path,
+    differences,
+    find_run,
+    recent_traces,
+)
+from memagent_cli.trace.records import (
+    FORMAT_VERSION,
+    FinalRecord,
+    Header,
+    Interruption,
+    Record,
+    Resumed,
+    Skipped,
+    StepRecord,
+    TraceError,
+    chunk_sha256,
+    evidence_of,
+)
+
+__all__ = [
+    "FORMAT_VERSION",
+    "MAX_TRACE_BYTES",
+    "FinalRecord",
+    "Header",
+    "Interruption",
+    "Record",
+    "Resumed",
+    "Skipped",
+    "Status",
+    "StepRecord",
+    "Trace",
+    "TraceError",
+    "TraceWriter",
+    "check_new",
+    "chunk_sha256",
+    "default_dir",
+    "default_path",
+    "differences",
+    "evidence_of",
+    "find_run",
+    "read_trace",
+    "recent_traces",
+    "records",
+    "start",
+]

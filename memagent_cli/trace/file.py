@@ -1,0 +1,318 @@
+"""Trace files on disk: read record by record (tolerant of a damaged end, strict about
+record fields), followed while a run writes them, and written one flushed line per step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO, Any
+
+from memagent_cli.reader import Event, Finished, StepFinished
+from memagent_cli.trace.records import (
+    KINDS,
+    FinalRecord,
+    Header,
+    Interruption,
+    Record,
+    Resumed,
+    Skipped,
+    SpanOf,
+    StepRecord,
+    TraceError,
+)
+
+MAX_TRACE_BYTES = 1 << 30  # a 3.5M-token run writes a few MB; anything near this is not ours
+MAX_LINE_BYTES = 16 << 20
+POLL_SECONDS = 0.2
+
+
+def _open_regular(path: Path) -> IO[bytes]:
+    """`path` opened for reading, refusing what is not a regular file of a sane size (a FIFO
+    would block forever, /dev/zero never ends)."""
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        raise TraceError(f"Trace not found: {path}") from None
+    except OSError as exc:
+        raise TraceError(f"Cannot read trace {path}: {exc.strerror}.") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise TraceError(f"{path} is not a regular file, so it cannot be a trace.")
+    if info.st_size > MAX_TRACE_BYTES:
+        raise TraceError(f"{path} is {info.st_size:,} bytes, too large to be a memagent trace.")
+    try:
+        return path.open("rb")
+    except OSError as exc:
+        raise TraceError(f"Cannot read trace {path}: {exc.strerror}.") from None
+
+
+def _lines(file: IO[bytes], follow: bool, poll: float) -> Iterator[tuple[bytes, str] | None]:
+    """(line, state) for each line, state "" for a whole line, "cut" for a last line without
+    its newline, "long" for one over MAX_LINE_BYTES (its rest is dropped). With `follow`, a
+    last line waits for the rest, and None marks each poll in which nothing arrived."""
+    pending, dropping = b"", False
+    while True:
+        data = file.readline(MAX_LINE_BYTES + 1 - len(pending))
+        if not data and follow:
+            time.sleep(poll)
+            data = file.readline(MAX_LINE_BYTES + 1 - len(pending))
+            if not data:
+                yield None
+                continue
+        if not data:
+            if pending and not dropping:
+                yield pending, "cut"
+            return
+        pending += data
+        if pending.endswith(b"\n"):
+            if not dropping:
+                yield pending, ""
+            pending, dropping = b"", False
+        elif len(pending) > MAX_LINE_BYTES:
+            if not dropping:
+                yield pending[:64], "long"
+            pending, dropping = b"", True
+
+
+def _parse(line: bytes, number: int, where: str) -> Record | Skipped | None:
+    if not line.strip():
+        return None
+    try:
+        record = json.loads(line)
+    except (ValueError, RecursionError):  # also absurdly deep nesting and huge numbers
+        record = None
+    kind = record.get("type") if isinstance(record, dict) else None
+    if kind not in KINDS:
+        return Skipped(number, "is not a trace record")
+    return KINDS[kind].parse(record, f"{where}, line {number}")
+
+
+def records(
+    path: Path, *, follow: bool = False, poll: float = POLL_SECONDS
+) -> Iterator[Record | Skipped | None]:
+    """Every record of the trace at `path` in order, typed; lines that are not records come
+    as `Skipped`. With `follow`, waits for records still being written, yields None after
+    each poll in which nothing arrived, and never ends."""
+    number = 0
+    with _open_regular(path) as file:
+        for item in _lines(file, follow, poll):
+            if item is None:
+                yield None
+                continue
+            number += 1
+            line, state = item
+            if state == "cut":
+                yield Skipped(number, "is cut short (the run was probably killed while writing it)")
+            elif state == "long":
+                yield Skipped(number, f"is longer than {MAX_LINE_BYTES:,} bytes")
+            elif (parsed := _parse(line, number, str(path))) is not None:
+                yield parsed
+
+
+@dataclass(frozen=True)
+class Status:
+    """How far a run got: finished, interrupted after k of n steps, or neither."""
+
+    state: str  # "finished", "interrupted", "unfinished" or "not started"
+    done: int
+    total: int
+    reason: str | None = None  # why it was interrupted
+
+    def __str__(self) -> str:
+        if self.state == "finished":
+            return "finished"
+        of = f"{self.done} of {self.total} steps"
+        if self.state == "interrupted":
+            return f"interrupted ({self.reason}) after {of}"
+        if self.state == "not started":
+            return f"not started: 0 of {self.total} steps (still loading, or stopped before step 1)"
+        return f"unfinished: {of} (still running, or the run was killed)"
+
+
+@dataclass
+class Trace:
+    """A run as far as its trace goes, built record by record (`add`)."""
+
+    path: Path
+    header: Header
+    steps: list[StepRecord] = field(default_factory=list)
+    final: FinalRecord | None = None
+    interruption: Interruption | None = None
+    problems: list[str] = field(default_factory=list)  # what could not be read, in words
+    ended: bool = False  # a second run starts in the file; nothing after it is read
+
+    @property
+    def finished(self) -> bool:
+        return self.final is not None
+
+    @property
+    def status(self) -> Status:
+        done, total = len(self.steps), self.header.total_steps
+        if self.final is not None:
+            return Status("finished", done, total)
+        if self.interruption is not None:
+            return Status("interrupted", done, total, self.interruption.reason)
+        return Status("not started" if done == 0 else "unfinished", done, total)
+
+    def add(self, item: Record | Skipped) -> None:
+        """Take the next record of the file into the run."""
+        if self.ended:
+            return
+        if isinstance(item, Skipped):
+            self.problems.append(f"line {item.line} {item.why} and was skipped")
+        elif isinstance(item, Header):
+            self.problems.append("a second run starts later in the file; only the first is read")
+            self.ended = True
+        elif isinstance(item, StepRecord):
+            expected = len(self.steps)
+            if item.index != expected:
+                self.problems.append(
+                    f"a record of step {item.index + 1} came where step {expected + 1} was due "
+                    "and was skipped"
+                )
+                return
+            self.steps.append(item)
+            self.interruption = None
+        elif isinstance(item, Resumed):
+            if item.steps_done > len(self.steps):
+                self.problems.append(
+                    f"a resumed run claims {item.steps_done} finished steps, the file holds "
+                    f"{len(self.steps)}"
+                )
+            del self.steps[item.steps_done :]
+            self.interruption = None
+        elif isinstance(item, Interruption):
+            self.interruption = item
+        elif isinstance(item, FinalRecord):
+            self.final = item
+
+    def to_json(self) -> dict[str, Any]:
+        status = self.status
+        return {
+            "path": str(self.path),
+            "status": status.state,
+            "steps_done": status.done,
+            "steps_total": status.total,
+            "header": self.header.to_json(),
+            "steps": [s.to_json() for s in self.steps],
+            "final": self.final.to_json() if self.final else None,
+            "interrupted": self.interruption.to_json() if self.interruption else None,
+            "problems": self.problems,
+        }
+
+
+def start(path: Path, first: Record | Skipped | None) -> Trace:
+    """A Trace from its first record; TraceError when the file does not start like one."""
+    if not isinstance(first, Header):
+        raise TraceError(f"{path} is not a memagent trace (it has no trace header).")
+    return Trace(path, first)
+
+
+def read_trace(path: Path) -> Trace:
+    """The whole trace at `path`, as far as it goes; TraceError when it is not one."""
+    items = records(path)
+    trace = start(path, next(items, None))
+    for item in items:
+        if item is not None:
+            trace.add(item)
+    return trace
+
+
+# ------------------------------------------------------------------------------ writing
+
+
+def check_new(path: Path) -> None:
+    """Fail with a sentence unless a fresh run can write its trace at `path`: it must not hold
+    another run, and a file must be creatable there."""
+    if path.exists():
+        if path.is_file() and path.stat().st_size == 0:
+            return
+        raise TraceError(
+            f"{path} already exists; continue its run with --resume {path}, or give another "
+            "--trace path (a fresh run never writes into an old trace)."
+        )
+    try:  # the only sure test is to try: permissions, read-only mounts, /proc, a full disk
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("x"):
+            pass
+        path.unlink()
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        if isinstance(exc, (FileExistsError, NotADirectoryError)):
+            reason = "a file stands where a folder should be"
+        raise TraceError(f"Cannot write the trace {path}: {reason}.") from None
+
+
+class TraceWriter:
+    """Appends one JSON line per event to a trace file and flushes it to disk."""
+
+    def __init__(
+        self,
+        path: Path,
+        header: Header,
+        span_of: SpanOf = lambda start, end: "",
+        *,
+        resume_from: int | None = None,
+    ) -> None:
+        """A new trace with `header`, or, with `resume_from`, the same trace continued after
+        that many finished steps."""
+        self.path = path
+        self._span_of = span_of
+        try:
+            if resume_from is None:
+                check_new(path)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                self._file: IO[str] = path.open("w", encoding="utf-8")
+            else:
+                _drop_partial_line(path)
+                self._file = path.open("a", encoding="utf-8")
+        except OSError as exc:
+            raise TraceError(f"Cannot write the trace {path}: {exc.strerror}.") from None
+        self._steps_done = resume_from or 0
+        if resume_from is None:
+            self._write(header.to_json())
+        else:
+            self._write(Resumed(resume_from, _now()).to_json())
+
+    def __call__(self, event: Event) -> None:
+        if isinstance(event, StepFinished):
+            chunk = event.step.chunk
+            record = StepRecord.of(event.step, self._span_of(chunk.char_start, chunk.char_end))
+            self._write(record.to_json())
+            self._steps_done += 1
+        elif isinstance(event, Finished):
+            self._write(FinalRecord.of(event.answer, self._span_of).to_json())
+
+    def interrupted(self, reason: str) -> None:
+        """Record where an interrupted run stopped, so a reader knows it is unfinished."""
+        self._write(Interruption(reason, self._steps_done).to_json())
+
+    def close(self) -> None:
+        self._file.close()
+
+    def _write(self, record: dict[str, Any]) -> None:
+        self._file.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def _drop_partial_line(path: Path) -> None:
+    """Cut a line left half-written by a crash, so appended records start on their own line."""
+    with path.open("r+b") as file:
+        size = file.seek(0, os.SEEK_END)
+        back = min(size, MAX_LINE_BYTES)
+        file.seek(size - back)
+        tail = file.read(back)
+        end = size - back + tail.rfind(b"\n") + 1
+        if end < size:
+            file.truncate(end)

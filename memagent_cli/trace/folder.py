@@ -1,0 +1,91 @@
+"""The data folder of traces: where a new trace goes, which traces are there, and which of
+them is the same run as this one (to resume it, or to answer from it)."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+
+from memagent_cli.trace.file import Trace, read_trace
+from memagent_cli.trace.records import Header, TraceError
+
+
+def default_dir() -> Path:
+    """Where traces go unless `--trace` says otherwise."""
+    return platformdirs.user_data_path("memagent") / "traces"
+
+
+def default_path(document_path: str, question_index: int = 0) -> Path:
+    """A fresh, sortable trace file name for one question about one document."""
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(document_path).stem)[:40] or "stdin"
+    return default_dir() / f"{stamp}-{stem}-q{question_index + 1}.jsonl"
+
+
+def recent_traces(directory: Path | None = None) -> list[Path]:
+    """The trace files in `directory` (default: `default_dir()`), newest first."""
+    folder = directory or default_dir()
+    if not folder.is_dir():
+        return []
+    stamped = []
+    for path in folder.glob("*.jsonl"):
+        try:
+            stamped.append((path.stat().st_mtime, path.name, path))
+        except OSError:  # removed while listing
+            continue
+    return [path for _, _, path in sorted(stamped, reverse=True)]
+
+
+# What makes two runs the same run: resuming or reusing a trace needs all of these to match.
+_IDENTITY = {
+    "the document": ("document", "sha256"),
+    "the question": ("question",),
+    "the model": ("model", "path"),
+    "the model file's size": ("model", "size"),
+    "--chunk-tokens": ("settings", "chunk_tokens"),
+    "--memory-tokens": ("settings", "memory_tokens"),
+    "--temperature": ("settings", "temperature"),
+    "--top-p": ("settings", "top_p"),
+    "--seed": ("settings", "seed"),
+    "the prompt templates": ("templates_sha256",),
+}
+
+
+def _field(header: Header, keys: tuple[str, ...]) -> Any:
+    value: Any = getattr(header, keys[0])
+    for key in keys[1:]:
+        value = value.get(key)
+    return value
+
+
+def differences(recorded: Header, current: Header) -> list[str]:
+    """What differs between a trace's run and this one, in words ("--chunk-tokens differs
+    (2000 there, 1000 here)"); empty when they are the same run."""
+    found = []
+    for name, keys in _IDENTITY.items():
+        there, here = _field(recorded, keys), _field(current, keys)
+        if there != here:
+            if keys == ("document", "sha256"):
+                there = f"{recorded.document['path']} (sha256 {str(there)[:12]})"
+                here = f"{current.document['path']} (sha256 {str(here)[:12]})"
+            elif keys == ("question",):
+                there, here = "another", "this one"
+            found.append(f"{name} differs ({there} there, {here} here)")
+    return found
+
+
+def find_run(header: Header, *, finished: bool) -> Trace | None:
+    """The newest trace in the data folder of the same run as `header`, finished or not.
+    Traces that cannot be read are passed over."""
+    for path in recent_traces():
+        try:
+            trace = read_trace(path)
+        except TraceError:
+            continue
+        if trace.finished == finished and not differences(trace.header, header):
+            return trace
+    return None

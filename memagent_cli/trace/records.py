@@ -1,0 +1,308 @@
+"""The records of a trace file, typed both ways: a finished `Step` becomes a `StepRecord`
+and a record becomes a `Step` again. Every record read is checked field by field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from memagent_cli.backends import Generation
+from memagent_cli.chunking import Chunk
+from memagent_cli.errors import UserError
+from memagent_cli.reader import Answer, Step, evidence
+
+FORMAT_VERSION = 1
+
+SpanOf = Callable[[int, int], str]
+
+
+class TraceError(UserError):
+    """A file that cannot be read as a trace, or written as one."""
+
+
+# Field checks: a type, a tuple of types, or "pair" (two integers, a token or character range).
+_Check = type | tuple[type, ...] | str
+_NUMBER = (int, float)
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _valid(value: Any, check: _Check) -> bool:
+    if check == "pair":
+        return (
+            isinstance(value, list)
+            and len(value) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+        )
+    assert not isinstance(check, str)
+    if isinstance(value, bool) and check in (int, _NUMBER):
+        return False
+    return isinstance(value, check)
+
+
+def _fields(
+    record: dict[str, Any], checks: dict[str, _Check], where: str, optional: frozenset = frozenset()
+) -> dict[str, Any]:
+    """The checked fields of `record`; TraceError naming the first missing or mistyped one."""
+    out = {}
+    for name, check in checks.items():
+        if name not in record:
+            if name in optional:
+                continue
+            raise TraceError(f"{where} has no {name!r} field.")
+        if not _valid(record[name], check):
+            raise TraceError(f"{where} has a {name!r} field of the wrong type.")
+        value = record[name]
+        out[name] = tuple(value) if check == "pair" else value
+    return out
+
+
+@dataclass(frozen=True)
+class Header:
+    """What was asked of which document, model and settings: the identity of a run."""
+
+    question: str
+    document: dict[str, Any]  # path, sha256, format, characters, tokens, chunks, ...
+    model: dict[str, Any]  # path, name, size: the weights
+    settings: dict[str, Any]  # chunk and memory tokens, sampling, context, engine
+    templates_sha256: dict[str, str]  # "update" and "final": catches prompt drift
+    created: str
+    memagent: str
+    format: int = FORMAT_VERSION
+
+    _DOCUMENT = {"path": str, "sha256": str, "format": str, "tokens": int, "chunks": int}
+    _MODEL = {"path": str, "name": str, "size": (int, type(None))}
+
+    @classmethod
+    def parse(cls, record: dict[str, Any], where: str) -> Header:
+        version = record.get("format")
+        if version != FORMAT_VERSION:
+            raise TraceError(
+                f"{where} is a trace of format {version!r}; this memagent reads format "
+                f"{FORMAT_VERSION}."
+            )
+        checks: dict[str, _Check] = {
+            "question": str,
+            "document": dict,
+            "model": dict,
+            "settings": dict,
+            "templates_sha256": dict,
+            "created": str,
+            "memagent": str,
+        }
+        values = _fields(record, checks, where)
+        _fields(values["document"], cls._DOCUMENT, f"{where}'s document")
+        _fields(values["model"], cls._MODEL, f"{where}'s model")
+        for key, value in values["settings"].items():
+            if not isinstance(value, _SCALARS):
+                raise TraceError(f"{where} has a setting {key!r} that is not a plain value.")
+        return cls(**values)
+
+    def to_json(self) -> dict[str, Any]:
+        record = asdict(self)
+        return {"type": "header", "format": record.pop("format"), **record}
+
+    @property
+    def total_steps(self) -> int:
+        return int(self.document["chunks"])
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One finished memory update: where its chunk was and the memory it left."""
+
+    index: int  # counts from 0; people count steps from 1
+    tokens: tuple[int, int]
+    chars: tuple[int, int]
+    span: str
+    chunk_sha256: str
+    memory: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str
+    prompt_seconds: float
+    seconds: float
+    drafted: int = 0  # tokens proposed by speculation, and how many the model kept
+    accepted: int = 0
+
+    _CHECKS = {
+        "index": int,
+        "tokens": "pair",
+        "chars": "pair",
+        "span": str,
+        "chunk_sha256": str,
+        "memory": str,
+        "prompt_tokens": int,
+        "completion_tokens": int,
+        "finish_reason": str,
+        "prompt_seconds": _NUMBER,
+        "seconds": _NUMBER,
+        "drafted": int,
+        "accepted": int,
+    }
+
+    @classmethod
+    def parse(cls, record: dict[str, Any], where: str) -> StepRecord:
+        optional = frozenset({"drafted", "accepted"})
+        return cls(**_fields(record, cls._CHECKS, where, optional))
+
+    @classmethod
+    def of(cls, step: Step, span: str) -> StepRecord:
+        chunk, gen = step.chunk, step.generation
+        return cls(
+            index=chunk.index,
+            tokens=(chunk.token_start, chunk.token_end),
+            chars=(chunk.char_start, chunk.char_end),
+            span=span,
+            chunk_sha256=chunk_sha256(chunk),
+            memory=step.memory,
+            prompt_tokens=gen.prompt_tokens,
+            completion_tokens=gen.completion_tokens,
+            finish_reason=gen.finish_reason,
+            prompt_seconds=round(gen.prompt_seconds, 3),
+            seconds=round(gen.seconds, 3),
+            drafted=gen.drafted,
+            accepted=gen.accepted,
+        )
+
+    def to_step(self, chunk: Chunk) -> Step:
+        """The step again, for the chunk it read (the caller checks `chunk_sha256`)."""
+        generation = Generation(
+            self.memory,
+            self.prompt_tokens,
+            self.completion_tokens,
+            self.prompt_seconds,
+            self.seconds,
+            self.finish_reason,
+            drafted=self.drafted,
+            accepted=self.accepted,
+        )
+        return Step(chunk, self.memory, generation)
+
+    def to_json(self) -> dict[str, Any]:
+        record = asdict(self)
+        record["tokens"], record["chars"] = list(self.tokens), list(self.chars)
+        return {"type": "step", **record}
+
+
+@dataclass(frozen=True)
+class FinalRecord:
+    """The answer and the reply it was cut from."""
+
+    reply: str
+    answer: str | None  # the last \boxed{} content; None when the reply has none
+    evidence: dict[str, Any] | None  # step, span, tokens, chars: where the answer entered
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str
+    seconds: float
+    prompt_seconds: float = 0.0
+
+    _CHECKS = {
+        "reply": str,
+        "answer": (str, type(None)),
+        "evidence": (dict, type(None)),
+        "prompt_tokens": int,
+        "completion_tokens": int,
+        "finish_reason": str,
+        "seconds": _NUMBER,
+        "prompt_seconds": _NUMBER,
+    }
+    _EVIDENCE = {"step": int, "span": str, "tokens": "pair", "chars": "pair"}
+
+    @classmethod
+    def parse(cls, record: dict[str, Any], where: str) -> FinalRecord:
+        values = _fields(record, cls._CHECKS, where, frozenset({"prompt_seconds"}))
+        if values["evidence"] is not None:
+            _fields(values["evidence"], cls._EVIDENCE, f"{where}'s evidence")
+        return cls(**values)
+
+    @classmethod
+    def of(cls, answer: Answer, span_of: SpanOf) -> FinalRecord:
+        final = answer.final
+        return cls(
+            reply=answer.reply,
+            answer=answer.answer,
+            evidence=evidence_of(answer, span_of),
+            prompt_tokens=final.prompt_tokens,
+            completion_tokens=final.completion_tokens,
+            finish_reason=final.finish_reason,
+            seconds=round(final.seconds, 3),
+            prompt_seconds=round(final.prompt_seconds, 3),
+        )
+
+    def generation(self) -> Generation:
+        return Generation(
+            self.reply,
+            self.prompt_tokens,
+            self.completion_tokens,
+            self.prompt_seconds,
+            self.seconds,
+            self.finish_reason,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": "final", **asdict(self)}
+
+
+@dataclass(frozen=True)
+class Interruption:
+    """Where a run stopped before its answer, and why."""
+
+    reason: str
+    steps_done: int
+
+    @classmethod
+    def parse(cls, record: dict[str, Any], where: str) -> Interruption:
+        return cls(**_fields(record, {"reason": str, "steps_done": int}, where))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": "interrupted", **asdict(self)}
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """A later `ask --resume` going on after `steps_done` steps."""
+
+    steps_done: int
+    at: str
+
+    @classmethod
+    def parse(cls, record: dict[str, Any], where: str) -> Resumed:
+        return cls(**_fields(record, {"steps_done": int, "at": str}, where))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": "resumed", **asdict(self)}
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A line that is not a record: cut short by a crash, or not JSON at all."""
+
+    line: int
+    why: str
+
+
+Record = Header | StepRecord | FinalRecord | Interruption | Resumed
+KINDS: dict[str, Any] = {
+    "header": Header,
+    "step": StepRecord,
+    "final": FinalRecord,
+    "interrupted": Interruption,
+    "resumed": Resumed,
+}
+
+
+def chunk_sha256(chunk: Chunk) -> str:
+    return hashlib.sha256(chunk.text.encode()).hexdigest()
+
+
+def evidence_of(answer: Answer, span_of: SpanOf) -> dict[str, Any] | None:
+    """Where the answer entered the memory: step index, span, token and character range."""
+    step = evidence(answer)
+    if step is None:
+        return None
+    where = step.chunk.where(span_of(step.chunk.char_start, step.chunk.char_end))
+    return {"step": where.pop("index"), **where}

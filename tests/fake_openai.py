@@ -1,0 +1,120 @@
+"""An OpenAI-compatible server on 127.0.0.1 with a deterministic stand-in for a model, so that
+`memagent ask --backend openai` runs end to end with no GGUF and no llama.cpp.
+
+The stand-in follows the MemAgent protocol's shape: an update keeps the last words of the
+memory and adds the first words of the section; a final reply boxes the memory's first word.
+It has no tokenize endpoint, so memagent cuts chunks with tiktoken (offline). The server can
+be told to slow down, to fail with 503 or to stop answering after a number of calls.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+MODEL = "fake-memagent"
+_MEMORY = re.compile(r"<memory>\n(.*?)\n</memory>", re.S)
+_SECTION = re.compile(r"<section>\n(.*?)\n</section>", re.S)
+
+
+def reply_to(message: str) -> str:
+    """The stand-in model: a pure function of the prompt, so every run is reproducible."""
+    memory = _MEMORY.search(message)
+    remembered = memory.group(1).split() if memory else []
+    if remembered == ["No", "previous", "memory"]:
+        remembered = []
+    section = _SECTION.search(message)
+    if section is None:  # the final prompt
+        return f"From memory: \\boxed{{{remembered[0] if remembered else 'nothing'}}}"
+    return " ".join((remembered + section.group(1).split()[:6])[-30:])
+
+
+@dataclass
+class FakeServer:
+    context: int | None = 8192  # max_model_len announced, None: not announced
+    delay: float = 0.0  # seconds before each chat reply
+    fail_after: int | None = None  # chat calls answered before every call fails
+    fail_status: int = 503  # 503 is retried by memagent, 400 is not
+    hang_after: int | None = None  # chat calls answered before the server stops answering
+    chat_calls: int = 0
+    messages: list[str] = field(default_factory=list)
+    url: str = ""
+
+    def __enter__(self) -> FakeServer:
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                return None
+
+            def _json(self, status: int, payload: object) -> None:
+                body = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                try:
+                    self.wfile.write(body)
+                except (BrokenPipeError, ConnectionResetError):  # the client was stopped
+                    pass
+
+            def do_GET(self) -> None:  # noqa: N802
+                if self.path.rstrip("/") == "/v1/models":
+                    model = {"id": MODEL, "object": "model"}
+                    if fake.context is not None:
+                        model["max_model_len"] = fake.context
+                    self._json(200, {"object": "list", "data": [model]})
+                else:
+                    self._json(404, {"error": {"message": "not found"}})
+
+            def do_POST(self) -> None:  # noqa: N802
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length) or b"{}")
+                if self.path.rstrip("/") != "/v1/chat/completions":
+                    self._json(404, {"error": {"message": "not found"}})
+                    return
+                fake.chat_calls += 1
+                if fake.hang_after is not None and fake.chat_calls > fake.hang_after:
+                    time.sleep(3600)
+                if fake.fail_after is not None and fake.chat_calls > fake.fail_after:
+                    self._json(fake.fail_status, {"error": {"message": "the model is unwell"}})
+                    return
+                time.sleep(fake.delay)
+                message = body["messages"][0]["content"]
+                fake.messages.append(message)
+                text = reply_to(message)
+                words = len(text.split())
+                length_cut = words >= body.get("max_tokens", 10**9)
+                self._json(
+                    200,
+                    {
+                        "object": "chat.completion",
+                        "model": MODEL,
+                        "choices": [
+                            {
+                                "index": 0,
+                                "message": {"role": "assistant", "content": text},
+                                "finish_reason": "length" if length_cut else "stop",
+                            }
+                        ],
+                        "usage": {
+                            "prompt_tokens": len(message.split()),
+                            "completion_tokens": words,
+                        },
+                    },
+                )
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/v1"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()

@@ -1,0 +1,195 @@
+"""`memagent ask` end to end through a deterministic stand-in model served on 127.0.0.1
+(tests/fake_openai.py): traces, --json, cache, resume and interrupts, with no GGUF at all.
+The same properties are checked with the real model in test_ask_model.py."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import signal
+from pathlib import Path
+
+import pytest
+from conftest import (
+    FACT_QUESTION,
+    assert_clean_failure,
+    interrupt_after_steps,
+    served,
+    story,
+    words,
+)
+
+from memagent_cli.trace import read_trace
+
+STEPS = ["--chunk-tokens", "300", "--memory-tokens", "64", "--temperature", "0"]
+
+
+@pytest.fixture
+def doc(tmp_path) -> Path:
+    path = tmp_path / "village.txt"
+    path.write_text(story(120))  # about 1,900 tiktoken tokens: 7 chunks of 300
+    return path
+
+
+def ask(memagent, server, doc: Path, *more: str):
+    return memagent("ask", str(doc), FACT_QUESTION, *served(server, *STEPS, *more))
+
+
+def test_an_answer_on_stdout_and_a_trace_with_one_record_per_chunk(memagent, fake_server, doc):
+    trace_path = doc.with_suffix(".jsonl")
+    result = ask(memagent, fake_server, doc, "--trace", str(trace_path))
+    assert result.returncode == 0, result.stderr
+    trace = read_trace(trace_path)
+    assert trace.finished and not trace.problems
+    assert result.stdout == trace.final.answer + "\n"
+    chunks = trace.header.document["chunks"]
+    assert chunks == -(-trace.header.document["tokens"] // 300) >= 5
+    assert [s.index for s in trace.steps] == list(range(chunks))
+    # The windows tile the document: no gap, no overlap, in tokens and in characters.
+    assert trace.steps[0].tokens[0] == 0 and trace.steps[0].chars[0] == 0
+    for before, after in zip(trace.steps, trace.steps[1:], strict=False):
+        assert before.tokens[1] == after.tokens[0] and before.chars[1] == after.chars[0]
+    assert trace.steps[-1].tokens[1] == trace.header.document["tokens"]
+    assert trace.steps[-1].chars[1] == trace.header.document["characters"]
+    assert fake_server.chat_calls == chunks + 1  # one call per chunk, then the answer
+    assert f"step {chunks}/{chunks}" in result.stderr and str(trace_path) in result.stderr
+
+
+def test_json_carries_the_records_the_trace_holds(memagent, fake_server, doc):
+    result = ask(memagent, fake_server, doc, "--json", "--quiet")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    out = json.loads(result.stdout)
+    trace = read_trace(Path(out["trace"]))
+    assert out["steps"] == [
+        {k: v for k, v in s.to_json().items() if k != "type"} for s in trace.steps
+    ]
+    assert out["answer"] == trace.final.answer and out["reply"] == trace.final.reply
+    assert out["evidence"] == trace.final.evidence
+    assert out["document"] == trace.header.document
+    assert (
+        out["model"]
+        == trace.header.model
+        == {
+            "path": fake_server.url,
+            "name": "fake-memagent",
+            "size": None,
+        }
+    )
+    assert out["settings"] == trace.header.settings
+    assert out["settings"]["backend"] == "openai" and "threads" not in out["settings"]
+
+
+def test_a_fresh_run_refuses_an_existing_trace_before_any_model(memagent, fake_server, doc):
+    trace_path = doc.with_suffix(".jsonl")
+    assert ask(memagent, fake_server, doc, "--trace", str(trace_path)).returncode == 0
+    before, calls = trace_path.read_bytes(), fake_server.chat_calls
+    again = ask(memagent, fake_server, doc, "--trace", str(trace_path), "--no-cache")
+    assert_clean_failure(again, 1, f"{trace_path} already exists", f"--resume {trace_path}")
+    assert trace_path.read_bytes() == before  # one run per trace, never two mixed
+    assert fake_server.chat_calls == calls
+    missing_model = memagent("ask", str(doc), "q?", "--trace", str(trace_path), "-m", "nope.gguf")
+    assert_clean_failure(missing_model, 1, "already exists")  # said before the model is sought
+
+
+@pytest.mark.parametrize("where", ["file-as-folder", "proc"])
+def test_a_trace_path_that_cannot_be_written_is_one_sentence(memagent, tmp_path, doc, where):
+    blocker = tmp_path / "plain-file"
+    blocker.write_text("x")
+    path = blocker / "t.jsonl" if where == "file-as-folder" else Path("/proc/memagent.jsonl")
+    # A model that does not exist: the trace check must come first.
+    result = memagent("ask", str(doc), "q?", "--trace", str(path), "-m", "nope.gguf")
+    assert_clean_failure(result, 1, f"Cannot write the trace {path}")
+
+
+def test_the_same_greedy_run_is_answered_from_its_trace(memagent, fake_server, doc):
+    first = json.loads(ask(memagent, fake_server, doc, "--json", "--quiet").stdout)
+    calls = fake_server.chat_calls
+    again = ask(memagent, fake_server, doc, "--json")
+    assert again.returncode == 0, again.stderr
+    cached = json.loads(again.stdout)
+    assert cached["cached"] is True and cached["trace"] == first["trace"]
+    assert cached["steps"] == first["steps"] and cached["reply"] == first["reply"]
+    assert fake_server.chat_calls == calls and "answered from the finished trace" in again.stderr
+    fresh = json.loads(ask(memagent, fake_server, doc, "--json", "--no-cache", "-q").stdout)
+    assert fresh["cached"] is False and fresh["trace"] != first["trace"]
+    assert [s["memory"] for s in fresh["steps"]] == [s["memory"] for s in first["steps"]]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_an_interrupted_run_resumes_to_the_uninterrupted_answer(
+    memagent, env, fake_server, doc, tmp_path, sig
+):
+    whole = json.loads(ask(memagent, fake_server, doc, "--json", "--quiet").stdout)
+    fake_server.delay = 0.2
+    cut = tmp_path / "cut.jsonl"
+    args = [
+        str(doc),
+        FACT_QUESTION,
+        *served(fake_server, *STEPS, "--no-cache", "--trace", str(cut)),
+    ]
+    process, stdout, stderr = interrupt_after_steps(args, cut, env, 2, sig)
+    assert process.returncode == 130 and stdout == ""
+    assert "Traceback" not in stderr
+    stopped = read_trace(cut)
+    assert stopped.status.state == "interrupted" and stopped.interruption.steps_done >= 2
+    hint = words(stderr).split("resume with: ")[1]
+    assert hint.startswith(f"memagent ask {doc} ") and hint.endswith(f"--resume {cut}")
+    assert "--trace" not in hint
+
+    fake_server.delay = 0.0
+    resumed = memagent(*shlex.split(hint)[1:], "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resuming {cut} after step {stopped.interruption.steps_done}" in words(resumed.stderr)
+    out = json.loads(resumed.stdout)
+    assert out["answer"] == whole["answer"] and out["reply"] == whole["reply"]
+    assert [s["memory"] for s in out["steps"]] == [s["memory"] for s in whole["steps"]]
+    finished = read_trace(cut)
+    assert finished.finished and [s.index for s in finished.steps] == list(
+        range(len(whole["steps"]))
+    )
+
+
+def test_resume_refuses_another_run(memagent, fake_server, doc, tmp_path):
+    fake_server.fail_after, fake_server.fail_status = 2, 400
+    cut = tmp_path / "cut.jsonl"
+    stopped = ask(memagent, fake_server, doc, "--trace", str(cut))
+    assert stopped.returncode == 1 and "HTTP 400" in stopped.stderr
+    assert "Stopped after 2 of" in words(stopped.stderr)
+    fake_server.fail_after = None
+    other = memagent("ask", str(doc), "Who?", *served(fake_server, *STEPS, "--resume", str(cut)))
+    assert_clean_failure(other, 1, f"Cannot resume {cut}", "the question differs")
+    smaller = ask(memagent, fake_server, doc, "--memory-tokens", "32", "--resume", str(cut))
+    assert_clean_failure(smaller, 1, "--memory-tokens differs (64 there, 32 here)")
+    latest = ask(memagent, fake_server, doc, "--resume-latest")
+    assert_clean_failure(latest, 1, "no unfinished trace")  # --trace put it outside the folder
+    assert ask(memagent, fake_server, doc, "--resume", str(cut)).returncode == 0
+    assert read_trace(cut).finished
+
+
+def test_resume_needs_a_trace_and_never_becomes_a_question(memagent, doc):
+    result = memagent("ask", str(doc), "q?", "--resume", "missing.trace")
+    assert_clean_failure(result, 1, "Trace not found: missing.trace")
+    result = memagent("ask", str(doc), "q?", "--resume")
+    assert result.returncode == 2 and "requires an argument" in result.stderr
+
+
+def test_a_server_that_stops_answering_times_out_and_keeps_the_trace(
+    memagent, fake_server, doc, tmp_path
+):
+    fake_server.hang_after = 3
+    trace_path = tmp_path / "t.jsonl"
+    result = ask(memagent, fake_server, doc, "--trace", str(trace_path), "--timeout", "2")
+    assert_clean_failure(result, 1, "did not answer /v1/chat/completions within 2 seconds")
+    assert "resume with:" in result.stderr
+    assert len(read_trace(trace_path).steps) == 3
+
+
+def test_a_step_larger_than_the_served_context(memagent, fake_server, doc):
+    result = memagent(
+        "ask", str(doc), FACT_QUESTION, *served(fake_server, "--chunk-tokens", "9000")
+    )
+    assert_clean_failure(result, 1, "context holds 8192", "lower --chunk-tokens or --memory-tokens")
+    result = memagent("ask", str(doc), "why " * 6000, *served(fake_server))
+    assert_clean_failure(result, 1, "question is too long")
+    assert fake_server.chat_calls == 0
