@@ -55,6 +55,7 @@ class DataFile:
     path: Path
     group: str
     ids: tuple[str, ...]  # of the cases that will run (after --limit)
+    questions: tuple[str, ...]  # theirs, to size the model's context before any run
 
 
 def data_files(paths: Sequence[str | Path]) -> list[Path]:
@@ -88,10 +89,13 @@ def data_files(paths: Sequence[str | Path]) -> list[Path]:
 
 def check(path: Path, limit: int | None = None) -> DataFile:
     """Read `path` once through, checking every case (the first `limit`) before any runs."""
-    ids = [case.id for case in read_cases(path, limit)]
+    ids, questions = [], []
+    for case in read_cases(path, limit):
+        ids.append(case.id)
+        questions.append(case.question)
     if not ids:
         raise DataError(f"{path} holds no cases.")
-    return DataFile(path=path, group=path.stem, ids=tuple(ids))
+    return DataFile(path=path, group=path.stem, ids=tuple(ids), questions=tuple(questions))
 
 
 def read_cases(path: Path, limit: int | None = None) -> Iterator[Case]:

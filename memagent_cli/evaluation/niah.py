@@ -238,17 +238,30 @@ def _fit(
 ) -> str:
     """The document of exactly `target` tokens: the longest prefix of the (repeated)
     haystack, cut at a character, that with the needles makes `target` tokens."""
-    stream = " ".join(sentences)
+    haystack = " ".join(sentences)
+    sample = haystack[:20_000]
+    chars_per_token = len(sample) / max(1, len(tokenize(sample)))
+    repeats = int(target * chars_per_token * 1.3 / len(haystack)) + 1  # a short one repeats
+    stream = " ".join([haystack] * repeats)
     count = lambda k: len(tokenize(_assemble(stream, k, placed)))  # noqa: E731
-    while count(len(stream)) < target:
-        if len(stream) > 64 * target + 1_000_000:
-            raise UserError("The needles alone are longer than the length asked for.")
-        stream = stream + " " + " ".join(sentences)  # a short haystack repeats
-    low, high = 0, len(stream)  # count(low) <= target < count(high), or high is exact
-    if count(high) == target:
-        return _assemble(stream, high, placed)
+    low, high = 0, len(stream)  # count(low) <= target < count(high)
     if count(low) > target:
         raise UserError(f"The needles alone take more than {target} tokens; ask for more.")
+    while (total := count(high)) <= target:
+        if total == target:
+            return _assemble(stream, high, placed)
+        stream, high = stream + " " + haystack, high + 1 + len(haystack)
+    # Tokenizing a long document costs: aim with the haystack's characters per token until
+    # the crossing is bracketed tightly, then bisect.
+    aim = int(target * chars_per_token)
+    for _ in range(8):
+        if high - low <= 64 or not low < aim < high:
+            break
+        total = count(aim)
+        if total == target:
+            return _assemble(stream, aim, placed)
+        low, high = (aim, high) if total < target else (low, aim)
+        aim += int((target - total) * chars_per_token)
     while high - low > 1:
         middle = (low + high) // 2
         if count(middle) <= target:
