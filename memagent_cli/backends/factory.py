@@ -28,7 +28,9 @@ class BackendOptions:
     verbose: bool = False
 
 
-def open_backend(options: BackendOptions, note: Callable[[str], None] = print) -> Backend:
+def open_backend(
+    options: BackendOptions, note: Callable[[str], None] = lambda message: None
+) -> Backend:
     """The backend `options` name, its vocabulary ready; a model's weights load later, when
     the run calls `prepare`."""
     if options.kind == "openai":
@@ -47,7 +49,7 @@ def open_backend(options: BackendOptions, note: Callable[[str], None] = print) -
     from memagent_cli import models
     from memagent_cli.backends.llama_cpp import LlamaCppBackend, can_offload, physical_cores
 
-    found = models.resolve(options.model)
+    found = models.resolve(options.model, note=note)
     gpu_layers = options.gpu_layers
     if gpu_layers is None:
         gpu_layers = -1 if can_offload() else 0
