@@ -193,3 +193,28 @@ def test_a_step_larger_than_the_served_context(memagent, fake_server, doc):
     result = memagent("ask", str(doc), "why " * 6000, *served(fake_server))
     assert_clean_failure(result, 1, "question is too long")
     assert fake_server.chat_calls == 0
+
+
+def test_resume_of_a_damaged_trace_names_the_bad_line(memagent, fake_server, doc, tmp_path):
+    fake_server.fail_after, fake_server.fail_status = 3, 400
+    cut = tmp_path / "cut.jsonl"
+    assert ask(memagent, fake_server, doc, "--trace", str(cut)).returncode == 1
+    lines = cut.read_text().splitlines(keepends=True)
+    step = json.loads(lines[2])
+    del step["memory"]
+    cut.write_text(lines[0] + lines[1] + json.dumps(step) + "\n" + "".join(lines[3:]))
+    fake_server.fail_after = None
+    result = ask(memagent, fake_server, doc, "--resume", str(cut))
+    assert_clean_failure(result, 1, f"{cut}, line 3 has no 'memory' field")
+
+
+def test_a_damaged_trace_in_the_data_folder_is_passed_over_by_the_cache(
+    memagent, fake_server, doc, env
+):
+    first = json.loads(ask(memagent, fake_server, doc, "--json", "-q").stdout)
+    path = Path(first["trace"])
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    records[1]["tokens"] = "0-300"  # a mistyped field: this trace cannot answer again
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    again = json.loads(ask(memagent, fake_server, doc, "--json", "-q").stdout)
+    assert again["cached"] is False and again["reply"] == first["reply"]
