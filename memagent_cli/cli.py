@@ -16,7 +16,7 @@ import typer
 from memagent_cli import __version__, display, protocol
 from memagent_cli.backends.factory import DEFAULT_TIMEOUT, KINDS, BackendOptions
 from memagent_cli.errors import Interrupted, UserError
-from memagent_cli.trace import default_dir
+from memagent_cli.trace import check_new, default_dir, read_trace
 
 app = typer.Typer(
     help="Answer questions about book-scale documents with a MemAgent model run locally "
@@ -259,10 +259,11 @@ def ask(
             "a named trace is for one document; leave the path out with several documents.",
             param_hint="--trace" if trace is not None else "--resume",
         )
+    # Before any model loads: a trace that cannot be written, or one to resume that is not there.
     if trace is not None and not no_trace:
-        from memagent_cli.trace import check_new
-
-        check_new(trace)  # before any model loads
+        check_new(trace)
+    if resume is not None:
+        read_trace(resume)
     signal.signal(signal.SIGTERM, _on_sigterm)
     backend_options = BackendOptions(
         kind=backend,

@@ -39,6 +39,7 @@ def test_chunk_size_must_be_positive():
         make_chunks([1, 2, 3], 0, byte_detokenize)
 
 
+@pytest.mark.model
 def test_real_tokenizer_windows_cover_the_document():
     backend = LlamaCppBackend(default_model_path(), threads=1, gpu_layers=0)
     text = story(300) + " Ünïcödé ✓ 漢字 at the end."
