@@ -89,11 +89,12 @@ def main() -> None:
 
 def share_of_ask(documents: list) -> None:
     """How much of a typical `ask` (default model and settings) extraction takes."""
-    from memagent_cli import protocol, session
-    from memagent_cli.chunking import make_chunks
+    from memagent_cli import protocol
+    from memagent_cli.backends.factory import BackendOptions, open_backend
+    from memagent_cli.chunking import make_chunks, tokenize_in_pieces
     from memagent_cli.inspection import estimate_seconds
 
-    _, backend = session.open_backend(None, threads=None, gpu_layers=None, verbose=False)
+    backend = open_backend(BackendOptions())
     print()
     print(
         f"{'format':>10}  {'tokenize s':>10}  {'tokens':>10}  {'chunks':>10}  "
@@ -101,7 +102,7 @@ def share_of_ask(documents: list) -> None:
     )
     for name, extract_seconds, document in documents:
         start = time.perf_counter()
-        tokens = backend.tokenize(document.text)
+        tokens = tokenize_in_pieces(document.text, backend.tokenize)
         chunks = make_chunks(tokens, protocol.DEFAULT_CHUNK_TOKENS, backend.detokenize)
         tokenize_seconds = time.perf_counter() - start
         guess = estimate_seconds(

@@ -8,7 +8,7 @@ import re
 import struct
 import zipfile
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -382,3 +382,25 @@ def ncx_document(entries: Sequence[tuple[str, str]]) -> str:
         f' version="2005-1"><head/><docTitle><text>t</text></docTitle><navMap>{points}</navMap>'
         "</ncx>"
     )
+
+
+def corrupt_page_streams(path: Path, pages: list[int], damage: Callable[[bytes], bytes]) -> Path:
+    """Replace the content streams of `pages` (0-based) in an fpdf2 PDF by `damage(stream)`,
+    keeping every length, so only decompression fails."""
+    data = bytearray(path.read_bytes())
+    streams = []
+    start = 0
+    while (found := data.find(b"/FlateDecode", start)) != -1:
+        begin = data.index(b"stream\n", found) + len(b"stream\n")
+        length = int(data[data.index(b"/Length", found) + 8 : data.index(b"\n", found + 13)])
+        streams.append((begin, length))
+        start = begin + length
+    for index in pages:
+        begin, length = streams[index]
+        data[begin : begin + length] = damage(bytes(data[begin : begin + length]))
+    path.write_bytes(bytes(data))
+    return path
+
+
+def scramble(stream: bytes) -> bytes:
+    return stream[:2] + bytes(b ^ 0x5A for b in stream[2:])

@@ -144,3 +144,75 @@ def test_an_encoding_not_available_offline_is_one_sentence(memagent, env, tmp_pa
     env["HTTPS_PROXY"] = env["HTTP_PROXY"] = "http://127.0.0.1:9"
     result = memagent("inspect", str(path), "--tokenizer", "tiktoken", "--encoding", "o200k_base")
     assert_clean_failure(result, 1, "o200k_base is not available offline")
+
+
+INSPECT = ("--tokenizer", "tiktoken", "--json")
+
+
+# -- PDFs that are not what they say ----------------------------------------------------------
+
+
+def test_text_that_starts_like_a_pdf_offers_format_text(memagent, tmp_path: Path) -> None:
+    path = tmp_path / "notes.txt"
+    path.write_text("%PDF-1.7 is the first line of every PDF; these are notes about it.\n")
+
+    result = memagent("inspect", str(path), *INSPECT)
+
+    assert_clean_failure(result, 1, "looks like a damaged PDF", "--format text")
+
+
+def test_binary_that_starts_like_a_pdf_is_only_damaged(memagent, tmp_path: Path) -> None:
+    path = tmp_path / "notes.txt"
+    path.write_bytes(b"%PDF-1.7\n" + bytes(range(128, 256)) * 30)
+
+    result = memagent("inspect", str(path), *INSPECT)
+
+    assert_clean_failure(result, 1, "is damaged or not a PDF")
+    assert "--format" not in result.stderr
+
+
+def test_a_pdf_whose_pages_all_fail_to_decompress_is_damaged_not_scanned(
+    memagent, tmp_path
+) -> None:
+    path = builders.pdf(tmp_path / "a.pdf", ["Page one text.", "Page two text."])
+    builders.corrupt_page_streams(path, [0, 1], builders.scramble)
+
+    result = memagent("inspect", str(path), *INSPECT)
+
+    assert_clean_failure(result, 1, "a.pdf is damaged: pypdf could not decode the content")
+    assert "OCR" not in result.stderr
+
+
+# -- Rich markup in text that comes from the user's files -------------------------------------
+
+MARKUP = "[/bold][red]x[/]"
+
+
+def test_markup_in_a_file_name_is_printed_as_text(memagent, tmp_path: Path) -> None:
+    (tmp_path / "[red]x[").mkdir()  # a "/" in markup is a folder in a path
+    path = tmp_path / "[red]x[" / "bold].txt"
+    path.write_text("A short story about the sea.")
+
+    result = memagent("inspect", str(path), "--tokenizer", "tiktoken")
+
+    assert result.returncode == 0, result.stderr
+    assert "[red]x[/bold].txt" in result.stdout
+
+
+def test_markup_in_a_pdf_title_is_printed_as_text(memagent, tmp_path: Path) -> None:
+    path = builders.pdf(tmp_path / "a.pdf", ["Some text."], title=MARKUP)
+
+    result = memagent("inspect", str(path), "--tokenizer", "tiktoken")
+
+    assert result.returncode == 0, result.stderr
+    assert MARKUP in result.stdout
+
+
+def test_markup_in_a_chapter_title_is_printed_as_text(memagent, tmp_path: Path) -> None:
+    chapters = [("a.xhtml", MARKUP, builders.xhtml(None, ["Some text."]))]
+    path = builders.epub_book(tmp_path / "b.epub", chapters, title=MARKUP)
+
+    result = memagent("inspect", str(path), "--tokenizer", "tiktoken")
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count(MARKUP) == 2  # the book's title and the chunk's span

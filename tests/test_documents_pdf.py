@@ -197,3 +197,43 @@ def test_a_pdf_can_come_from_stdin(book: Path, monkeypatch: pytest.MonkeyPatch) 
 
     assert document.format == "pdf" and document.path == "<stdin>"
     assert document.span(0, len(document.text)) == "p. i–3"
+
+
+def test_text_that_starts_like_a_pdf_reads_with_the_format_given(tmp_path: Path) -> None:
+    path = tmp_path / "notes.txt"
+    path.write_text("%PDF-1.7 is the first line of every PDF; these are notes about it.\n")
+
+    with pytest.raises(DocumentError, match="looks like a damaged PDF.*--format text"):
+        load_document(str(path))
+    assert load_document(str(path), format="text").text.startswith("%PDF-1.7 is the first")
+
+
+def test_text_named_like_a_pdf_offers_format_text(book: Path) -> None:
+    book.write_text("just some notes\n")
+
+    with pytest.raises(
+        DocumentError, match=r"book\.pdf is named like a PDF but is not one; .*--format text"
+    ):
+        load_document(str(book))
+
+
+def test_a_page_pypdf_cannot_decompress_is_said_as_such(tmp_path: Path) -> None:
+    path = builders.pdf(tmp_path / "a.pdf", ["Page one text.", "Page two text.", "Three."])
+    builders.corrupt_page_streams(path, [1], builders.scramble)
+
+    document = load_document(str(path))
+
+    assert "Page one text." in document.text and "Three." in document.text
+    assert document.pages_without_text == 0  # the page is damaged, not scanned
+    assert len(document.notes) == 1
+    assert "could not decode the content of p. 2 (pypdf: Error -3" in document.notes[0]
+
+
+def test_an_unsupported_filter_is_said(tmp_path: Path) -> None:
+    path = builders.pdf(tmp_path / "a.pdf", ["Page one text.", "Page two text."])
+    data = path.read_bytes().replace(b"/FlateDecode", b"/FooDecode\n  ", 1)
+    path.write_bytes(data)
+
+    document = load_document(str(path))
+
+    assert "Unsupported filter /FooDecode" in document.notes[0]
