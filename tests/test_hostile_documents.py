@@ -319,3 +319,52 @@ def test_a_bad_maximum_size_is_one_sentence(env, tmp_path: Path, value: str) -> 
     result = run(env, "inspect", str(path), *INSPECT)
 
     assert_clean_failure(result, 1, "MEMAGENT_MAX_DOCUMENT_BYTES must be a whole number")
+
+
+# -- Hostile XML and package files: bounded work, one sentence at worst ---------------------
+
+XHTML = "application/xhtml+xml"
+LAUGHS = (
+    '<!DOCTYPE html [<!ENTITY a "aaaaaaaaaa">'
+    + "".join(f'<!ENTITY {chr(98 + i)} "{f"&{chr(97 + i)};" * 10}">' for i in range(9))
+    + "]>"
+)
+HOSTILE_CHAPTERS = {
+    "200,000-deep nesting": builders.page("<div>" * 200_000 + "deep" + "</div>" * 200_000),
+    "billion laughs": f'<?xml version="1.0"?>{LAUGHS}<html><body><p>&j;</p></body></html>',
+    "NUL bytes": builders.page("<p>a\x00b</p>"),
+}
+
+
+@pytest.mark.parametrize("case", HOSTILE_CHAPTERS)
+def test_hostile_xhtml_is_read_or_refused_in_bounded_work(tmp_path: Path, case: str) -> None:
+    files = {"a.xhtml": HOSTILE_CHAPTERS[case], "b.xhtml": builders.page("<p>Safe text.</p>")}
+    manifest = [("a", "a.xhtml", XHTML), ("b", "b.xhtml", XHTML)]
+    path = builders.package_epub(tmp_path / "h.epub", files, manifest=manifest, spine=["a", "b"])
+
+    text = load_document(str(path)).text
+
+    assert "Safe text." in text and "aaaaaaaaaa" not in text and len(text) < 1000
+
+
+def test_entities_in_the_package_file_are_never_expanded(book: Path) -> None:
+    opf = next(m for m in builders.members_of(book) if m.name == "EPUB/content.opf")
+    opf.data = opf.data.replace(b"?>", b"?>" + LAUGHS.replace("html", "package").encode(), 1)
+    opf.data = opf.data.replace(b"<dc:title>", b"<dc:title>&j;")
+    builders.replace_member(book, opf)
+
+    try:
+        title = load_document(str(book)).title
+    except DocumentError as refused:
+        assert "cannot be parsed" in refused.message
+    else:
+        assert "aaaaaaaaaa" not in title
+
+
+def test_a_spine_that_repeats_one_file_reads_it_once(tmp_path: Path) -> None:
+    files = {"a.xhtml": builders.page("<p>Once.</p>")}
+    manifest = [(f"a{n}", f"a.xhtml#f{n}", XHTML) for n in range(20_000)]
+    spine = [f"a{n}" for n in range(20_000)]
+    path = builders.package_epub(tmp_path / "r.epub", files, manifest=manifest, spine=spine)
+
+    assert load_document(str(path)).text == "Once."

@@ -109,16 +109,16 @@ def _reading_order(book: package.Package, where: str, notes: list[str]) -> list[
             f"{where} has no spine (the reading order), so its chapters are read in the "
             "order its manifest lists them."
         )
-    files: list[str] = []
+    files: dict[str, None] = {}  # ordered, and a set: a hostile spine repeats a file often
     for item in items:
         is_text = item.media_type in package.XHTML_TYPES or (
             not item.media_type and item.name.lower().endswith(_XHTML_SUFFIXES)
         )
-        if is_text and item.name != nav and item.name not in files:
-            files.append(item.name)
+        if is_text and item.name != nav:
+            files.setdefault(item.name)
     if not files:
         raise DocumentError(f"The document is empty: {where} lists no chapters to read.")
-    return files
+    return list(files)
 
 
 def _toc_titles(
