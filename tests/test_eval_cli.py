@@ -51,6 +51,7 @@ def test_scores_table_json_and_records(memagent, fake_server, data, tmp_path):
     table = [line.split() for line in result.stdout.splitlines() if "eval_" in line]
     assert [row[1] for row in table] == ["eval_50", "eval_100"]  # shortest first
     assert [row[7] for row in table] == ["100.00", "50.00"]  # sub_em, %
+    assert [row[13] for row in table] == ["100%", "100%"]  # boxed: the stand-in always boxes
     assert f"results: {out}" in words(result.stderr)
 
     records = {r["id"]: r for r in lines_of(out)}

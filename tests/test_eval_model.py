@@ -89,7 +89,7 @@ def test_eval_is_interrupted_continued_and_reported(tmp_path, env, memagent):
     # The table on stdout: a row per length group, shortest first.
     table = again.stdout
     assert table.index("eval_short") < table.index("eval_long")
-    for column in ("sub_em", "em", "f1", "s/case", "tok/s"):
+    for column in ("sub_em", "em", "f1", "boxed", "s/case", "tok/s"):
         assert column in table
 
     # The same summary as JSON, from the results file.

@@ -17,6 +17,7 @@ from memagent_cli.evaluation.results import ResultsError
 
 def record(group: str, i: int, sub_em: float, tokens: int = 7168, seconds: float = 2.0, **kw):
     base = {"id": f"q{i}", "group": group, "sub_em": sub_em, "em": 0.0, "f1": 0.5}
+    base["prediction"] = "x" if sub_em else None  # right answers are boxed, wrong ones not
     return base | {"seconds": seconds, "tokens": tokens} | kw
 
 
@@ -83,6 +84,7 @@ def test_groups_are_summarized_as_the_authors_print_them():
     )  # fmt: skip
     assert (long.label, long.sub_em, long.f1) == ("14K", 50.0, 83.5)
     assert long.seconds_per_case == 5.0
+    assert (short.boxed, long.boxed) == (66.67, 50.0)
     assert long.tokens_per_second == pytest.approx(2 * 14336 / 10, abs=0.1)
     assert report.overall(records).sub_em == 60.0
 

@@ -151,7 +151,14 @@ def _run(
             return _stopped(stop.message, stop.exit_code, output)
         except KeyboardInterrupt:
             return _stopped("Interrupted (SIGINT).", 130, output)
-    _show(results.read(output), options)
+    finished_run = results.read(output)
+    unboxed = sum(r.get("prediction") is None for r in finished_run.records)
+    if unboxed:
+        note(
+            f"{unboxed} of {len(finished_run.records)} final replies put no answer in "
+            "\\boxed{}; they score 0, as in the authors' script (each record keeps the reply)."
+        )
+    _show(finished_run, options)
     return 0
 
 

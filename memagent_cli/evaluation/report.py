@@ -1,7 +1,8 @@
 """Summaries of results: one row per length group, as a table on stdout or one JSON object.
 
 Scores are percentages of the cases in the group, as the authors print them
-(`round(sum * 100 / n, 2)`); "tok/s" is document tokens read per second of run time.
+(`round(sum * 100 / n, 2)`); "boxed" is the share of final replies with a `\boxed{}` answer
+(the others score 0); "tok/s" is document tokens read per second of model time.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class GroupRow:
     f1: float | None
     seconds_per_case: float
     tokens_per_second: float | None
+    boxed: float  # percent of final replies with a \boxed{} answer; the others score 0
 
 
 def length_label(tokens: float) -> str:
@@ -69,6 +71,7 @@ def _row(name: str, members: list[dict[str, Any]]) -> GroupRow:
         f1=_percent([r["f1"] for r in members if r.get("f1") is not None]),
         seconds_per_case=round(seconds / n, 2),
         tokens_per_second=round(tokens / seconds, 1) if seconds > 0 else None,
+        boxed=_percent([r.get("prediction") is not None for r in members]),
     )
 
 
@@ -113,7 +116,7 @@ def to_json(run: Results) -> dict[str, Any]:
 def print_table(console: Console, run: Results, *, title: bool = False) -> None:
     """The run's groups as a table; `title` names the run (when several are compared)."""
     table = Table(title=Text(str(run.path)) if title else None, title_justify="left")
-    for name in ("group", "length", "cases", "sub_em", "em", "f1", "s/case", "tok/s"):
+    for name in ("group", "length", "cases", "sub_em", "em", "f1", "boxed", "s/case", "tok/s"):
         table.add_column(name, justify="left" if name == "group" else "right")
     rows = summarize(run.records)
     pooled = overall(run.records)
@@ -125,6 +128,7 @@ def print_table(console: Console, run: Results, *, title: bool = False) -> None:
             _cell(row.sub_em),
             _cell(row.em),
             _cell(row.f1),
+            _cell(row.boxed, "{:.0f}%"),
             f"{row.seconds_per_case:.1f}",
             _cell(row.tokens_per_second, "{:,.0f}"),
         )
