@@ -368,3 +368,11 @@ def test_a_spine_that_repeats_one_file_reads_it_once(tmp_path: Path) -> None:
     path = builders.package_epub(tmp_path / "r.epub", files, manifest=manifest, spine=spine)
 
     assert load_document(str(path)).text == "Once."
+
+
+def test_hrefs_that_differ_from_member_names_in_case_or_escaping(tmp_path: Path) -> None:
+    files = {"Chapter One.xhtml": builders.page("<p>First.</p>")}
+    manifest = [("a", "chapter%20one.xhtml", XHTML)]
+    path = builders.package_epub(tmp_path / "c.epub", files, manifest=manifest, spine=["a"])
+
+    assert load_document(str(path)).text == "First."

@@ -59,6 +59,14 @@ class Archive:
     def __contains__(self, name: str) -> bool:
         return name in self._members
 
+    def find(self, name: str) -> str | None:
+        """The member `name` names: itself, else one that differs only in case (books made
+        on case-insensitive file systems link "Chapter1.xhtml" to "chapter1.xhtml")."""
+        if name in self._members:
+            return name
+        folded = name.casefold()
+        return next((n for n in self._members if n.casefold() == folded), None)
+
     def read(self, name: str, *, limit: int = MEMBER_LIMIT) -> bytes:
         """The inflated bytes of member `name`; DocumentError (one sentence) if it cannot be
         read or is larger than `limit`."""

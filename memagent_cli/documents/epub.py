@@ -50,9 +50,10 @@ def parse(
     titles = _toc_titles(archive, book, where, notes)
     parts: list[tuple[str, str]] = []
     for done, name in enumerate(files, 1):
-        if name not in archive:
+        member = archive.find(name)
+        if member is None:
             raise DocumentError(f"{where} is damaged: {name}, listed in its manifest, is missing.")
-        text, heading = xhtml.to_text(archive.read(name))
+        text, heading = xhtml.to_text(archive.read(member))
         parts.append((titles.get(name) or heading or PurePosixPath(name).name, text))
         if progress is not None:
             progress(done, len(files))
