@@ -675,6 +675,10 @@ PlotOpt = Annotated[
     ),
 ]
 NoTraceOpt = Annotated[bool, typer.Option("--no-trace", help="Write no trace per case.")]
+NoCacheOpt = Annotated[
+    bool,
+    typer.Option("--no-cache", help="Read again cases an identical greedy run has answered."),
+]
 
 
 def _eval_options(
@@ -746,6 +750,7 @@ def eval_run(
     gpu_layers: GpuLayersOpt = None,
     threads: ThreadsOpt = None,
     no_trace: NoTraceOpt = False,
+    no_cache: NoCacheOpt = False,
     quiet: QuietOpt = False,
     verbose: VerboseOpt = False,
 ) -> None:
@@ -758,8 +763,8 @@ def eval_run(
         settings=(chunk_tokens, memory_tokens, temperature, top_p, seed),
         model=model, base_url=base_url, api_key=api_key, served_model=served_model,
         encoding=encoding, threads=threads, gpu_layers=gpu_layers, timeout=timeout,
-        verbose=verbose, output=output, write_traces=not no_trace, quiet=quiet,
-        as_json=as_json, plot=plot,
+        verbose=verbose, output=output, write_traces=not no_trace, use_cache=not no_cache,
+        quiet=quiet, as_json=as_json, plot=plot,
     )  # fmt: skip
     code = command.eval_files(data, limit, options)
     if code:
@@ -808,6 +813,7 @@ def eval_niah(
     gpu_layers: GpuLayersOpt = None,
     threads: ThreadsOpt = None,
     no_trace: NoTraceOpt = False,
+    no_cache: NoCacheOpt = False,
     quiet: QuietOpt = False,
     verbose: VerboseOpt = False,
 ) -> None:
@@ -820,8 +826,8 @@ def eval_niah(
         settings=(chunk_tokens, memory_tokens, temperature, top_p, seed),
         model=model, base_url=base_url, api_key=api_key, served_model=served_model,
         encoding=encoding, threads=threads, gpu_layers=gpu_layers, timeout=timeout,
-        verbose=verbose, output=output, write_traces=not no_trace, quiet=quiet,
-        as_json=as_json, plot=plot,
+        verbose=verbose, output=output, write_traces=not no_trace, use_cache=not no_cache,
+        quiet=quiet, as_json=as_json, plot=plot,
     )  # fmt: skip
     code = command.eval_niah(
         haystack, lengths=lengths, depths=depths, variant=needles, seed=seed, options=options

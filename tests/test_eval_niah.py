@@ -125,5 +125,7 @@ def test_unusable_requests_are_one_sentence(haystack, tokenize):
         build(haystack, tokenize, variant="haystack")
     with pytest.raises(UserError, match="no text"):
         build("   ", tokenize)
+    with pytest.raises(UserError, match="no sentence ends"):
+        build("words without an end " * 100, tokenize)
     with pytest.raises(UserError, match="needles alone"):
         build(haystack, tokenize, variant="multivalue", lengths="64")

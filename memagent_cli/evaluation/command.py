@@ -24,6 +24,8 @@ from memagent_cli.evaluation.runner import Answered, check_resumable, evaluate
 from memagent_cli.reader import Settings, context_needed
 from memagent_cli.session import Engine, open_engine, open_session
 
+_BIG_FILE = 256 << 20  # the authors' eval_6400.json is about 2 GB: say what takes a while
+
 
 @dataclass(frozen=True)
 class EvalOptions:
@@ -32,6 +34,7 @@ class EvalOptions:
     backend: BackendOptions
     settings: Settings
     output: Path | None = None  # results file; default: a new one in the data folder
+    use_cache: bool = True  # a greedy case already run (same trace header) is not read again
     parallel: int = 1
     write_traces: bool = True
     quiet: bool = False
@@ -42,7 +45,11 @@ class EvalOptions:
 def eval_files(paths: Sequence[str], limit: int | None, options: EvalOptions) -> int:
     """Run the cases of the authors' files (the first `limit` of each); the exit code."""
     files = data.data_files(paths)
-    checked = [data.check(path, limit) for path in files]
+    checked = []
+    for path in files:
+        if path.stat().st_size > _BIG_FILE:
+            _note(options)(f"checking {path} ({path.stat().st_size / 1e9:.1f} GB)")
+        checked.append(data.check(path, limit))
     questions = sorted({q for file in checked for q in file.questions})
 
     def cases() -> Iterable[Case]:
@@ -186,7 +193,7 @@ def run_info(engine: Engine) -> dict[str, Any]:
 def _answerer(
     engine: Engine, options: EvalOptions
 ) -> Callable[[Case, threading.Event | None], Answered]:
-    run_options = run.RunOptions(quiet=options.quiet)
+    run_options = run.RunOptions(quiet=options.quiet, use_cache=options.use_cache)
 
     def answer(case: Case, cancel: threading.Event | None) -> Answered:
         text = case.context.strip()

@@ -186,6 +186,10 @@ def build_cases(
     sentences = split_sentences(haystack)
     if not sentences:
         raise UserError("The haystack document has no text to hide needles in.")
+    if not any(_WHOLE.search(sentence) for sentence in sentences):
+        raise UserError(
+            "The haystack has no sentence ends (. ! ?) to hide needles between; give prose."
+        )
     cases = []
     for label, tokens in lengths:
         for depth in depths:
