@@ -46,6 +46,9 @@ def test_json_lines_and_ruler_needle_files(tmp_path):
     path = write_lines(tmp_path / "niah_single_2_8192.jsonl", [needle])
     (case,) = data.read_cases(path)
     assert (case.id, case.kind, case.answers) == ("7", "needle", ("1", "2"))
+    # RULER's qa splits are QA, scored against the first output (ruler_general.py).
+    qa = write_lines(tmp_path / "eval_qa_1_8192.jsonl", [needle])
+    assert next(data.read_cases(qa)).kind == "qa"
 
 
 def test_missing_ids_are_positions_and_limit_takes_the_first_cases(tmp_path):

@@ -121,7 +121,9 @@ def _case(item: Any, number: int, path: Path) -> Case:
     if "answers" in item:
         kind, field = "qa", "answers"
     elif "outputs" in item:
-        kind, field = "needle", "outputs"
+        # RULER's files: as the authors' ruler_general.py, a "qa" split is scored as QA
+        # against its first output, the others by the share of outputs recalled.
+        kind, field = ("qa" if "qa" in path.stem else "needle"), "outputs"
     else:
         raise DataError(f'{where} has no "answers" field (nor RULER\'s "outputs"); {_SHAPE}.')
     context, question, answers = item["context"], item["input"], item[field]
