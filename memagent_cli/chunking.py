@@ -85,7 +85,7 @@ def tokenize_in_pieces(
     text: str,
     tokenize: Callable[[str], list[int]],
     *,
-    piece_chars: int = 1 << 20,
+    piece_chars: int = 1 << 16,
     progress: Callable[[int, int], None] | None = None,
 ) -> list[int]:
     """The tokens of `text`, tokenized a piece of about `piece_chars` characters at a time.
