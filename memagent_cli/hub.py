@@ -26,7 +26,6 @@ PREFIX = "hf:"
 DEFAULT_QUANTS = ("Q4_K_M", "Q8_0")  # llama.cpp's -hf choice when no tag is given
 _REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 _DEFAULT_ENDPOINT = "https://huggingface.co"
-_BLOCK = 1 << 20  # bytes written at a time
 _RETRIES = 5  # dropped connections in a row, with no byte between them, before giving up
 _TIMEOUT = 60.0  # seconds without a byte from the Hub
 
@@ -143,9 +142,9 @@ def pull(spec: Spec, *, note: Note = _silent, progress: Progress | None = None) 
     `spec.quant`. Returns the first GGUF file."""
     endpoint = _endpoint()
     commit, files = list_files(spec.repo, endpoint)
-    if not any(_is_model(p) for p in files) and is_hf_model(files):
-        from memagent_cli.conversion.pull import pull_and_convert
+    from memagent_cli.conversion.pull import is_hf_model, pull_and_convert
 
+    if not any(_is_model(p) for p in files) and is_hf_model(files):
         return pull_and_convert(spec, commit, files, note=note, progress=progress)
     chosen = choose(files, spec.quant, spec.repo)
     if not spec.quant.lower().endswith(".gguf"):
@@ -154,12 +153,6 @@ def pull(spec: Spec, *, note: Note = _silent, progress: Progress | None = None) 
     for path in chosen:
         download(spec.repo, commit, files[path], folder / path, note=note, progress=progress)
     return folder / chosen[0]
-
-
-def is_hf_model(files: Iterable[str]) -> bool:
-    """Whether a repository holds Hugging Face weights: config.json and safetensors."""
-    names = set(files)
-    return "config.json" in names and any(n.endswith(".safetensors") for n in names)
 
 
 def _endpoint() -> str:
@@ -220,15 +213,6 @@ def partial_path(dest: Path, remote: RemoteFile) -> Path:
     """Where the bytes of `remote` gather until it is complete and verified."""
     checksum = remote.sha256 or remote.blob_id or "unknown"
     return dest.with_name(f"{dest.name}.{checksum[:16]}.incomplete")
-
-
-def missing_bytes(dest: Path, remote: RemoteFile) -> int:
-    """How much of `remote` is still to download to `dest` (0 when it is there)."""
-    if dest.is_file() and (remote.size is None or dest.stat().st_size == remote.size):
-        return 0
-    partial = partial_path(dest, remote)
-    have = partial.stat().st_size if partial.is_file() else 0
-    return max(0, (remote.size or 0) - have)
 
 
 def download(
@@ -309,7 +293,9 @@ def _fetch(
                         file.truncate(0)
                         file.seek(0)
                         have = 0
-                    for block in response.iter_bytes(_BLOCK):
+                    # As they arrive: a fixed chunk size would lose the bytes buffered
+                    # toward a chunk when the connection drops.
+                    for block in response.iter_bytes():
                         file.write(block)
                         have += len(block)
                         failures = 0

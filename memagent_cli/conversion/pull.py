@@ -5,6 +5,7 @@ GGUF where `hf:OWNER/NAME:QUANT` and the registry find it."""
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
 
 from rich.filesize import decimal
@@ -59,7 +60,7 @@ def pull_and_convert(
         hub.download(spec.repo, commit, files[path], folder / path)
     arch = architecture.read(folder)
     weights = sum(files[p].size or 0 for p in wanted if p.endswith(".safetensors"))
-    to_download = sum(hub.missing_bytes(folder / p, files[p]) for p in wanted)
+    to_download = sum(missing_bytes(folder / p, files[p]) for p in wanted)
     parameters = weights // (4 if str(arch.config.get("torch_dtype")) == "float32" else 2)
     f16 = parameters * 2 if quant != "F32" else parameters * 4
     final = quantize.estimated_size(parameters, quant) if quant not in quantize.UNQUANTIZED else 0
@@ -79,3 +80,18 @@ def pull_and_convert(
     shutil.rmtree(folder, ignore_errors=True)
     note(f"removed the downloaded weights ({decimal(weights)}); {dest} is what memagent runs")
     return dest
+
+
+def is_hf_model(files: Iterable[str]) -> bool:
+    """Whether a repository holds Hugging Face weights: config.json and safetensors."""
+    names = set(files)
+    return "config.json" in names and any(n.endswith(".safetensors") for n in names)
+
+
+def missing_bytes(dest: Path, remote: hub.RemoteFile) -> int:
+    """How much of `remote` is still to download to `dest` (0 when it is there)."""
+    if dest.is_file() and (remote.size is None or dest.stat().st_size == remote.size):
+        return 0
+    partial = hub.partial_path(dest, remote)
+    have = partial.stat().st_size if partial.is_file() else 0
+    return max(0, (remote.size or 0) - have)

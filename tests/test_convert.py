@@ -1,0 +1,297 @@
+"""`memagent models convert` and `pull` of Hugging Face weights, checked without llama.cpp:
+the GGUF's metadata and tensors against the tiny Qwen2 model they came from (tests/hf_model.py),
+and every bad input refused with one sentence and nothing half-written."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+from conftest import MEMAGENT, assert_clean_failure, words
+from fake_hub import FakeHub, HubFile
+from hf_model import CHATML, SPECIALS, build
+
+TINY_REPO = "someone/Tiny-Qwen2"
+
+
+@pytest.fixture(scope="module")
+def tied(tmp_path_factory) -> tuple[Path, dict[str, np.ndarray]]:
+    folder = tmp_path_factory.mktemp("hf") / "Tiny-Qwen2"
+    return folder, build(folder, tied=True, dtype="BF16")
+
+
+@pytest.fixture(scope="module")
+def untied(tmp_path_factory) -> tuple[Path, dict[str, np.ndarray]]:
+    folder = tmp_path_factory.mktemp("hf") / "Tiny-Qwen2-untied"
+    return folder, build(folder, tied=False, dtype="F32", seed=1)
+
+
+def fields(reader: gguf.GGUFReader) -> dict[str, object]:
+    return {name: field.contents() for name, field in reader.fields.items()}
+
+
+def tensors(reader: gguf.GGUFReader) -> dict[str, gguf.ReaderTensor]:
+    return {t.name: t for t in reader.tensors}
+
+
+def test_f32_conversion_writes_what_llama_cpp_s_converter_writes(memagent, tied, tmp_path):
+    folder, weights = tied
+    out = tmp_path / "tiny.gguf"
+    result = memagent("models", "convert", str(folder), "--quant", "F32", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"{out}\n"
+    assert "converting Qwen2ForCausalLM" in words(result.stderr)
+    assert [p.name for p in tmp_path.iterdir()] == ["tiny.gguf"]  # no .part, no F16 left
+
+    reader = gguf.GGUFReader(out)
+    meta = fields(reader)
+    config = json.loads((folder / "config.json").read_text())
+    tokenizer = json.loads((folder / "tokenizer.json").read_text())
+    expected = {
+        "general.architecture": "qwen2",
+        "qwen2.block_count": config["num_hidden_layers"],
+        "qwen2.context_length": config["max_position_embeddings"],
+        "qwen2.embedding_length": config["hidden_size"],
+        "qwen2.feed_forward_length": config["intermediate_size"],
+        "qwen2.attention.head_count": config["num_attention_heads"],
+        "qwen2.attention.head_count_kv": config["num_key_value_heads"],
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "qwen2",
+        "tokenizer.ggml.bos_token_id": config["bos_token_id"],
+        "tokenizer.ggml.eos_token_id": tokenizer["added_tokens"][2]["id"],  # <|im_end|>
+        "tokenizer.ggml.padding_token_id": tokenizer["added_tokens"][0]["id"],  # <|endoftext|>
+        "tokenizer.ggml.add_bos_token": False,
+        "tokenizer.chat_template": CHATML,
+        "general.file_type": gguf.LlamaFileType.ALL_F32,
+    }
+    assert {k: meta.get(k) for k in expected} == expected
+    assert meta["qwen2.rope.freq_base"] == pytest.approx(config["rope_theta"])
+    assert meta["qwen2.attention.layer_norm_rms_epsilon"] == pytest.approx(config["rms_norm_eps"])
+
+    tokens, types = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.token_type"]
+    assert len(tokens) == len(types) == config["vocab_size"]
+    vocab = tokenizer["model"]["vocab"]
+    assert all(tokens[i] == t for t, i in vocab.items())
+    for special in tokenizer["added_tokens"]:
+        assert tokens[special["id"]] == special["content"] in SPECIALS
+        assert types[special["id"]] == gguf.TokenType.CONTROL
+    used = len(vocab) + len(SPECIALS)
+    assert all(t == gguf.TokenType.UNUSED for t in types[used:]) and used < len(types)
+    assert tokens[used] == f"[PAD{used}]"
+    assert all(types[i] == gguf.TokenType.NORMAL for i in vocab.values())
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tokenizer["model"]["merges"]]
+    assert meta["tokenizer.ggml.merges"] == merges
+
+    # Every weight, bit for bit, under its GGUF name; the tied model has no output.weight.
+    written = tensors(reader)
+    assert "output.weight" not in written
+    assert len(written) == len(weights)
+    names = {
+        "model.embed_tokens.weight": "token_embd.weight",
+        "model.norm.weight": "output_norm.weight",
+        "model.layers.1.self_attn.k_proj.bias": "blk.1.attn_k.bias",
+        "model.layers.0.mlp.down_proj.weight": "blk.0.ffn_down.weight",
+        "model.layers.1.input_layernorm.weight": "blk.1.attn_norm.weight",
+    }
+    for hf_name, gguf_name in names.items():
+        tensor = written[gguf_name]
+        assert tensor.tensor_type == gguf.GGMLQuantizationType.F32
+        assert np.array_equal(
+            np.asarray(tensor.data).reshape(weights[hf_name].shape), weights[hf_name]
+        )
+
+
+def test_f16_conversion_keeps_norms_and_biases_f32_and_writes_an_untied_head(
+    memagent, untied, tmp_path
+):
+    folder, weights = untied
+    out = tmp_path / "untied.F16.gguf"
+    result = memagent("models", "convert", str(folder), "--quant", "f16", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    written = tensors(gguf.GGUFReader(out))
+    head = written["output.weight"]
+    assert head.tensor_type == gguf.GGMLQuantizationType.F16
+    expected = weights["lm_head.weight"].astype(np.float16)
+    assert np.array_equal(np.asarray(head.data).reshape(expected.shape), expected)
+    for name, tensor in written.items():
+        one_dimensional = len(tensor.shape) == 1 or name.endswith("_norm.weight")
+        assert (tensor.tensor_type == gguf.GGMLQuantizationType.F32) == one_dimensional, name
+
+
+def test_convert_without_out_goes_where_list_finds_it(memagent, tied):
+    folder, _ = tied
+    result = memagent("models", "convert", str(folder), "--quant", "F16", "--quiet")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    path = Path(result.stdout.strip())
+    assert path.name == "Tiny-Qwen2.F16.gguf" and path.is_file()
+    rows = json.loads(memagent("models", "list", "--json").stdout)
+    row = next(r for r in rows if r["path"] == str(path))
+    assert (row["architecture"], row["quantization"]) == ("qwen2", "F16")
+    assert row["has_chat_template"] is True
+
+
+# bad input: one sentence, exit 1, nothing written --------------------------------------
+
+
+def broken_copy(source: Path, target: Path, how: str) -> Path:
+    shutil.copytree(source, target)
+    if how == "architecture":
+        config = json.loads((target / "config.json").read_text())
+        config["architectures"] = ["MistralForCausalLM"]
+        (target / "config.json").write_text(json.dumps(config))
+    elif how == "tokenizer":
+        (target / "tokenizer.json").unlink()
+    elif how == "truncated":
+        shard = target / "model-00002-of-00002.safetensors"
+        shard.write_bytes(shard.read_bytes()[:-1000])
+    elif how == "config":
+        (target / "config.json").write_text("{not json")
+    elif how == "shard":
+        (target / "model-00001-of-00002.safetensors").unlink()
+    return target
+
+
+@pytest.mark.parametrize(
+    ("how", "phrases"),
+    [
+        (
+            "architecture",
+            ["holds a MistralForCausalLM", "converts Qwen2ForCausalLM, Qwen3ForCausalLM"],
+        ),
+        ("tokenizer", ["has no tokenizer.json"]),
+        ("truncated", ["model-00002-of-00002.safetensors is not a complete safetensors file"]),
+        ("config", ["config.json"]),
+        ("shard", ["model-00001-of-00002.safetensors is missing"]),
+    ],
+)
+def test_bad_model_folders_are_refused_with_one_sentence(memagent, tied, tmp_path, how, phrases):
+    folder = broken_copy(tied[0], tmp_path / "model", how)
+    out = tmp_path / "out"
+    out.mkdir()
+    result = memagent("models", "convert", str(folder), "--out", str(out / "m.gguf"))
+    assert_clean_failure(result, 1, *phrases)
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not list(out.iterdir())
+
+
+def test_unknown_quantization_type_names_the_known_ones(memagent, tied, tmp_path):
+    result = memagent("models", "convert", str(tied[0]), "--quant", "Q4_K_X")
+    assert_clean_failure(result, 1, "Q4_K_X is not a llama.cpp quantization type", "Q4_K_M", "Q8_0")
+
+
+def test_too_little_disk_space_is_refused_before_writing(tied, tmp_path, env):
+    """On a real 64 KB filesystem (a tmpfs in a private mount namespace)."""
+    if shutil.which("unshare") is None:
+        pytest.skip("needs unshare(1) to mount a small filesystem")
+    small = tmp_path / "small"
+    small.mkdir()
+    script = (
+        f'mount -t tmpfs -o size=64k tmpfs "{small}" || exit 77; '
+        f'"{MEMAGENT}" models convert "{tied[0]}" --quant F16 --out "{small}/m.gguf"; '
+        f'code=$?; ls -A "{small}" >&2; exit $code'
+    )
+    result = subprocess.run(
+        ["unshare", "-r", "-m", "sh", "-c", script], capture_output=True, text=True, env=env
+    )
+    if result.returncode == 77:
+        pytest.skip("cannot mount a tmpfs here")
+    assert_clean_failure(result, 1, f"Not enough disk space in {small}", "are free")
+    assert len(result.stderr.strip().splitlines()) == 2  # the sentence, then the plan note
+    # `ls -A` of the small folder printed nothing: no .part, no half a GGUF
+
+
+# pull of Hugging Face weights from a fake Hub -------------------------------------------
+
+
+@pytest.fixture
+def hub_with_weights(env, tmp_path, tied):
+    """A Hub on 127.0.0.1 with the tiny model's files, as the released models are laid out."""
+    folder, _ = tied
+    with FakeHub() as server:
+        files = {
+            p.name: HubFile(p.read_bytes(), lfs=p.suffix == ".safetensors")
+            for p in sorted(folder.iterdir())
+        }
+        files["README.md"] = HubFile(b"# tiny\n", lfs=False)
+        server.add(TINY_REPO, files)
+        env.update(
+            HF_ENDPOINT=server.url,
+            HF_HOME=str(tmp_path / "hf"),
+            HF_HUB_DISABLE_TELEMETRY="1",
+            NO_PROXY="127.0.0.1,localhost",
+        )
+        for name in ("HF_TOKEN", "HF_HUB_OFFLINE", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+            env.pop(name, None)
+            env.pop(name.lower(), None)
+        yield server
+
+
+def repo_folder(env) -> Path:
+    return Path(env["XDG_DATA_HOME"]) / "memagent" / "models" / "hf" / TINY_REPO
+
+
+def test_pull_of_hugging_face_weights_converts_and_registers(memagent, env, hub_with_weights):
+    env["HF_TOKEN"] = "hf_secret"
+    result = memagent("models", "pull", f"{TINY_REPO}:F16")
+    assert result.returncode == 0, result.stderr
+    path = Path(result.stdout.strip())
+    assert path == repo_folder(env) / "Tiny-Qwen2.F16.gguf"
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # the weights are removed
+    said = words(result.stderr)
+    assert said.index("is published as Hugging Face weights") < said.index("downloading model-")
+    assert "of disk needed" in said
+    assert all(r.authorization == "Bearer hf_secret" for r in hub_with_weights.requests)
+    assert not hub_with_weights.downloads("README.md")  # only what the conversion reads
+
+    rows = json.loads(memagent("models", "list", "--json").stdout)
+    row = next(r for r in rows if r["path"] == str(path))
+    assert row["name"] == f"hf:{TINY_REPO}:F16" and row["architecture"] == "qwen2"
+    again = memagent("models", "pull", f"{TINY_REPO}:F16")
+    assert again.returncode == 0 and "already pulled" in again.stderr
+    assert len(hub_with_weights.downloads("model-00001-of-00002.safetensors")) == 1
+
+
+def test_an_interrupted_pull_of_weights_resumes_where_it_stopped(memagent, env, hub_with_weights):
+    shard = "model-00001-of-00002.safetensors"
+    served = hub_with_weights.repos[TINY_REPO][shard]
+    served.drop_after, served.then_fail = 50_000, True  # hangs up, then the Hub is down
+    first = memagent("models", "pull", f"{TINY_REPO}:F16")
+    assert_clean_failure(first, 1, f"Download of {shard} stopped", "Run the same command again")
+    assert not list(repo_folder(env).rglob("*.gguf*"))  # nothing that looks like a model
+    (partial,) = repo_folder(env).rglob("*.incomplete")
+    kept = partial.stat().st_size
+    assert 0 < kept < len(served.content)
+
+    served.then_fail = False
+    second = memagent("models", "pull", f"{TINY_REPO}:F16")
+    assert second.returncode == 0, second.stderr
+    assert "resuming" in second.stderr
+    assert hub_with_weights.downloads(shard)[-1].range == f"bytes={kept}-"
+    assert Path(second.stdout.strip()).is_file()
+
+
+def test_an_unsupported_architecture_is_refused_before_the_weights_download(
+    memagent, env, hub_with_weights
+):
+    files = hub_with_weights.repos[TINY_REPO]
+    config = json.loads(files["config.json"].content)
+    config["architectures"] = ["GPT2LMHeadModel"]
+    files["config.json"] = HubFile(json.dumps(config).encode(), lfs=False)
+    result = memagent("models", "pull", TINY_REPO)
+    assert_clean_failure(result, 1, "holds a GPT2LMHeadModel", "memagent converts Qwen2ForCausalLM")
+    assert not hub_with_weights.downloads("model-00001-of-00002.safetensors")
+
+
+def test_a_repository_without_tokenizer_json_is_refused_before_downloading(
+    memagent, env, hub_with_weights
+):
+    del hub_with_weights.repos[TINY_REPO]["tokenizer.json"]
+    result = memagent("models", "pull", TINY_REPO)
+    assert_clean_failure(result, 1, f"{TINY_REPO} has no tokenizer.json")
+    assert not [r for r in hub_with_weights.requests if "/resolve/" in r.path]
