@@ -404,3 +404,37 @@ def corrupt_page_streams(path: Path, pages: list[int], damage: Callable[[bytes],
 
 def scramble(stream: bytes) -> bytes:
     return stream[:2] + bytes(b ^ 0x5A for b in stream[2:])
+
+
+def pdf_of_streams(path: Path, streams: Sequence[bytes]) -> Path:
+    """A minimal PDF written by hand: one page per content stream, each stored as given
+    (zlib data, /FlateDecode), with a correct cross-reference table."""
+    objects = [b"<< /Type /Catalog /Pages 2 0 R >>"]
+    kids = " ".join(f"{3 + 2 * i} 0 R" for i in range(len(streams)))
+    objects.append(f"<< /Type /Pages /Kids [{kids}] /Count {len(streams)} >>".encode())
+    font = "<< /Font << /F1 << /Type /Font /Subtype /Type1 /BaseFont /Helvetica >> >> >>"
+    for i, raw in enumerate(streams):
+        objects.append(
+            f"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents {4 + 2 * i} 0 R "
+            f"/Resources {font} >>".encode()
+        )
+        head = f"<< /Length {len(raw)} /Filter /FlateDecode >>\nstream\n".encode()
+        objects.append(head + raw + b"\nendstream")
+    out = bytearray(b"%PDF-1.7\n")
+    offsets = []
+    for number, body in enumerate(objects, 1):
+        offsets.append(len(out))
+        out += f"{number} 0 obj\n".encode() + body + b"\nendobj\n"
+    xref = len(out)
+    out += f"xref\n0 {len(objects) + 1}\n0000000000 65535 f \n".encode()
+    out += b"".join(f"{offset:010d} 00000 n \n".encode() for offset in offsets)
+    out += (
+        f"trailer\n<< /Size {len(objects) + 1} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n".encode()
+    )
+    path.write_bytes(bytes(out))
+    return path
+
+
+def page_stream(text: str) -> bytes:
+    """A zlib-compressed content stream that shows `text` in Helvetica."""
+    return zlib.compress(f"BT /F1 12 Tf 72 700 Td ({text}) Tj ET".encode())

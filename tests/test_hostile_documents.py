@@ -376,3 +376,21 @@ def test_hrefs_that_differ_from_member_names_in_case_or_escaping(tmp_path: Path)
     path = builders.package_epub(tmp_path / "c.epub", files, manifest=manifest, spine=["a"])
 
     assert load_document(str(path)).text == "First."
+
+
+def test_a_pdf_page_that_inflates_to_a_gigabyte_stays_within_memory(
+    env, tmp_path: Path, memory_limit: int
+) -> None:
+    zeros = builders.zeros_member("page", GiB)
+    bombed = b"\x78\x9c" + (zeros.raw or b"")  # a zlib header on the raw deflate stream
+    path = builders.pdf_of_streams(
+        tmp_path / "bomb.pdf", [builders.page_stream("Hello page"), bombed]
+    )
+    assert path.stat().st_size < 2 << 20
+
+    result = run(env, "inspect", str(path), *INSPECT, memory=memory_limit)
+
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["document"]["characters"] == len("Hello page")
+    note = load_document(str(path)).notes[0]
+    assert "could not decode the content of p. 2 (pypdf: Limit reached" in note
