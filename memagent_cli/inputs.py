@@ -3,12 +3,12 @@ questions (arguments or a file), found and read with bounds, before any model is
 
 from __future__ import annotations
 
-import stat
 from pathlib import Path, PurePath
 
 from memagent_cli import display
 from memagent_cli.documents import Document, load_document
 from memagent_cli.errors import DocumentError, UserError
+from memagent_cli.files import open_regular
 
 SUPPORTED_SUFFIXES = {".txt", ".md", ".markdown", ".text", ".rst", ".pdf", ".epub"}
 MAX_LIST_BYTES = 16 << 20  # a questions or documents file; far more than anyone types
@@ -17,26 +17,20 @@ MAX_LIST_BYTES = 16 << 20  # a questions or documents file; far more than anyone
 def read_list(path: Path, what: str) -> list[str]:
     """The non-empty lines of a questions or documents file (`what` names it), refusing
     anything that is not a regular text file of a sane size."""
-    name = f"{what.capitalize()} file"
+    name = f"{what} file"
     try:
-        info = path.stat()
-    except FileNotFoundError:
-        raise UserError(f"{name} not found: {path}") from None
+        with open_regular(path, name, limit=MAX_LIST_BYTES) as file:
+            data = file.read(MAX_LIST_BYTES)
     except OSError as exc:
-        raise UserError(f"Cannot read {what} file {path}: {exc.strerror}.") from None
-    if not stat.S_ISREG(info.st_mode):
-        raise UserError(f"{name} {path} is not a regular file; give a text file, one per line.")
-    if info.st_size > MAX_LIST_BYTES:
-        raise UserError(f"{name} {path} is {info.st_size:,} bytes; the limit is 16 MB.")
+        raise UserError(f"Cannot read {name} {path}: {exc.strerror}.") from None
     try:
-        data = path.read_bytes()[:MAX_LIST_BYTES]
         if b"\0" in data:
             raise UnicodeDecodeError("utf-8", data, 0, 1, "NUL byte")
         text = data.decode("utf-8")
     except UnicodeDecodeError:
-        raise UserError(f"{name} {path} is not UTF-8 text, so it holds no {what}.") from None
-    except OSError as exc:
-        raise UserError(f"Cannot read {what} file {path}: {exc.strerror}.") from None
+        raise UserError(
+            f"{name.capitalize()} {path} is not UTF-8 text, so it holds no {what}."
+        ) from None
     return [line.strip() for line in text.splitlines() if line.strip()]
 
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 import codecs
 import json
 import re
-import stat
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from memagent_cli.errors import UserError
+from memagent_cli.files import open_regular
 
 MAX_CASE_BYTES = 256 << 20  # a 3.5M-token case is about 15 MB of JSON
 _READ_BYTES = 1 << 20
@@ -156,7 +156,7 @@ def _case(item: Any, number: int, path: Path) -> Case:
 
 def _objects(path: Path) -> Iterator[Any]:
     """The top-level values of a JSON list or of JSON Lines, streamed."""
-    with _open_regular(path) as file:
+    with open_regular(path, "evaluation data", error=DataError) as file:
         reader = _Reader(file, path)
         first = reader.skip_space()
         if first is None:
@@ -234,23 +234,6 @@ class _Reader:
 
 
 _SPACE = re.compile(r"\s*")
-
-
-def _open_regular(path: Path) -> IO[bytes]:
-    """`path` opened for reading, refusing what is not a regular file (a FIFO would block
-    forever, /dev/zero never ends)."""
-    try:
-        info = path.stat()
-    except FileNotFoundError:
-        raise DataError(f"Evaluation data not found: {path}") from None
-    except OSError as exc:
-        raise DataError(f"Cannot read {path}: {exc.strerror}.") from None
-    if not stat.S_ISREG(info.st_mode):
-        raise DataError(f"{path} is not a regular file, so it cannot be evaluation data.")
-    try:
-        return path.open("rb")
-    except OSError as exc:
-        raise DataError(f"Cannot read {path}: {exc.strerror}.") from None
 
 
 def _natural(path: Path) -> list[Any]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import stat
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -19,9 +18,9 @@ from typing import Any
 import platformdirs
 
 from memagent_cli.errors import UserError
+from memagent_cli.files import MAX_LINE_BYTES, drop_partial_line, open_regular
 
 MAX_RESULTS_BYTES = 1 << 30  # a record is a few KB without the document; this is not ours
-MAX_LINE_BYTES = 16 << 20
 # Fields every record carries; the report needs these.
 REQUIRED = ("id", "group", "sub_em", "seconds", "tokens")
 
@@ -58,18 +57,9 @@ def default_path(first_data: Path, now: datetime | None = None) -> Path:
 
 def read(path: Path, *, missing_ok: bool = False) -> Results:
     """The records of `path`; a missing file is an empty run when `missing_ok`."""
-    try:
-        info = path.stat()
-    except FileNotFoundError:
-        if missing_ok:
-            return Results(path, [])
-        raise ResultsError(f"Results file not found: {path}") from None
-    except OSError as exc:
-        raise ResultsError(f"Cannot read results file {path}: {exc.strerror}.") from None
-    if not stat.S_ISREG(info.st_mode):
-        raise ResultsError(f"{path} is not a regular file, so it cannot be a results file.")
-    if info.st_size > MAX_RESULTS_BYTES:
-        raise ResultsError(f"{path} is {info.st_size:,} bytes, too large to be eval results.")
+    if missing_ok and not path.exists():
+        return Results(path, [])
+    open_regular(path, "results file", limit=MAX_RESULTS_BYTES, error=ResultsError).close()
     records, skipped = [], 0
     try:
         with path.open("rb") as file:
@@ -106,7 +96,7 @@ class Writer:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             if path.exists():
-                _drop_partial_line(path)
+                drop_partial_line(path)
             self._file = path.open("a", encoding="utf-8")
         except OSError as exc:
             raise ResultsError(f"Cannot write results to {path}: {exc.strerror}.") from None
@@ -124,15 +114,3 @@ class Writer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _drop_partial_line(path: Path) -> None:
-    """Cut a line left half-written by a crash, so appended records start on their own line."""
-    with path.open("r+b") as file:
-        size = file.seek(0, os.SEEK_END)
-        back = min(size, MAX_LINE_BYTES)
-        file.seek(size - back)
-        tail = file.read(back)
-        end = size - back + tail.rfind(b"\n") + 1
-        if end < size:
-            file.truncate(end)

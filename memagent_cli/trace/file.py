@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -14,6 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
+from memagent_cli.files import MAX_LINE_BYTES, drop_partial_line, open_regular
 from memagent_cli.reader import Event, Finished, StepFinished
 from memagent_cli.trace.records import (
     KINDS,
@@ -29,27 +29,7 @@ from memagent_cli.trace.records import (
 )
 
 MAX_TRACE_BYTES = 1 << 30  # a 3.5M-token run writes a few MB; anything near this is not ours
-MAX_LINE_BYTES = 16 << 20
 POLL_SECONDS = 0.2
-
-
-def _open_regular(path: Path) -> IO[bytes]:
-    """`path` opened for reading, refusing what is not a regular file of a sane size (a FIFO
-    would block forever, /dev/zero never ends)."""
-    try:
-        info = path.stat()
-    except FileNotFoundError:
-        raise TraceError(f"Trace not found: {path}") from None
-    except OSError as exc:
-        raise TraceError(f"Cannot read trace {path}: {exc.strerror}.") from None
-    if not stat.S_ISREG(info.st_mode):
-        raise TraceError(f"{path} is not a regular file, so it cannot be a trace.")
-    if info.st_size > MAX_TRACE_BYTES:
-        raise TraceError(f"{path} is {info.st_size:,} bytes, too large to be a memagent trace.")
-    try:
-        return path.open("rb")
-    except OSError as exc:
-        raise TraceError(f"Cannot read trace {path}: {exc.strerror}.") from None
 
 
 def _lines(file: IO[bytes], follow: bool, poll: float) -> Iterator[tuple[bytes, str] | None]:
@@ -100,7 +80,7 @@ def records(
     as `Skipped`. With `follow`, waits for records still being written, yields None after
     each poll in which nothing arrived, and never ends."""
     number = 0
-    with _open_regular(path) as file:
+    with open_regular(path, "trace", limit=MAX_TRACE_BYTES, error=TraceError) as file:
         for item in _lines(file, follow, poll):
             if item is None:
                 yield None
@@ -270,7 +250,7 @@ class TraceWriter:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 self._file: IO[str] = path.open("w", encoding="utf-8")
             else:
-                _drop_partial_line(path)
+                drop_partial_line(path)
                 self._file = path.open("a", encoding="utf-8")
         except OSError as exc:
             raise TraceError(f"Cannot write the trace {path}: {exc.strerror}.") from None
@@ -304,15 +284,3 @@ class TraceWriter:
 
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
-
-
-def _drop_partial_line(path: Path) -> None:
-    """Cut a line left half-written by a crash, so appended records start on their own line."""
-    with path.open("r+b") as file:
-        size = file.seek(0, os.SEEK_END)
-        back = min(size, MAX_LINE_BYTES)
-        file.seek(size - back)
-        tail = file.read(back)
-        end = size - back + tail.rfind(b"\n") + 1
-        if end < size:
-            file.truncate(end)
