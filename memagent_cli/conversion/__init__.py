@@ -185,7 +185,7 @@ def write_gguf(
         for tensor_name, tensor in source.tensors:
             dtype = _dtype(tensor_name, tensor, kind)
             for block in tensor.blocks(dtype.type):
-                out.write(block.tobytes())
+                out.write(memoryview(np.ascontiguousarray(block)).cast("B"))
                 done += block.nbytes
                 if progress:
                     progress(f"writing {dest.name}", done, total)

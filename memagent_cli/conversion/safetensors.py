@@ -20,7 +20,7 @@ from memagent_cli.errors import ModelError
 # safetensors dtype -> (numpy storage dtype, bytes per element); BF16 is read as uint16.
 _DTYPES = {"F32": (np.float32, 4), "F16": (np.float16, 2), "BF16": (np.uint16, 2)}
 _MAX_HEADER = 100 << 20  # the format's own limit
-_BLOCK = 1 << 24  # elements converted at a time: 64 MB of float32 at most
+_BLOCK = 1 << 22  # elements converted at a time: 16 MB of float32 at most
 
 
 @dataclass(frozen=True)
