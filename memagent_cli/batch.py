@@ -26,6 +26,7 @@ class Options:
     run: run.RunOptions = run.RunOptions()
     write_traces: bool = True  # False: --no-trace
     password: str | None = None
+    format: str | None = None  # --format: read every document as this format
     parallel: int = 1
 
 
@@ -107,7 +108,9 @@ def _jobs(
     quiet = options.run.quiet
     for number, path in enumerate(paths, start=1):
         try:
-            document = read_document(path, password=options.password, quiet=quiet)
+            document = read_document(
+                path, password=options.password, quiet=quiet, format=options.format
+            )
         except DocumentError as exc:
             if not several:
                 raise

@@ -75,9 +75,27 @@ def make_chunks(
     return chunks
 
 
+_PIECES_FROM = 1 << 20  # characters: below this, one call is as cheap as any
+_SAMPLE = "Call me Ishmael. Some years ago, never mind how long"
+
+
+def _cuts_cleanly(tokenizer: Tokenizer) -> bool:
+    """Whether this tokenizer gives the same tokens for a text cut before a space (true of
+    byte-level BPE; a SentencePiece model that adds a prefix space to every call is not)."""
+    words = _SAMPLE.split(" ")
+    pieces = [words[0], *(" " + w for w in words[1:])]
+    return tokenizer.tokenize(_SAMPLE) == [t for p in pieces for t in tokenizer.tokenize(p)]
+
+
 def chunk_text(text: str, tokenizer: Tokenizer, size: int) -> tuple[list[int], list[Chunk]]:
-    """The document's tokens and its chunks of `size` tokens, as the protocol cuts them."""
-    tokens = tokenizer.tokenize(text)
+    """The document's tokens and its chunks of `size` tokens, as the protocol cuts them.
+
+    A long text is tokenized in pieces (same tokens, memory proportional to a piece) when
+    the tokenizer is one for which that is exact."""
+    if len(text) > _PIECES_FROM and _cuts_cleanly(tokenizer):
+        tokens = tokenize_in_pieces(text, tokenizer.tokenize)
+    else:
+        tokens = tokenizer.tokenize(text)
     return tokens, make_chunks(tokens, size, tokenizer.detokenize)
 
 

@@ -54,6 +54,14 @@ ChunkTokensOpt = Annotated[int, typer.Option(min=1, help="Model tokens of docume
 MemoryTokensOpt = Annotated[
     int, typer.Option(min=1, help="Most tokens the memory (each update) may take.")
 ]
+FormatOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--format",
+        show_default=False,
+        help="Read DOCUMENT as text, pdf or epub, whatever its content looks like.",
+    ),
+]
 PasswordOpt = Annotated[
     str | None, typer.Option(help="Password of an encrypted PDF.", show_default=False)
 ]
@@ -142,6 +150,7 @@ def ask(
         int | None, typer.Option(help="Random seed for sampling.", show_default=False)
     ] = None,
     password: PasswordOpt = None,
+    format: FormatOpt = None,
     gpu_layers: GpuLayersOpt = None,
     threads: ThreadsOpt = None,
     as_json: JsonOpt = False,
@@ -289,6 +298,7 @@ def ask(
         ),
         write_traces=not no_trace,
         password=password,
+        format=format,
         parallel=parallel,
     )
     warned = False
@@ -334,6 +344,7 @@ def inspect(
         bool, typer.Option(help="Estimate a question's time from a short model warm-up.")
     ] = True,
     password: PasswordOpt = None,
+    format: FormatOpt = None,
     gpu_layers: GpuLayersOpt = None,
     threads: ThreadsOpt = None,
     as_json: JsonOpt = False,
@@ -348,6 +359,7 @@ def inspect(
     report = inspection.inspect_document(
         document,
         password=password,
+        format=format,
         model=BackendOptions(model=model, threads=threads, gpu_layers=gpu_layers, verbose=verbose)
         if tokenizer == "model"
         else None,

@@ -147,7 +147,7 @@ class LiveView:
                 self._task,
                 total=event.total,
                 description=f"chunk {chunk.index + 1}/{event.total}"
-                + (f" ({span})" if span else ""),
+                + (f" ({escape(span)})" if span else ""),
                 tokens=f"{chunk.token_start:,}/{self._total_tokens:,} tokens",
             )
         elif isinstance(event, StepFinished):

@@ -66,13 +66,19 @@ def _in_folder(folder: Path, pattern: str | None) -> list[str]:
     return found
 
 
-def read_document(path: str, *, password: str | None, quiet: bool) -> Document:
-    """Load a document, showing extraction progress on stderr when it takes a while."""
+def read_document(
+    path: str, *, password: str | None, quiet: bool, format: str | None = None
+) -> Document:
+    """Load a document (as `format`, when given, whatever its content looks like), showing
+    extraction progress and what the reader had to work around on stderr."""
     with display.extraction_progress(quiet, path) as progress:
-        document = load_document(path, password=password, progress=progress)
-    if document.pages_without_text and not quiet:
-        display.note(
-            f"{document.pages_without_text} of {document.pages} pages have no text layer "
-            "(scanned or images) and were skipped."
-        )
+        document = load_document(path, password=password, progress=progress, format=format)
+    if not quiet:
+        for note in document.notes:
+            display.warn(note)
+        if document.pages_without_text:
+            display.note(
+                f"{document.pages_without_text} of {document.pages} pages have no text layer "
+                "(scanned or images) and were skipped."
+            )
     return document

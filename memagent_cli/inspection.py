@@ -24,6 +24,7 @@ def inspect_document(
     path: str,
     *,
     password: str | None,
+    format: str | None = None,
     model: BackendOptions | None,
     encoding: str | None,
     chunk_tokens: int,
@@ -33,7 +34,7 @@ def inspect_document(
 ) -> dict[str, Any]:
     """Everything `inspect` reports, as plain data (the JSON output). Tokens are counted with
     the `model`'s tokenizer, or with tiktoken's `encoding` when no model is given."""
-    document = read_document(path, password=password, quiet=quiet)
+    document = read_document(path, password=password, quiet=quiet, format=format)
     backend = None
     if model is None:
         tokenizer = TiktokenTokenizer(encoding or "cl100k_base")

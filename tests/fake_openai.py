@@ -9,6 +9,7 @@ be told to slow down, to fail with 503 or to stop answering after a number of ca
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import threading
@@ -57,10 +58,8 @@ class FakeServer:
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                try:
-                    self.wfile.write(body)
-                except (BrokenPipeError, ConnectionResetError):  # the client was stopped
-                    pass
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    self.wfile.write(body)  # unless the client was stopped meanwhile
 
             def do_GET(self) -> None:  # noqa: N802
                 if self.path.rstrip("/") == "/v1/models":

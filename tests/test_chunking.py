@@ -50,3 +50,31 @@ def test_real_tokenizer_windows_cover_the_document():
     assert "".join(c.text for c in chunks) == text
     for c in chunks:
         assert text[c.char_start : c.char_end] == c.text
+
+
+class PrefixingTokenizer:
+    """Like a SentencePiece model that adds a prefix token to every call: cutting a text
+    changes its tokens, so it must be tokenized whole."""
+
+    def tokenize(self, text: str) -> list[int]:
+        return [0] + list(text.encode())
+
+    def detokenize(self, tokens) -> bytes:
+        return bytes(t for t in tokens if t)
+
+
+def test_a_long_text_is_cut_into_the_same_chunks_as_one_tokenization():
+    from memagent_cli.chunking import chunk_text
+    from memagent_cli.tokenizers import TiktokenTokenizer
+
+    text = "The keeper crossed the old bridge at dawn, counting every stone twice. " * 16_000
+    assert len(text) > 1 << 20  # long enough to be tokenized in pieces
+    tokenizer = TiktokenTokenizer()
+    whole = tokenizer.tokenize(text)
+    tokens, chunks = chunk_text(text, tokenizer, 5000)
+    assert tokens == whole
+    assert chunks == make_chunks(whole, 5000, tokenizer.detokenize)
+
+    prefixing = PrefixingTokenizer()
+    tokens, _ = chunk_text(text, prefixing, 5000)
+    assert tokens == prefixing.tokenize(text)  # one call: its tokenizer does not cut cleanly

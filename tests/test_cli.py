@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import assert_clean_failure, story
+from conftest import assert_clean_failure, story, words
 
 
 @pytest.fixture
@@ -200,3 +201,38 @@ def test_a_link_out_of_the_folder_is_not_followed(tmp_path):
     (tmp_path / "secret.txt").write_text("s")
     (library / "link.txt").symlink_to(tmp_path / "secret.txt")
     assert document_paths(str(library), None, "*.txt") == [str(library / "a.txt")]
+
+
+def test_format_text_reads_a_text_that_starts_like_a_pdf(memagent, tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("%PDF-1.7 is the version my printer writes; these are my notes.\n" * 20)
+    refused = memagent("inspect", str(notes), "--tokenizer", "tiktoken")
+    assert_clean_failure(refused, 1, "looks like a damaged PDF", "--format text")
+    read = memagent("inspect", str(notes), "--tokenizer", "tiktoken", "--format", "text", "--json")
+    assert read.returncode == 0, read.stderr
+    assert json.loads(read.stdout)["document"]["format"] == "text"
+    bad = memagent("inspect", str(notes), "--format", "docx")
+    assert_clean_failure(bad, 1, "docx")
+
+
+def test_what_a_reader_worked_around_is_said_on_stderr(memagent, tmp_path):
+    import builders
+
+    book = builders.epub_book(
+        tmp_path / "book.epub",
+        [("one.xhtml", "One", builders.xhtml("One", ["The keeper kept the key."]))],
+    )
+    # Without a spine the book is read in manifest order, and memagent says so.
+    builders.rewrite_zip(book, edit={"EPUB/content.opf": _without_spine(book)})
+    result = memagent("inspect", str(book), "--tokenizer", "tiktoken")
+    assert result.returncode == 0, result.stderr
+    assert "no spine" in words(result.stderr)
+
+
+def _without_spine(book: Path) -> bytes:
+    import re
+    import zipfile
+
+    with zipfile.ZipFile(book) as archive:
+        opf = archive.read("EPUB/content.opf")
+    return re.sub(rb"<spine[^>]*>.*?</spine>", b"", opf, flags=re.S)
