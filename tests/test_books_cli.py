@@ -12,6 +12,9 @@ from conftest import FACT, FACT_QUESTION, assert_clean_failure, story
 from memagent_cli.trace import read_trace
 
 
+TIKTOKEN = ["--tokenizer", "tiktoken"]  # pages and spans need no model file
+
+
 def labelled_pdf(path: Path) -> Path:
     """Two front-matter pages (i, ii) and four numbered pages (1-4) of plain sentences."""
     pages = [FACT + " " + story(25, fact=None, seed=n) for n in range(6)]
@@ -20,11 +23,11 @@ def labelled_pdf(path: Path) -> Path:
 
 def test_inspect_pdf_shows_pages_and_chunk_spans(memagent, tmp_path):
     path = labelled_pdf(tmp_path / "manual.pdf")
-    result = memagent("inspect", str(path), "--chunk-tokens", "400", "--no-estimate", "--json")
+    result = memagent("inspect", str(path), "--chunk-tokens", "400", *TIKTOKEN, "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["document"]["format"] == "pdf" and report["document"]["pages"] == 6
-    assert report["tokenizer"]["exact"] is True
+    assert report["tokenizer"]["exact"] is False  # tiktoken: no model file needed
     chunks = report["chunks"]
     assert len(chunks) == -(-report["tokens"] // 400) > 1
     assert chunks[0]["span"].startswith("p. i")
@@ -34,7 +37,7 @@ def test_inspect_pdf_shows_pages_and_chunk_spans(memagent, tmp_path):
 
 def test_inspect_table_names_the_pages(memagent, tmp_path):
     path = labelled_pdf(tmp_path / "manual.pdf")
-    result = memagent("inspect", str(path), "--chunk-tokens", "400", "--no-estimate")
+    result = memagent("inspect", str(path), "--chunk-tokens", "400", *TIKTOKEN)
     assert result.returncode == 0, result.stderr
     assert "pages" in result.stdout and "p. i" in result.stdout
 
@@ -87,14 +90,14 @@ def bad_books(tmp_path: Path) -> dict[str, tuple[Path, list[str], str]]:
 )
 def test_bad_books_get_one_sentence(memagent, tmp_path, case):
     path, extra, phrase = bad_books(tmp_path)[case]
-    result = memagent("inspect", str(path), "--no-estimate", *extra)
+    result = memagent("inspect", str(path), *TIKTOKEN, *extra)
     assert_clean_failure(result, 1, phrase)
     assert len(result.stderr.strip().splitlines()) <= 2
 
 
 def test_the_right_password_opens_an_encrypted_pdf(memagent, tmp_path):
     path = builders.pdf(tmp_path / "locked.pdf", ["secret text"], password="pw")
-    result = memagent("inspect", str(path), "--no-estimate", "--password", "pw", "--json")
+    result = memagent("inspect", str(path), *TIKTOKEN, "--password", "pw", "--json")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["document"]["characters"] == len("secret text")
 
