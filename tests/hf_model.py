@@ -1,7 +1,8 @@
-"""A tiny random-weight model in the Hugging Face Qwen2 format, built with numpy and the
-`tokenizers` library, and a numpy forward pass of the same weights to check llama.cpp
-against: RMSNorm, rotary embeddings as Qwen2 applies them (halves rotated, "NEOX"),
-grouped-query attention with q/k/v biases, SwiGLU."""
+"""A tiny random-weight model in the Hugging Face Qwen2 (or Qwen3) format, built with numpy
+and the `tokenizers` library, and a numpy forward pass of the same weights to check
+llama.cpp against: RMSNorm, rotary embeddings as Qwen2 applies them (halves rotated,
+"NEOX"), grouped-query attention with q/k/v biases (Qwen3: none, but q/k RMSNorm per head
+and a head size of its own), SwiGLU."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ CORPUS = [
     "Emoji travel well: 🚀🦙✅ and numbers 3.14159, 2026, 1e-6.",
     "def answer(question):\n    return memory[-1]  # the last memory holds the answer\n",
 ] * 20
+QWEN3_HEAD_DIM = 32  # not hidden_size / heads (16): the GGUF must carry it
 CONFIG = {
     "hidden_size": 64,
     "intermediate_size": 128,
@@ -103,15 +105,16 @@ def decoded(array: np.ndarray, dtype: str) -> np.ndarray:
 
 
 def build(
-    folder: Path, *, tied: bool = True, dtype: str = "BF16", seed: int = 0
+    folder: Path, *, tied: bool = True, dtype: str = "BF16", seed: int = 0, qwen3: bool = False
 ) -> dict[str, np.ndarray]:
     """Write a tiny Qwen2 model folder; returns its weights as a reader decodes them."""
     folder.mkdir(parents=True, exist_ok=True)
     used = write_tokenizer(folder)
     vocab_size = -(-used // 64) * 64  # padded as Qwen2.5's, so ids without a token exist
     config = {
-        "architectures": ["Qwen2ForCausalLM"],
-        "model_type": "qwen2",
+        "architectures": ["Qwen3ForCausalLM" if qwen3 else "Qwen2ForCausalLM"],
+        "model_type": "qwen3" if qwen3 else "qwen2",
+        **({"head_dim": QWEN3_HEAD_DIM} if qwen3 else {}),
         "vocab_size": vocab_size,
         "tie_word_embeddings": tied,
         "torch_dtype": {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}[dtype],
@@ -138,7 +141,7 @@ def build(
     rng = np.random.default_rng(seed)
     d, ff = CONFIG["hidden_size"], CONFIG["intermediate_size"]
     heads, kv = CONFIG["num_attention_heads"], CONFIG["num_key_value_heads"]
-    hd = d // heads
+    hd = QWEN3_HEAD_DIM if qwen3 else d // heads
 
     def w(*shape: int, scale: float = 0.08) -> np.ndarray:
         return (rng.standard_normal(shape) * scale).astype(np.float32)
@@ -151,6 +154,9 @@ def build(
         tensors["lm_head.weight"] = w(vocab_size, d, scale=0.2)
     for i in range(CONFIG["num_hidden_layers"]):
         p = f"model.layers.{i}."
+        if qwen3:
+            tensors[p + "self_attn.q_norm.weight"] = 1 + w(hd)
+            tensors[p + "self_attn.k_norm.weight"] = 1 + w(hd)
         tensors |= {
             p + "input_layernorm.weight": 1 + w(d),
             p + "post_attention_layernorm.weight": 1 + w(d),
@@ -165,6 +171,8 @@ def build(
             p + "mlp.up_proj.weight": w(ff, d),
             p + "mlp.down_proj.weight": w(d, ff),
         }
+    if qwen3:
+        tensors = {k: v for k, v in tensors.items() if not k.endswith("_proj.bias")}
     # Two shards and an index, as the released models come.
     names = list(tensors)
     shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
@@ -180,8 +188,9 @@ def forward(weights: dict[str, np.ndarray], tokens: list[int]) -> np.ndarray:
     """Logits for every position of `tokens`, as Qwen2 computes them (float64)."""
     c = CONFIG
     d, heads, kv = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"]
-    hd, eps = d // heads, c["rms_norm_eps"]
     W = {k: v.astype(np.float64) for k, v in weights.items()}
+    qwen3 = "model.layers.0.self_attn.q_norm.weight" in W
+    hd, eps = QWEN3_HEAD_DIM if qwen3 else d // heads, c["rms_norm_eps"]
     x = W["model.embed_tokens.weight"][tokens]
     n = len(tokens)
     inv = c["rope_theta"] ** (-np.arange(0, hd, 2) / hd)
@@ -199,15 +208,15 @@ def forward(weights: dict[str, np.ndarray], tokens: list[int]) -> np.ndarray:
     for i in range(c["num_hidden_layers"]):
         p = f"model.layers.{i}."
         h = norm(x, W[p + "input_layernorm.weight"])
-        q = (h @ W[p + "self_attn.q_proj.weight"].T + W[p + "self_attn.q_proj.bias"]).reshape(
-            n, heads, hd
+        q, k, v = (
+            (
+                h @ W[p + f"self_attn.{x}_proj.weight"].T + W.get(p + f"self_attn.{x}_proj.bias", 0)
+            ).reshape(n, count, hd)
+            for x, count in (("q", heads), ("k", kv), ("v", kv))
         )
-        k = (h @ W[p + "self_attn.k_proj.weight"].T + W[p + "self_attn.k_proj.bias"]).reshape(
-            n, kv, hd
-        )
-        v = (h @ W[p + "self_attn.v_proj.weight"].T + W[p + "self_attn.v_proj.bias"]).reshape(
-            n, kv, hd
-        )
+        if qwen3:  # RMSNorm of each head's query and key, before the rotation
+            q = norm(q, W[p + "self_attn.q_norm.weight"])
+            k = norm(k, W[p + "self_attn.k_norm.weight"])
         q, k = rope(q), rope(k)
         k, v = np.repeat(k, heads // kv, axis=1), np.repeat(v, heads // kv, axis=1)
         scores = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(hd) + mask

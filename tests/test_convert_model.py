@@ -153,3 +153,21 @@ def test_pull_of_weights_quantizes_and_registers_for_model_option(memagent, env,
     assert ask.returncode == 0, ask.stderr
     run = json.loads(ask.stdout)
     assert run["model"]["path"] == str(path) and len(run["steps"]) == run["document"]["chunks"]
+
+
+def test_qwen3_logits_equal_a_numpy_forward_pass(tmp_path):
+    """Qwen3: no q/k/v biases, RMSNorm of each head's query and key, its own head size."""
+    from tokenizers import Tokenizer
+
+    from memagent_cli import conversion
+
+    folder = tmp_path / "Tiny-Qwen3"
+    weights = build(folder, tied=True, dtype="BF16", qwen3=True)
+    path = conversion.convert(folder, tmp_path / "tiny3.gguf", "F32")
+    tokens = Tokenizer.from_file(str(folder / "tokenizer.json")).encode(SAMPLES[1]).ids
+    llm = load(path, n_ctx=256, logits_all=True, type_k=0, type_v=0)
+    assert llm.metadata["general.architecture"] == "qwen3"
+    llm.eval(tokens)
+    got = np.asarray(llm.scores[: len(tokens)], dtype=np.float64)
+    expected = forward(weights, tokens)
+    assert np.abs(got - expected).max() < 1e-4 * np.abs(expected).max()
