@@ -105,7 +105,13 @@ def decoded(array: np.ndarray, dtype: str) -> np.ndarray:
 
 
 def build(
-    folder: Path, *, tied: bool = True, dtype: str = "BF16", seed: int = 0, qwen3: bool = False
+    folder: Path,
+    *,
+    tied: bool = True,
+    dtype: str = "BF16",
+    seed: int = 0,
+    qwen3: bool = False,
+    sizes: dict[str, int] | None = None,
 ) -> dict[str, np.ndarray]:
     """Write a tiny Qwen2 model folder; returns its weights as a reader decodes them."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -120,7 +126,7 @@ def build(
         "torch_dtype": {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}[dtype],
         "bos_token_id": used - 3,
         "eos_token_id": used - 1,
-        **CONFIG,
+        **(shape := CONFIG | (sizes or {})),
     }
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     (folder / "tokenizer_config.json").write_text(
@@ -139,8 +145,8 @@ def build(
         json.dumps({"eos_token_id": [used - 1, used - 3]})
     )
     rng = np.random.default_rng(seed)
-    d, ff = CONFIG["hidden_size"], CONFIG["intermediate_size"]
-    heads, kv = CONFIG["num_attention_heads"], CONFIG["num_key_value_heads"]
+    d, ff = shape["hidden_size"], shape["intermediate_size"]
+    heads, kv = shape["num_attention_heads"], shape["num_key_value_heads"]
     hd = QWEN3_HEAD_DIM if qwen3 else d // heads
 
     def w(*shape: int, scale: float = 0.08) -> np.ndarray:
@@ -152,7 +158,7 @@ def build(
     }
     if not tied:
         tensors["lm_head.weight"] = w(vocab_size, d, scale=0.2)
-    for i in range(CONFIG["num_hidden_layers"]):
+    for i in range(shape["num_hidden_layers"]):
         p = f"model.layers.{i}."
         if qwen3:
             tensors[p + "self_attn.q_norm.weight"] = 1 + w(hd)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import gguf
@@ -295,3 +296,33 @@ def test_a_repository_without_tokenizer_json_is_refused_before_downloading(
     result = memagent("models", "pull", TINY_REPO)
     assert_clean_failure(result, 1, f"{TINY_REPO} has no tokenizer.json")
     assert not [r for r in hub_with_weights.requests if "/resolve/" in r.path]
+
+
+@pytest.mark.model  # slow: writes and converts a 400 MB model; loads no model into llama.cpp
+def test_conversion_memory_stays_flat_as_the_model_grows(tmp_path, tied):
+    """Peak RSS of `models convert` for the tiny model and for one 2,000 times larger."""
+    big = tmp_path / "big"
+    sizes = {"hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 12}
+    build(big, sizes=sizes, dtype="BF16")
+    source = sum(p.stat().st_size for p in big.glob("*.safetensors"))
+    assert source > 300e6
+
+    def peak(folder: Path) -> int:
+        """The child's peak RSS in bytes, measured by a fresh parent that runs only it."""
+        measure = (
+            "import resource, subprocess, sys; "
+            "subprocess.run(sys.argv[1:], check=True, capture_output=True); "
+            "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)"
+        )
+        command = [MEMAGENT, "models", "convert", folder, "--quant", "F16", "--out"]
+        command.append(tmp_path / f"{folder.name}.gguf")
+        run = subprocess.run(
+            [sys.executable, "-c", measure, *map(str, command)], capture_output=True, text=True
+        )
+        assert run.returncode == 0, run.stderr
+        return int(run.stdout)
+
+    small, large = peak(tied[0]), peak(big)
+    print(f"peak RSS: {small / 1e6:.0f} MB tiny, {large / 1e6:.0f} MB for {source / 1e6:.0f} MB")
+    assert large - small < 100e6  # the block being converted, not the model
+    assert large < source / 2
