@@ -23,7 +23,14 @@ from memagent_cli.conversion import (
 )
 
 # What a conversion reads; everything else in the repository (README, .bin twins, ...) stays.
-_SMALL = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
+_SMALL = (
+    "config.json",  # first: it says whether the model can be converted at all
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",  # newer repositories keep the chat template apart
+    "chat_template.json",
+)
 _INDEX = "model.safetensors.index.json"
 DOWNLOAD_DIR = "download"  # beside the GGUF, removed once the conversion succeeds
 
@@ -62,15 +69,18 @@ def pull_and_convert(
     weights = sum(files[p].size or 0 for p in wanted if p.endswith(".safetensors"))
     to_download = sum(missing_bytes(folder / p, files[p]) for p in wanted)
     parameters = weights // (4 if str(arch.config.get("torch_dtype")) == "float32" else 2)
-    f16 = parameters * 2 if quant != "F32" else parameters * 4
-    final = quantize.estimated_size(parameters, quant) if quant not in quantize.UNQUANTIZED else 0
-    needed = to_download + f16 + final
+    if quant in quantize.UNQUANTIZED:
+        written = parameters * (4 if quant == "F32" else 2)
+        plan = f"writing {quant} {decimal(written)}"
+    else:
+        written = parameters * 2 + quantize.estimated_size(parameters, quant)
+        final = decimal(quantize.estimated_size(parameters, quant))
+        plan = f"writing F16 {decimal(parameters * 2)} (temporary) and {quant} about {final}"
+    needed = to_download + written
     note(
         f"{spec.repo} is published as Hugging Face weights ({arch.hf_name}, about "
-        f"{parameters / 1e9:.1f}B parameters): downloading {decimal(to_download)}, writing F16 "
-        f"{decimal(f16)} (temporary)"
-        + (f" and {quant} about {decimal(final)}" if final else "")
-        + f"; {decimal(needed)} of disk needed in {folder.parent}"
+        f"{parameters / 1e9:.1f}B parameters): downloading {decimal(to_download)}, {plan}; "
+        f"{decimal(needed)} of disk needed in {folder.parent}"
     )
     hub.check_space(folder.parent, needed, f"pulling {spec.repo}")
     for path in wanted[1:]:
