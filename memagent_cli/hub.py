@@ -1,5 +1,11 @@
-"""GGUF files from the Hugging Face Hub: `OWNER/NAME[:QUANT]` picks a file the way llama.cpp's
-`-hf` does; the download resumes where it stopped and is checked against the Hub's sha256.
+"""Models from the Hugging Face Hub: `OWNER/NAME[:QUANT]` picks a GGUF file the way
+llama.cpp's `-hf` does, or, for a repository of Hugging Face weights, has them converted
+(memagent_cli.conversion.pull). Downloads resume where they stopped and are checked against
+the Hub's sha256.
+
+Files go through huggingface_hub's public pieces (hf_hub_url, get_session, build_hf_headers,
+hf_raise_for_status): its hf_hub_download deletes a partial file when a download fails, so it
+cannot resume an interrupted pull. Progress and notes go to callbacks, never to a display.
 
 Pulled files live in the user data folder, under models/hf/OWNER/NAME/, so that
 `hf:OWNER/NAME:QUANT` finds them again without asking the Hub.
