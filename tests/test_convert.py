@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import gguf
@@ -298,12 +300,18 @@ def test_a_repository_without_tokenizer_json_is_refused_before_downloading(
     assert not [r for r in hub_with_weights.requests if "/resolve/" in r.path]
 
 
-@pytest.mark.model  # slow: writes and converts a 400 MB model; loads no model into llama.cpp
-def test_conversion_memory_stays_flat_as_the_model_grows(tmp_path, tied):
-    """Peak RSS of `models convert` for the tiny model and for one 2,000 times larger."""
-    big = tmp_path / "big"
+@pytest.fixture(scope="module")
+def big(tmp_path_factory) -> Path:
+    """A model 2,000 times the tiny one: about 380 MB of bf16 weights."""
+    folder = tmp_path_factory.mktemp("big") / "Big-Qwen2"
     sizes = {"hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 12}
-    build(big, sizes=sizes, dtype="BF16")
+    build(folder, sizes=sizes, dtype="BF16")
+    return folder
+
+
+@pytest.mark.model  # slow: writes and converts a 380 MB model; loads no model into llama.cpp
+def test_conversion_memory_stays_flat_as_the_model_grows(tmp_path, tied, big):
+    """Peak RSS of `models convert` for the tiny model and for the big one."""
     source = sum(p.stat().st_size for p in big.glob("*.safetensors"))
     assert source > 300e6
 
@@ -326,3 +334,21 @@ def test_conversion_memory_stays_flat_as_the_model_grows(tmp_path, tied):
     print(f"peak RSS: {small / 1e6:.0f} MB tiny, {large / 1e6:.0f} MB for {source / 1e6:.0f} MB")
     assert large - small < 100e6  # the block being converted, not the model
     assert large < source / 2
+
+
+@pytest.mark.model  # slow: see above
+def test_an_interrupted_conversion_leaves_nothing_that_looks_finished(env, big, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    command = [MEMAGENT, "models", "convert", big, "--quant", "F16", "--out", out / "m.gguf"]
+    process = subprocess.Popen(
+        list(map(str, command)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
+    deadline = time.monotonic() + 30
+    while not list(out.iterdir()) and time.monotonic() < deadline:  # writing has begun
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)  # as Ctrl-C in a terminal
+    stdout, stderr = process.communicate(timeout=60)
+    assert process.returncode != 0 and stdout == b""
+    assert b"Traceback" not in stderr
+    assert not list(out.iterdir())

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import resource
 import struct
 import subprocess
@@ -393,3 +394,10 @@ def test_a_registry_entry_with_an_hf_gguf_is_pulled_by_name(env, fake_hub, monke
     assert models.resolve("tiny") == pulled
     (row,) = models.catalogue()  # listed once, under its registry name
     assert (row.name, row.info.architecture, row.info.context_length) == ("tiny", "qwen2", 32768)
+
+
+def test_info_of_a_fifo_is_refused_without_waiting(memagent, tmp_path):
+    fifo = tmp_path / "model.gguf"
+    os.mkfifo(fifo)
+    result = memagent("models", "info", str(fifo), timeout=30)
+    assert_clean_failure(result, 1, "is not a regular file")
