@@ -87,6 +87,8 @@ def _resolve_one(
     path = Path(value).expanduser()
     if path.is_file():
         return Model(path, path.stem)
+    if path.exists():  # a folder, a FIFO, a device: reading it would fail or block
+        raise ModelError(f"{where} {value} is not a regular file, so not a GGUF model file.")
     entries = registry()
     if value in entries:
         found = _find_registry_file(value)
