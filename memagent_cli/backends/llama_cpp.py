@@ -5,33 +5,30 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
-import time
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from memagent_cli.backends import Generation, Sampling
+from memagent_cli.backends import Description, Generation, Sampling
 from memagent_cli.errors import ModelError
 
+if TYPE_CHECKING:  # decoding imports llama_cpp, which loads the library: only when used
+    from memagent_cli.backends.decoding import Decoded, Decoder
+
 _GGUF_MAGIC = b"GGUF"
+
+# Engine settings under llama.cpp's own names (-fa, -ctk/-ctv).
+FLASH_ATTN = ("on", "off", "auto")
+CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 
 
 def physical_cores() -> int:
     """Physical cores this process may use: llama.cpp slows down badly on hyperthreads."""
+    import psutil
+
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    cores: set[tuple[str, str]] = set()
-    try:
-        physical = core = ""
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            key = key.strip()
-            if key == "physical id":
-                physical = value.strip()
-            elif key == "core id":
-                core = value.strip()
-                cores.add((physical, core))
-    except OSError:
-        pass
-    return max(1, min(len(cores) or usable or 1, usable or 1))
+    return max(1, min(psutil.cpu_count(logical=False) or usable or 1, usable or 1))
 
 
 def can_offload() -> bool:
@@ -76,14 +73,37 @@ class LlamaCppBackend:
     context), then the weights with exactly the context one MemAgent step needs.
     """
 
-    def __init__(self, path: Path, *, threads: int, gpu_layers: int, verbose: bool = False) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        threads: int,
+        gpu_layers: int,
+        verbose: bool = False,
+        name: str | None = None,
+        speculate: bool = True,
+        exact: bool = True,
+        flash_attn: str = "auto",
+        cache_type_k: str = "f16",
+        cache_type_v: str = "f16",
+        batch_size: int = 512,
+        ubatch_size: int = 512,
+    ) -> None:
         from llama_cpp import Llama
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-        check_gguf(path)
+        from memagent_cli.gguf_info import check_magic
+
+        _check_engine(flash_attn, cache_type_k, cache_type_v, batch_size, ubatch_size)
+        self.speculate = speculate
+        self.exact = exact  # every decode on llama.cpp's batched kernels: see decoding.py
+        self.flash_attn = flash_attn
+        self.cache_type_k, self.cache_type_v = cache_type_k, cache_type_v
+        self.batch_size, self.ubatch_size = batch_size, ubatch_size
+        check_magic(path)
         _route_llama_log(verbose)
         self.path = path
-        self.name = path.stem
+        self.name = name or path.stem
         self.threads = threads
         self.gpu_layers = gpu_layers
         self._verbose = verbose
@@ -108,7 +128,8 @@ class LlamaCppBackend:
             bos_token=self._token_text(bos_id),
             stop_token_ids=[eos_id] if eos_id >= 0 else None,
         )
-        self._llm: Llama | None = None
+        self._engine: _Engine | None = None
+        self.last_decoded: Decoded | None = None  # the last reply's decoding record (bench)
         self.context_tokens = 0
 
     def _token_text(self, token: int) -> str:
@@ -133,56 +154,117 @@ class LlamaCppBackend:
     def chat_overhead(self) -> int:
         return len(self._chat_prompt("")[0])
 
-    def prepare(self, context_tokens: int) -> None:
-        from llama_cpp import Llama
+    def describe(self) -> Description:
+        path = self.path.resolve()
+        return Description(
+            model={"path": str(path), "name": self.name, "size": path.stat().st_size},
+            engine={"backend": "llama", "threads": self.threads, "gpu_layers": self.gpu_layers},
+        )
 
+    def prepare(self, context_tokens: int) -> None:
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
         self.context_tokens = context_tokens
-        try:
-            self._llm = Llama(
-                model_path=str(self.path),
-                n_ctx=context_tokens,
-                n_batch=min(512, context_tokens),
-                n_threads=self.threads,
-                n_threads_batch=self.threads,
-                n_gpu_layers=self.gpu_layers,
-                verbose=self._verbose,
-            )
-        except (ValueError, RuntimeError) as exc:
-            raise ModelError(f"llama.cpp could not load {self.path}: {exc}.") from None
+        self._engine = _Engine(self, context_tokens)
+
+    @property
+    def decoder(self) -> Decoder | None:
+        """memagent's decoding loop over the loaded context (None before prepare())."""
+        return self._engine.decoder if self._engine is not None else None
 
     def generate(self, message: str, *, max_tokens: int, sampling: Sampling) -> Generation:
-        if self._llm is None:
+        if self._engine is None:
             raise RuntimeError("prepare() must be called before generate()")
         prompt, stop = self._chat_prompt(message)
         if len(prompt) + max_tokens > self.context_tokens:
             raise RuntimeError(
                 f"prompt {len(prompt)} + reply {max_tokens} exceeds context {self.context_tokens}"
             )
+        decoded = self._engine.decoder.generate(
+            prompt, max_tokens=max_tokens, sampling=sampling, stops=stop
+        )
+        self.last_decoded = decoded
+        return Generation(
+            text=decoded.text,
+            prompt_tokens=decoded.prompt_tokens,
+            completion_tokens=len(decoded.tokens),
+            prompt_seconds=decoded.prompt_seconds,
+            seconds=decoded.seconds,
+            finish_reason=decoded.finish_reason,
+            drafted=decoded.drafted,
+            accepted=decoded.accepted,
+        )
+
+
+def _check_engine(flash_attn: str, type_k: str, type_v: str, batch: int, ubatch: int) -> None:
+    """Refuse engine settings llama.cpp cannot run, with a sentence instead of a crash."""
+    if flash_attn not in FLASH_ATTN:
+        raise ModelError(f"Flash attention must be on, off or auto, not {flash_attn!r}.")
+    for which, kind in (("K", type_k), ("V", type_v)):
+        if kind not in CACHE_TYPES:
+            raise ModelError(
+                f"Unknown {which} cache type {kind!r}; llama.cpp accepts {', '.join(CACHE_TYPES)}."
+            )
+    if flash_attn == "off" and type_v not in ("f32", "f16", "bf16"):
+        raise ModelError(
+            f"A quantized V cache ({type_v}) needs flash attention; "
+            "use --flash-attn on or a V cache type of f16."
+        )
+    if batch < 1 or ubatch < 1:
+        raise ModelError("Batch and ubatch sizes must be at least 1.")
+
+
+class _Engine:
+    """The weights and one llama.cpp context, driven by memagent's own decoder."""
+
+    def __init__(self, backend: LlamaCppBackend, context_tokens: int) -> None:
         import llama_cpp
 
-        context = self._llm._ctx.ctx  # perf counters split prompt reading from generating
-        llama_cpp.llama_perf_context_reset(context)
-        start = time.perf_counter()
-        result = self._llm.create_completion(
-            prompt=prompt,
-            max_tokens=max_tokens,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            # The paper sampled with vLLM's defaults: no top-k, min-p or repeat penalty.
-            top_k=0,
-            min_p=0.0,
-            repeat_penalty=1.0,
-            seed=sampling.seed,
-            stop=stop,
+        from memagent_cli.backends.decoding import Decoder
+
+        model_params = llama_cpp.llama_model_default_params()
+        model_params.n_gpu_layers = backend.gpu_layers
+        self.model = llama_cpp.llama_model_load_from_file(
+            str(backend.path).encode("utf-8"), model_params
         )
-        seconds = time.perf_counter() - start
-        perf = llama_cpp.llama_perf_context(context)
-        choice = result["choices"][0]
-        return Generation(
-            text=choice["text"],
-            prompt_tokens=result["usage"]["prompt_tokens"],
-            completion_tokens=result["usage"]["completion_tokens"],
-            prompt_seconds=min(perf.t_p_eval_ms / 1000, seconds),
-            seconds=seconds,
-            finish_reason=choice.get("finish_reason") or "stop",
+        if not self.model:
+            raise ModelError(f"llama.cpp could not load {backend.path}.")
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = context_tokens
+        params.n_batch = min(backend.batch_size, context_tokens)
+        params.n_ubatch = min(backend.ubatch_size, params.n_batch)
+        params.n_seq_max = 1
+        params.n_threads = params.n_threads_batch = backend.threads
+        params.flash_attn_type = {
+            "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+            "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+            "auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
+        }[backend.flash_attn]
+        params.type_k = getattr(llama_cpp, f"GGML_TYPE_{backend.cache_type_k.upper()}")
+        params.type_v = getattr(llama_cpp, f"GGML_TYPE_{backend.cache_type_v.upper()}")
+        params.no_perf = True
+        self.context = llama_cpp.llama_init_from_model(self.model, params)
+        if not self.context:
+            llama_cpp.llama_model_free(self.model)
+            raise ModelError(
+                f"llama.cpp could not create a {context_tokens}-token context for "
+                f"{backend.path} with flash attention {backend.flash_attn}, cache types "
+                f"{backend.cache_type_k}/{backend.cache_type_v} (run with --verbose for its log)."
+            )
+        self.decoder = Decoder(
+            self.context,
+            self.model,
+            n_batch=params.n_batch,
+            speculate=backend.speculate,
+            exact=backend.exact,
         )
+        self.close = weakref.finalize(self, _release, self.decoder, self.context, self.model)
+
+
+def _release(decoder: Decoder, context: object, model: object) -> None:
+    import llama_cpp
+
+    decoder.close()
+    llama_cpp.llama_free(context)
+    llama_cpp.llama_model_free(model)

@@ -1,0 +1,472 @@
+"""memagent's own decoding loop on llama.cpp's low-level API, with exact speculative copying.
+
+Most of a new MemAgent memory copies the previous one, so the loop drafts tokens by prompt
+lookup (where the last few tokens occurred before in the prompt or the reply, propose what
+followed there), verifies a whole draft in one `llama_decode` batch, and keeps draft tokens
+while the target's own sampled token equals them. Exactly one sampler draw per emitted
+token, as without drafts: greedy and fixed-seed outputs are those of plain decoding.
+
+The loop works on sequences (`Stream`) so that several can share one batch per round.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import llama_cpp
+
+from memagent_cli.backends import Sampling
+
+MAX_DRAFT = 16
+
+
+@dataclass
+class Decoded:
+    """One reply: its tokens, why it ended, and what decoding it cost."""
+
+    tokens: list[int]  # emitted tokens, the end-of-generation token excluded
+    text: str
+    finish_reason: str  # "stop" or "length"
+    prompt_tokens: int
+    reused_tokens: int  # prompt prefix already in the KV cache, not decoded again
+    prompt_seconds: float  # prefill and first token
+    seconds: float
+    drafted: int = 0
+    accepted: int = 0
+    # After the prompt, per llama_decode: (tokens in the batch, tokens it emitted)
+    rounds: list[tuple[int, int]] = field(default_factory=list)
+
+
+class Sampler:
+    """llama.cpp's sampler chain as memagent configures it: top-p, temperature, seeded draw.
+
+    The order (top-p on the raw distribution, then temperature) is the one
+    llama-cpp-python's create_completion used with top-k, min-p and penalties switched off.
+    """
+
+    def __init__(self, sampling: Sampling) -> None:
+        params = llama_cpp.llama_sampler_chain_default_params()
+        params.no_perf = True
+        self._chain = llama_cpp.llama_sampler_chain_init(params)
+        if sampling.temperature <= 0:
+            self._add(llama_cpp.llama_sampler_init_greedy())
+        else:
+            seed = llama_cpp.LLAMA_DEFAULT_SEED if sampling.seed is None else sampling.seed
+            self._add(llama_cpp.llama_sampler_init_top_p(sampling.top_p, 1))
+            self._add(llama_cpp.llama_sampler_init_temp(sampling.temperature))
+            self._add(llama_cpp.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+
+    def _add(self, sampler: llama_cpp.llama_sampler_p) -> None:
+        llama_cpp.llama_sampler_chain_add(self._chain, sampler)
+
+    def sample(self, context: llama_cpp.llama_context_p, index: int) -> int:
+        """One draw from the logits of batch row `index` of the last decode."""
+        return int(llama_cpp.llama_sampler_sample(self._chain, context, index))
+
+    def close(self) -> None:
+        llama_cpp.llama_sampler_free(self._chain)
+
+
+class Batch:
+    """A reusable llama_batch: tokens at positions in sequences, and which rows need logits."""
+
+    def __init__(self, capacity: int, sequences: int = 1) -> None:
+        self.capacity = capacity
+        self._batch = llama_cpp.llama_batch_init(capacity, 0, sequences)
+        self.size = 0
+
+    def clear(self) -> None:
+        self.size = 0
+        self._batch.n_tokens = 0
+
+    def add(self, token: int, pos: int, seq_id: int, logits: bool) -> int:
+        """Append one token; returns its row, the index of its logits after decoding."""
+        batch, row = self._batch, self.size
+        batch.token[row] = token
+        batch.pos[row] = pos
+        batch.n_seq_id[row] = 1
+        batch.seq_id[row][0] = seq_id
+        batch.logits[row] = logits
+        self.size += 1
+        batch.n_tokens = self.size
+        return row
+
+    def first(self) -> tuple[int, int, int]:
+        """Token, position and sequence of the first row."""
+        batch = self._batch
+        return int(batch.token[0]), int(batch.pos[0]), int(batch.seq_id[0][0])
+
+    def decode(self, context: llama_cpp.llama_context_p) -> None:
+        status = llama_cpp.llama_decode(context, self._batch)
+        if status != 0:
+            raise RuntimeError(f"llama_decode failed with status {status} ({self.size} tokens)")
+        llama_cpp.llama_synchronize(context)
+
+    def close(self) -> None:
+        llama_cpp.llama_batch_free(self._batch)
+
+
+class Lookup:
+    """Prompt-lookup drafts: where the last n tokens (3, then 2, then 1) occurred before,
+    propose what followed. A copy in progress is followed by a pointer, so a long copy
+    stays on the occurrence it started from."""
+
+    ORDER = 3
+
+    def __init__(self, tokens: Sequence[int]) -> None:
+        self.tokens: list[int] = []
+        # n-gram -> position right after its latest occurrence that has a continuation
+        self._index: list[dict[tuple[int, ...], int]] = [{} for _ in range(self.ORDER)]
+        self._pointer = -1  # where the copy in progress continues
+        self._matched = 0  # tokens before the pointer known to equal the reply's last ones
+        for token in tokens:
+            self.append(token)
+
+    def append(self, token: int) -> None:
+        tokens = self.tokens
+        if self._pointer >= 0 and tokens[self._pointer] == token:
+            self._pointer += 1
+            self._matched += 1
+        else:
+            self._pointer, self._matched = -1, 0
+        # Index the n-grams that end just before `token`: their continuation now exists.
+        end = len(tokens)
+        for n in range(1, self.ORDER + 1):
+            if end >= n:
+                self._index[n - 1][tuple(tokens[end - n : end])] = end
+        tokens.append(token)
+
+    def propose(self, limit: int) -> tuple[list[int], int]:
+        """Up to `limit` draft tokens and the length of the match they come from (0: none)."""
+        if limit <= 0:
+            return [], 0
+        tokens = self.tokens
+        if self._matched < self.ORDER:
+            for n in range(self.ORDER, self._matched, -1):
+                if len(tokens) >= n:
+                    found = self._index[n - 1].get(tuple(tokens[-n:]))
+                    if found is not None:
+                        self._pointer, self._matched = found, n
+                        break
+        if self._pointer < 0:
+            return [], 0
+        return tokens[self._pointer : self._pointer + limit], min(self._matched, self.ORDER)
+
+
+class DraftPolicy:
+    """How long a draft pays for itself, from measured acceptance and measured batch cost.
+
+    A round that verifies k draft tokens emits (1 - a^(k+1)) / (1 - a) tokens on average
+    (acceptance a per token) and costs c(k+1) rounds without a draft; the policy picks the
+    k with the best ratio. Batch costs are measured as rounds run, so the same code drafts
+    long on a GPU (a batch costs about one token) and little on a compute-bound CPU.
+    Probes of other lengths keep the estimates fresh, spaced out further each time.
+    `min_rows` is the smallest batch the decoder sends (2 when every decode must run on
+    llama.cpp's batched kernels): up to that size a draft costs nothing.
+    """
+
+    PROBE_LENGTHS = (2, 4, 8)  # probes take turns, so several batch sizes get measured
+    PROBE_MIN, PROBE_MAX = 32, 512
+    MARGIN = 1.03  # a draft must promise this much over not drafting
+    DECAY = 0.97
+
+    def __init__(
+        self, max_draft: int = MAX_DRAFT, fixed: int | None = None, min_rows: int = 1
+    ) -> None:
+        self.max_draft = max_draft
+        self.fixed = fixed  # always draft this many when possible (tests exercise every path)
+        self.min_rows = min_rows
+        self._hits = {n: [1.0, 1.0] for n in range(1, Lookup.ORDER + 1)}  # accepted, rejected
+        self._base: float | None = None  # seconds of a round of min_rows (running mean)
+        self._ratio: dict[int, float] = {}  # rows -> cost relative to a round of min_rows
+        self._rounds = 0
+        self._probe_after = self.PROBE_MIN
+        self._probes = 0
+
+    def acceptance(self, source: int) -> float:
+        accepted, rejected = self._hits[source]
+        return accepted / (accepted + rejected)
+
+    def cost(self, rows: int) -> float:
+        """Cost of a round of `rows` tokens, relative to one of `min_rows`."""
+        rows = max(rows, self.min_rows)
+        if rows == self.min_rows:
+            return 1.0
+        if rows in self._ratio:
+            return self._ratio[rows]
+        # Unmeasured sizes: extrapolate the cheapest marginal cost seen; until something
+        # is measured assume the worst (each token costs a full round).
+        marginal = min(((r - 1) / (n - self.min_rows) for n, r in self._ratio.items()), default=1.0)
+        return 1.0 + max(marginal, 0.0) * (rows - self.min_rows)
+
+    def length(self, source: int, available: int) -> int:
+        """Draft tokens to verify in the next round, given `available` proposed ones."""
+        available = min(available, self.max_draft)
+        if source == 0 or available <= 0:
+            return 0
+        if self.fixed is not None:
+            return min(self.fixed, available)
+        a = min(self.acceptance(source), 0.999)
+        best, best_gain = 0, 1.0
+        for k in range(1, available + 1):
+            gain = (1 - a ** (k + 1)) / (1 - a) / self.cost(k + 1)
+            if gain > best_gain * (self.MARGIN if self.cost(k + 1) > 1 else 1.0):
+                best, best_gain = k, gain
+        self._rounds += 1
+        if self._rounds >= self._probe_after:
+            self._rounds = 0
+            self._probes += 1
+            probe = min(self.PROBE_LENGTHS[self._probes % len(self.PROBE_LENGTHS)], available)
+            if probe > best:
+                self._probe_after = min(self._probe_after * 2, self.PROBE_MAX)
+                return probe
+        return best
+
+    def record_draft(self, source: int, drafted: int, accepted: int) -> None:
+        """Acceptance is geometric along a draft: `accepted` successes, then one failure."""
+        hits = self._hits[source]
+        hits[0] = hits[0] * self.DECAY**drafted + accepted
+        hits[1] = hits[1] * self.DECAY**drafted + (1 if accepted < drafted else 0)
+
+    def record_batch(self, rows: int, seconds: float) -> None:
+        rows = max(rows, self.min_rows)
+        if rows == self.min_rows:
+            self._base = seconds if self._base is None else 0.9 * self._base + 0.1 * seconds
+        elif self._base:
+            ratio = seconds / self._base
+            old = self._ratio.get(rows)
+            self._ratio[rows] = ratio if old is None else 0.8 * old + 0.2 * ratio
+
+
+@dataclass
+class Stream:
+    """One sequence being decoded: its sampler, drafts, emitted tokens and position."""
+
+    seq_id: int
+    prompt: list[int]
+    max_tokens: int
+    sampler: Sampler
+    lookup: Lookup | None
+    stops: list[bytes]
+    tokens: list[int] = field(default_factory=list)
+    text: bytearray = field(default_factory=bytearray)
+    finish: str | None = None
+    pending: int = -1  # sampled, not yet in the KV cache
+    pos: int = 0  # position of `pending`
+    row: int = 0  # batch row of `pending` in the current round
+    draft: list[int] = field(default_factory=list)
+    source: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    cut: int = -1  # where a stop string starts in `text`
+
+
+class Decoder:
+    """Decodes replies in one llama.cpp context; remembers what its KV cache holds."""
+
+    def __init__(
+        self,
+        context: llama_cpp.llama_context_p,
+        model: llama_cpp.llama_model_p,
+        *,
+        n_batch: int,
+        speculate: bool = True,
+        exact: bool = True,
+        sequences: int = 1,
+    ) -> None:
+        self.context = context
+        self.vocab = llama_cpp.llama_model_get_vocab(model)
+        self.memory = llama_cpp.llama_get_memory(context)
+        self.n_batch = n_batch
+        # Rejected drafts must be cut from the cache; recurrent state cannot be cut back.
+        self.speculate = speculate and not (
+            llama_cpp.llama_model_is_recurrent(model) or llama_cpp.llama_model_is_hybrid(model)
+        )
+        # llama.cpp's CPU kernels for a 1-row decode differ from its batched ones (logits
+        # differ by up to ~0.7 with a Q4 model, enough to flip near-ties), while every batch
+        # of 2 or more rows gives bit-identical rows. Exact decoding therefore never sends a
+        # 1-row batch: then drafts of any length leave every output token unchanged.
+        self.exact = exact
+        self.policy = DraftPolicy(max_draft=min(MAX_DRAFT, n_batch - 2), min_rows=1 + exact)
+        self._batch = Batch(n_batch, sequences)
+        self._cached: dict[int, list[int]] = {}  # seq -> tokens at positions 0.. in the cache
+        self._pieces: dict[int, bytes] = {}
+
+    def close(self) -> None:
+        self._batch.close()
+
+    def reset(self) -> None:
+        """Empty the KV cache (benchmarks start each variant from the same state)."""
+        llama_cpp.llama_memory_clear(self.memory, True)
+        self._cached.clear()
+
+    def generate(
+        self, prompt: list[int], *, max_tokens: int, sampling: Sampling, stops: Sequence[str]
+    ) -> Decoded:
+        """Reply to `prompt` (rendered chat tokens) in sequence 0."""
+        start = time.perf_counter()
+        sampler = Sampler(sampling)
+        try:
+            stream = Stream(
+                0,
+                list(prompt),
+                max_tokens,
+                sampler,
+                Lookup(prompt) if self.speculate else None,
+                [s.encode("utf-8") for s in stops if s],
+            )
+            reused, row = self._prefill(stream)
+            self._emit(stream, sampler.sample(self.context, row))
+            prompt_seconds = time.perf_counter() - start
+            rounds: list[tuple[int, int]] = []
+            while stream.finish is None:
+                before = len(stream.tokens)
+                size = self._round([stream])
+                rounds.append((size, len(stream.tokens) - before))
+            self._forget_reply(stream)
+        finally:
+            sampler.close()
+        text = bytes(stream.text if stream.cut < 0 else stream.text[: stream.cut])
+        return Decoded(
+            tokens=stream.tokens,
+            text=text.decode("utf-8", errors="ignore"),
+            finish_reason=stream.finish or "stop",
+            prompt_tokens=len(prompt),
+            reused_tokens=reused,
+            prompt_seconds=prompt_seconds,
+            seconds=time.perf_counter() - start,
+            drafted=stream.drafted,
+            accepted=stream.accepted,
+            rounds=rounds,
+        )
+
+    def _prefill(self, stream: Stream) -> tuple[int, int]:
+        """Put the prompt in the cache, reusing the prefix already there; returns the
+        tokens reused and the batch row holding the last prompt token's logits."""
+        seq, prompt = stream.seq_id, stream.prompt
+        cached = self._cached.get(seq, [])
+        keep = 0
+        for a, b in zip(cached, prompt, strict=False):
+            if a != b:
+                break
+            keep += 1
+        keep = min(keep, len(prompt) - 1)  # the last prompt token must be decoded for logits
+        if not llama_cpp.llama_memory_seq_rm(self.memory, seq, keep, -1):
+            llama_cpp.llama_memory_seq_rm(self.memory, seq, -1, -1)
+            keep = 0
+        self._cached[seq] = prompt[:keep]
+        batch, row = self._batch, 0
+        for start in range(keep, len(prompt), self.n_batch):
+            batch.clear()
+            end = min(start + self.n_batch, len(prompt))
+            for pos in range(start, end):
+                row = batch.add(prompt[pos], pos, seq, pos == len(prompt) - 1)
+            self._decode()
+        self._cached[seq] = list(prompt)
+        stream.pos = len(prompt)
+        return keep, row
+
+    def _decode(self) -> None:
+        """Decode the batch; in exact mode a lone row gets a throwaway second row (cut from
+        the cache right after), so that it runs on the batched kernels like every draft."""
+        batch = self._batch
+        pad = self.exact and batch.size == 1
+        if pad:
+            token, pos, seq = batch.first()
+            batch.add(token, pos + 1, seq, False)
+        batch.decode(self.context)
+        if pad:
+            llama_cpp.llama_memory_seq_rm(self.memory, seq, pos + 1, -1)
+
+    def _forget_reply(self, stream: Stream) -> None:
+        """Leave only the prompt in the cache: the next prompt may share its prefix."""
+        llama_cpp.llama_memory_seq_rm(self.memory, stream.seq_id, len(stream.prompt), -1)
+
+    def _piece(self, token: int) -> bytes:
+        piece = self._pieces.get(token)
+        if piece is None:
+            size = 64
+            while True:
+                buffer = ctypes.create_string_buffer(size)
+                n = llama_cpp.llama_token_to_piece(self.vocab, token, buffer, size, 0, False)
+                if n >= 0:
+                    break
+                size = -n
+            piece = self._pieces[token] = buffer.raw[:n]
+        return piece
+
+    def _emit(self, stream: Stream, token: int) -> bool:
+        """Take one sampled token; False once the reply is finished."""
+        if llama_cpp.llama_vocab_is_eog(self.vocab, token):
+            stream.finish = "stop"
+            return False
+        stream.tokens.append(token)
+        piece = self._piece(token)
+        stream.text += piece
+        if stream.lookup is not None:
+            stream.lookup.append(token)
+        if stream.stops:
+            window = len(piece) + max(len(s) for s in stream.stops)
+            tail = bytes(stream.text[-window:])
+            if any(s in tail for s in stream.stops):
+                text = bytes(stream.text)
+                stream.cut = next(text.index(s) for s in stream.stops if s in text)
+                stream.finish = "stop"
+                return False
+        if len(stream.tokens) >= stream.max_tokens:
+            stream.finish = "length"
+            return False
+        stream.pending = token
+        return True
+
+    def _round(self, streams: Sequence[Stream]) -> int:
+        """Decode every unfinished stream's pending token and draft in one batch, then keep
+        what the target model agrees with. Returns the batch size."""
+        batch, policy = self._batch, self.policy
+        batch.clear()
+        live = [s for s in streams if s.finish is None]
+        room = self.n_batch - len(live)
+        for stream in live:
+            stream.row = batch.add(stream.pending, stream.pos, stream.seq_id, True)
+            stream.draft, stream.source = [], 0
+            if stream.lookup is None or room <= 0:
+                continue
+            # Never draft past the reply's token limit: the last token needs no decode.
+            limit = min(stream.max_tokens - len(stream.tokens) - 1, room, policy.max_draft)
+            proposal, source = stream.lookup.propose(limit)
+            k = policy.length(source, len(proposal))
+            stream.draft, stream.source = proposal[:k], source
+            for i, token in enumerate(stream.draft):
+                batch.add(token, stream.pos + 1 + i, stream.seq_id, True)
+            room -= k
+        began = time.perf_counter()
+        rows = batch.size
+        self._decode()
+        policy.record_batch(rows, time.perf_counter() - began)
+        for stream in live:
+            self._verify(stream)
+        return batch.size
+
+    def _verify(self, stream: Stream) -> None:
+        """Sample at each drafted position while the samples equal the draft."""
+        draft, base = stream.draft, stream.pos
+        taken = 0
+        for i in range(len(draft) + 1):
+            token = stream.sampler.sample(self.context, stream.row + i)
+            if not self._emit(stream, token):
+                break
+            if i < len(draft) and token == draft[i]:
+                taken += 1
+                continue
+            # `token` is the next pending one; drafts after the mismatch leave the cache.
+            stream.pos = base + i + 1
+            if i < len(draft):
+                llama_cpp.llama_memory_seq_rm(self.memory, stream.seq_id, stream.pos, -1)
+            break
+        if draft:
+            stream.drafted += len(draft)
+            stream.accepted += taken
+            self.policy.record_draft(stream.source, len(draft), taken)

@@ -1,0 +1,88 @@
+"""The decoding loop's pure parts: prompt-lookup drafts, the adaptive draft length, and
+engine settings llama.cpp would refuse. No model is loaded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from memagent_cli.backends.decoding import DraftPolicy, Lookup
+from memagent_cli.backends.llama_cpp import LlamaCppBackend
+from memagent_cli.errors import ModelError
+
+
+def test_lookup_proposes_what_followed_the_longest_match() -> None:
+    # "1 2 3" was followed by 4 5 6; "3" alone was last followed by 9.
+    lookup = Lookup([7, 1, 2, 3, 4, 5, 6, 3, 9, 8])
+    for token in (1, 2, 3):
+        lookup.append(token)
+    assert lookup.propose(3) == ([4, 5, 6], 3)
+    assert lookup.propose(10)[0] == [4, 5, 6, 3, 9, 8, 1, 2, 3]
+
+
+def test_lookup_follows_a_copy_and_drops_it_on_a_mismatch() -> None:
+    lookup = Lookup([5, 1, 2, 3, 4, 5, 6, 7])
+    for token in (1, 2, 3):
+        lookup.append(token)
+    assert lookup.propose(2) == ([4, 5], 3)
+    lookup.append(4)
+    assert lookup.propose(2) == ([5, 6], 3)
+    lookup.append(99)  # the reply leaves the copy; 99 occurs nowhere before
+    assert lookup.propose(4) == ([], 0)
+
+
+def test_lookup_without_any_match_proposes_nothing() -> None:
+    lookup = Lookup([1, 2, 3])
+    lookup.append(42)
+    assert lookup.propose(4) == ([], 0)
+    assert lookup.propose(0) == ([], 0)
+
+
+def policy_with(single: float, batch: dict[int, float], acceptance: float) -> DraftPolicy:
+    policy = DraftPolicy()
+    for _ in range(20):
+        policy.record_batch(1, single)
+        for size, seconds in batch.items():
+            policy.record_batch(size, seconds)
+    accepted = round(acceptance / (1 - acceptance))  # then one rejection: rate `acceptance`
+    for _ in range(30):
+        policy.record_draft(3, accepted + 1, accepted)
+    return policy
+
+
+def test_cheap_batches_and_good_drafts_draft_long() -> None:
+    # A GPU-like engine: 9 tokens cost 1.1 of one.
+    policy = policy_with(0.01, {9: 0.011}, acceptance=0.9)
+    assert policy.length(3, 16) >= 8
+
+
+def test_compute_bound_batches_switch_drafting_off() -> None:
+    # Each drafted token costs a full decode: nothing can pay, except rare probes.
+    policy = policy_with(0.01, {3: 0.03, 9: 0.09}, acceptance=0.5)
+    lengths = [policy.length(3, 8) for _ in range(2000)]
+    probes = [n for n in lengths if n]
+    assert probes and all(n in DraftPolicy.PROBE_LENGTHS for n in probes)
+    # Probes back off: far fewer than one per 32 rounds.
+    assert len(probes) < len(lengths) / 100
+
+
+def test_unmeasured_costs_are_assumed_expensive() -> None:
+    policy = DraftPolicy()
+    assert policy.cost(5) == 5.0
+    assert policy.length(3, 8) == 0
+
+
+def test_fixed_draft_length_is_capped_by_the_proposal() -> None:
+    policy = DraftPolicy(fixed=8)
+    assert policy.length(1, 3) == 3
+    assert policy.length(0, 3) == 0
+
+
+def test_quantized_v_cache_needs_flash_attention(tmp_path: Path) -> None:
+    with pytest.raises(ModelError, match="quantized V cache"):
+        LlamaCppBackend(
+            tmp_path / "none.gguf", threads=1, gpu_layers=0, flash_attn="off", cache_type_v="q8_0"
+        )
+    with pytest.raises(ModelError, match="cache type"):
+        LlamaCppBackend(tmp_path / "none.gguf", threads=1, gpu_layers=0, cache_type_k="q3")
