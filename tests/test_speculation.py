@@ -1,0 +1,174 @@
+"""Speculative memory copying changes no output token (real model, real llama.cpp).
+
+Drafting is forced on (a fixed draft length) where the point is to run every verification
+path: long accepted copies, early mismatches, rejected drafts cut from the KV cache.
+Run under `flock /tmp/memagent-llama.lock`.
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import FACT_QUESTION, default_model_path, story
+
+from memagent_cli import protocol
+from memagent_cli.backends import Generation, Sampling
+from memagent_cli.backends.decoding import DraftPolicy
+from memagent_cli.backends.llama_cpp import LlamaCppBackend
+
+pytestmark = pytest.mark.model
+
+CONTEXT = 2048
+GREEDY = Sampling(temperature=0.0)
+SEEDED = Sampling(temperature=0.7, top_p=0.95, seed=1234)
+
+
+def _backend(speculate: bool, draft: int | None = None, exact: bool = True) -> LlamaCppBackend:
+    backend = LlamaCppBackend(
+        default_model_path(),
+        threads=2,
+        gpu_layers=0,
+        speculate=speculate,
+        exact=exact,
+        flash_attn="off",
+    )
+    backend.prepare(CONTEXT)
+    if draft is not None:
+        assert backend.decoder is not None
+        backend.decoder.policy = DraftPolicy(fixed=draft)
+    return backend
+
+
+@pytest.fixture(scope="module")
+def plain() -> LlamaCppBackend:
+    return _backend(speculate=False)
+
+
+@pytest.fixture(scope="module")
+def drafting() -> LlamaCppBackend:
+    return _backend(speculate=True, draft=8)
+
+
+def copying() -> str:
+    """An update whose previous memory is long: a memory update mostly rewrites it."""
+    memory = story(14, seed=5)
+    return protocol.render_update(FACT_QUESTION, memory, story(30, fact=None, seed=6))
+
+
+def fresh() -> str:
+    """A first update: nothing to copy but the chunk."""
+    return protocol.render_update(FACT_QUESTION, protocol.INITIAL_MEMORY, story(40, seed=7))
+
+
+def same(a: Generation, b: Generation) -> None:
+    assert a.text == b.text
+    assert (a.completion_tokens, a.finish_reason) == (b.completion_tokens, b.finish_reason)
+    assert a.prompt_tokens == b.prompt_tokens
+
+
+@pytest.mark.parametrize("message", [copying, fresh], ids=["copying", "fresh"])
+def test_greedy_output_is_plain_decoding(
+    plain: LlamaCppBackend, drafting: LlamaCppBackend, message
+) -> None:
+    expected = plain.generate(message(), max_tokens=256, sampling=GREEDY)
+    got = drafting.generate(message(), max_tokens=256, sampling=GREEDY)
+    same(got, expected)
+    assert expected.drafted == 0
+    assert got.drafted > 0 and 0 <= got.accepted <= got.drafted
+
+
+@pytest.mark.parametrize("message", [copying, fresh], ids=["copying", "fresh"])
+def test_seeded_sampling_is_plain_decoding(
+    plain: LlamaCppBackend, drafting: LlamaCppBackend, message
+) -> None:
+    expected = plain.generate(message(), max_tokens=200, sampling=SEEDED)
+    got = drafting.generate(message(), max_tokens=200, sampling=SEEDED)
+    same(got, expected)
+    assert got.drafted > 0
+    # The seed matters: another seed samples another reply (guards against greedy sneaking in).
+    other = plain.generate(
+        message(), max_tokens=200, sampling=Sampling(temperature=0.7, top_p=0.95, seed=99)
+    )
+    assert other.text != expected.text
+
+
+def test_many_rejected_drafts_leave_no_trace(
+    plain: LlamaCppBackend, drafting: LlamaCppBackend
+) -> None:
+    """Long drafts on text that does not copy: most are cut; each cut must leave the KV
+    cache exactly as plain decoding has it, or later tokens would differ."""
+    assert drafting.decoder is not None
+    drafting.decoder.policy = DraftPolicy(fixed=16)
+    try:
+        expected = plain.generate(fresh(), max_tokens=480, sampling=GREEDY)
+        got = drafting.generate(fresh(), max_tokens=480, sampling=GREEDY)
+    finally:
+        drafting.decoder.policy = DraftPolicy(fixed=8)
+    same(got, expected)
+    assert got.drafted - got.accepted >= 48
+    # The next call reuses the cached prompt prefix after all those cuts.
+    same(
+        drafting.generate(copying(), max_tokens=128, sampling=GREEDY),
+        plain.generate(copying(), max_tokens=128, sampling=GREEDY),
+    )
+
+
+def test_default_speculation_equals_plain(plain: LlamaCppBackend) -> None:
+    """The default, adaptive draft length: whatever it decides, the output is plain's."""
+    ours = _backend(speculate=True)
+    for message in (copying(), fresh()):
+        for sampling in (GREEDY, SEEDED):
+            same(
+                ours.generate(message, max_tokens=128, sampling=sampling),
+                plain.generate(message, max_tokens=128, sampling=sampling),
+            )
+
+
+def test_single_row_decoding_equals_create_completion(plain: LlamaCppBackend) -> None:
+    """Without the exact mode's padding, the loop is llama-cpp-python's create_completion
+    with memagent's sampling (no top-k, min-p or repeat penalty): same tokens, same stops.
+    (Exact mode differs from it at near-ties: llama.cpp's 1-row kernels are not its
+    batched ones.)"""
+    from llama_cpp import Llama
+
+    ours = _backend(speculate=False, exact=False)
+    llm = Llama(
+        model_path=str(default_model_path()),
+        n_ctx=CONTEXT,
+        n_batch=512,
+        n_threads=2,
+        n_threads_batch=2,
+        flash_attn=False,
+        verbose=False,
+    )
+    for message in (copying(), fresh()):
+        prompt, stop = plain._chat_prompt(message)
+        result = llm.create_completion(
+            prompt=prompt,
+            max_tokens=256,
+            temperature=0.0,
+            top_p=0.95,
+            top_k=0,
+            min_p=0.0,
+            repeat_penalty=1.0,
+            stop=stop,
+        )
+        got = ours.generate(message, max_tokens=256, sampling=GREEDY)
+        choice = result["choices"][0]
+        assert got.text == choice["text"]
+        assert got.completion_tokens == result["usage"]["completion_tokens"]
+        assert got.finish_reason == choice["finish_reason"]
+    llm.close()
+
+
+def test_quantized_cache_with_flash_attention_runs() -> None:
+    backend = LlamaCppBackend(
+        default_model_path(),
+        threads=2,
+        gpu_layers=0,
+        flash_attn="on",
+        cache_type_k="q8_0",
+        cache_type_v="q8_0",
+    )
+    backend.prepare(1024)
+    reply = backend.generate(fresh(), max_tokens=32, sampling=GREEDY)
+    assert reply.completion_tokens > 0 and reply.text.strip()
