@@ -11,6 +11,7 @@ from memagent_cli import models
 from memagent_cli.errors import ModelError
 
 
+@pytest.mark.model  # needs the default model's package (no model is loaded)
 def test_the_default_model_ships_in_a_package(monkeypatch):
     monkeypatch.delenv(models.ENV_VAR, raising=False)
     found = models.resolve(None)
@@ -19,11 +20,12 @@ def test_the_default_model_ships_in_a_package(monkeypatch):
 
 
 def test_option_beats_environment(monkeypatch, tmp_path):
-    mine = tmp_path / "mine.gguf"
+    mine, theirs = tmp_path / "mine.gguf", tmp_path / "theirs.gguf"
     mine.write_bytes(b"GGUF")
-    monkeypatch.setenv(models.ENV_VAR, "smollm2-135m")
+    theirs.write_bytes(b"GGUF")
+    monkeypatch.setenv(models.ENV_VAR, str(theirs))
     assert models.resolve(str(mine)).path == mine
-    assert models.resolve(None).name == "smollm2-135m"
+    assert models.resolve(None).path == theirs
 
 
 def test_nothing_found_names_what_was_tried_and_how_to_get_a_model(monkeypatch, tmp_path):

@@ -1,5 +1,6 @@
 """`memagent models list | info | pull` as a user meets them; pulls go to a fake Hub on
-127.0.0.1 (tests/fake_hub.py), never to the network."""
+127.0.0.1 (tests/fake_hub.py), never to the network. The GGUF files are made here (the
+default model is needed only by the test of its own metadata)."""
 
 from __future__ import annotations
 
@@ -14,22 +15,23 @@ from pathlib import Path
 import pytest
 from conftest import assert_clean_failure, default_model_path, words
 from fake_hub import FakeHub, HubFile
+from hf_model import build
 
 from memagent_cli import gguf_info, hub
 from memagent_cli.errors import ModelError
 
-REPO = "someone/SmolLM2-135M-Instruct-GGUF"
-MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+REPO = "someone/Tiny-GGUF"
+MODEL_FILE = "Tiny.Q4_1.gguf"
 
 
-def tiny_gguf(path: Path, context: int = 32768, rows: int = 4) -> bytes:
+def tiny_gguf(path: Path, context: int = 32768, rows: int = 4, file_type: str = "Q8_0") -> bytes:
     """A small valid GGUF: qwen2, Q8_0 file type, a chat template, one tensor."""
     import gguf
     import numpy as np
 
     writer = gguf.GGUFWriter(str(path), "qwen2")
     writer.add_context_length(context)
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
+    writer.add_file_type(gguf.LlamaFileType[f"MOSTLY_{file_type}"])
     writer.add_chat_template("{% for m in messages %}{{ m['content'] }}{% endfor %}")
     writer.add_tensor("token_embd.weight", np.ones((rows, 64), dtype=np.float32))
     writer.write_header_to_file()
@@ -40,19 +42,30 @@ def tiny_gguf(path: Path, context: int = 32768, rows: int = 4) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def real_gguf() -> bytes:
-    return default_model_path().read_bytes()
+def real_gguf(tmp_path_factory) -> bytes:
+    """A 12 MB GGUF marked Q4_1: big enough to be cut midway by the fake Hub."""
+    return tiny_gguf(tmp_path_factory.mktemp("gguf") / "q4.gguf", rows=49152, file_type="Q4_1")
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory) -> Path:
+    """A complete model file: the tiny Qwen2 converted (F16), tokenizer and template in."""
+    from memagent_cli import conversion
+
+    folder = tmp_path_factory.mktemp("hf") / "Tiny-Qwen2"
+    build(folder)
+    return conversion.convert(folder, folder.parent / "Tiny-Qwen2.F16.gguf", "F16")
 
 
 @pytest.fixture
 def fake_hub(env, tmp_path, real_gguf):
-    """A Hub holding the default model's GGUF (and a small Q8_0 beside it), for `env`'s user."""
+    """A Hub holding a Q4_1 GGUF (and a small Q8_0 beside it), for `env`'s user."""
     with FakeHub() as server:
         server.add(
             REPO,
             {
                 MODEL_FILE: real_gguf,
-                "SmolLM2-135M-Instruct.Q8_0.gguf": tiny_gguf(tmp_path / "q8.gguf"),
+                "Tiny.Q8_0.gguf": tiny_gguf(tmp_path / "q8.gguf"),
                 "README.md": HubFile(b"# a model card\n", lfs=False),
             },
         )
@@ -75,51 +88,52 @@ def pulled_dir(env) -> Path:
 # models list / info ---------------------------------------------------------------------
 
 
-def test_list_reads_the_default_model_header_and_says_how_to_get_the_others(memagent):
-    header = gguf_info.read(default_model_path())
+def test_list_reads_each_header_and_says_how_to_get_the_others(memagent, env, converted):
+    mine = Path(env["XDG_DATA_HOME"]) / "memagent" / "models" / "mine.gguf"
+    mine.parent.mkdir(parents=True)
+    mine.write_bytes(converted.read_bytes())
+    header = gguf_info.read(mine)
     result = memagent("models", "list", "--json")
     assert result.returncode == 0, result.stderr
     rows = {row["name"]: row for row in json.loads(result.stdout)}
-    default = next(row for row in rows.values() if row["path"] == str(default_model_path()))
-    assert default["architecture"] == header.architecture != "?"
-    assert default["quantization"] == header.quantization != "?"
-    assert default["context_length"] == header.context_length
-    assert default["has_chat_template"] is True
-    assert default["size"] == default_model_path().stat().st_size
+    row = rows["mine"]
+    assert (row["architecture"], row["quantization"]) == ("qwen2", "F16")
+    assert row["context_length"] == header.context_length == 32768
+    assert row["has_chat_template"] is True
+    assert row["size"] == mine.stat().st_size
     assert rows["memagent-14b"]["downloaded"] is False
     assert rows["memagent-14b"]["how_to_get"] == "pull it with `memagent models pull memagent-14b`"
 
     table = memagent("models", "list")
     assert table.returncode == 0
-    line = next(x for x in table.stdout.splitlines() if x.startswith(default["name"] + " "))
-    assert {header.architecture, header.quantization, f"{header.context_length:,}"} <= set(
-        line.split()
-    )
+    line = next(x for x in table.stdout.splitlines() if x.startswith("mine "))
+    assert {"qwen2", "F16", "32,768", "yes"} <= set(line.split())
     assert "memagent-7b" in table.stdout and "not downloaded" in table.stdout
     assert "memagent-7b is not downloaded" in words(table.stderr)
 
 
-def test_info_shows_the_header_facts_and_the_chat_template(memagent):
-    header = gguf_info.read(default_model_path())
-    result = memagent("models", "info", str(default_model_path()))
+def test_info_shows_the_header_facts_and_the_chat_template(memagent, converted):
+    header = gguf_info.read(converted)
+    result = memagent("models", "info", str(converted))
     assert result.returncode == 0, result.stderr
     text = words(result.stdout)
     facts = [
-        f"architecture {header.architecture}",
-        f"quantization {header.quantization}",
-        f"context {header.context_length:,} tokens",
-        f"layers {header.layers}",
+        "architecture qwen2",
+        "quantization F16",
+        "context 32,768 tokens",
+        "layers 2",
         f"vocabulary {header.vocabulary:,} tokens",
     ]
     for fact in facts:
         assert fact in text
     assert words(header.chat_template or "") in text  # the template itself
 
-    as_json = json.loads(memagent("models", "info", str(default_model_path()), "--json").stdout)
+    as_json = json.loads(memagent("models", "info", str(converted), "--json").stdout)
     assert as_json["chat_template"] == header.chat_template
-    assert (as_json["vocabulary"], as_json["layers"]) == (header.vocabulary, header.layers)
+    assert (as_json["vocabulary"], as_json["layers"]) == (header.vocabulary, 2)
 
 
+@pytest.mark.model  # needs the default model's package (no model is loaded)
 def test_default_model_metadata_smollm2(memagent):
     """The facts of the default model as `models list` and `info` print them (SmolLM2-135M
     Q4_1): the one place where its particular numbers are checked."""
@@ -129,14 +143,17 @@ def test_default_model_metadata_smollm2(memagent):
     info = words(memagent("models", "info", "smollm2-135m").stdout)
     for fact in ("architecture llama", "context 8,192 tokens", "layers 30", "49,152 tokens"):
         assert fact in info
+    assert "<|im_start|>" in info
+    as_json = json.loads(memagent("models", "info", str(default_model_path()), "--json").stdout)
+    assert as_json["vocabulary"] == 49152
 
 
-def test_info_refuses_a_file_that_is_not_gguf(memagent, tmp_path):
+def test_info_refuses_a_file_that_is_not_gguf(memagent, tmp_path, converted):
     fake = tmp_path / "model.gguf"
     fake.write_bytes(b"PK\x03\x04 this is a zip, not a model" * 10)
     assert_clean_failure(memagent("models", "info", str(fake)), 1, "is not a GGUF model file")
     cut = tmp_path / "cut.gguf"
-    cut.write_bytes(default_model_path().read_bytes()[:4096])
+    cut.write_bytes(converted.read_bytes()[:4096])
     assert_clean_failure(memagent("models", "info", str(cut)), 1, "damaged GGUF file")
 
 
@@ -226,9 +243,9 @@ def test_pull_downloads_a_verified_gguf_that_list_and_info_then_show(
     row = next(r for r in rows if r["path"] == str(path))
     assert row["name"] == f"hf:{REPO}:Q4_1"
     assert (row["architecture"], row["quantization"], row["context_length"]) == (
-        "llama",
+        "qwen2",
         "Q4_1",
-        8192,
+        32768,
     )
     info = memagent("models", "info", f"hf:{REPO}:Q4_1")
     assert info.returncode == 0 and "quantization Q4_1" in words(info.stdout)
@@ -241,12 +258,12 @@ def test_pull_downloads_a_verified_gguf_that_list_and_info_then_show(
 def test_pull_without_a_tag_takes_q4_k_m_else_q8_0_as_llama_cpp_does(memagent, env, fake_hub):
     result = memagent("models", "pull", REPO)
     assert result.returncode == 0, result.stderr
-    assert Path(result.stdout.strip()).name == "SmolLM2-135M-Instruct.Q8_0.gguf"
+    assert Path(result.stdout.strip()).name == "Tiny.Q8_0.gguf"
 
 
 def test_an_interrupted_pull_resumes_where_it_stopped(memagent, env, fake_hub, real_gguf):
     served = fake_hub.repos[REPO][MODEL_FILE]
-    served.drop_after, served.then_fail = 40_000_000, True  # hangs up, then the Hub is down
+    served.drop_after, served.then_fail = 5_000_000, True  # hangs up, then the Hub is down
     first = memagent("models", "pull", f"{REPO}:Q4_1")
     assert_clean_failure(first, 1, "Download of", "stopped", "Run the same command again to resume")
     (partial,) = pulled_dir(env).glob("*.incomplete")
@@ -264,7 +281,7 @@ def test_an_interrupted_pull_resumes_where_it_stopped(memagent, env, fake_hub, r
 
 
 def test_a_dropped_connection_is_resumed_within_one_pull(memagent, env, fake_hub, real_gguf):
-    fake_hub.repos[REPO][MODEL_FILE].drop_after = 40_000_000
+    fake_hub.repos[REPO][MODEL_FILE].drop_after = 5_000_000
     result = memagent("models", "pull", f"{REPO}:Q4_1")
     assert result.returncode == 0, result.stderr
     assert Path(result.stdout.strip()).read_bytes() == real_gguf
@@ -300,6 +317,7 @@ def test_not_a_repository_nor_a_name(memagent):
     assert_clean_failure(result, 1, "neither a registry name", "OWNER/NAME[:QUANT]")
 
 
+@pytest.mark.model  # needs the default model's package (no model is loaded)
 def test_pulling_an_installed_registry_model_names_its_file(memagent):
     result = memagent("models", "pull", "smollm2-135m")
     assert result.returncode == 0, result.stderr
@@ -390,7 +408,7 @@ def test_a_registry_entry_with_an_hf_gguf_is_pulled_by_name(env, fake_hub, monke
     notes: list[str] = []
     pulled = models.pull("tiny", note=notes.append)
     assert any("downloading" in n for n in notes) and any("pulled" in n for n in notes)
-    assert pulled == models.Model(pulled_dir(env) / "SmolLM2-135M-Instruct.Q8_0.gguf", "tiny")
+    assert pulled == models.Model(pulled_dir(env) / "Tiny.Q8_0.gguf", "tiny")
     assert models.resolve("tiny") == pulled
     (row,) = models.catalogue()  # listed once, under its registry name
     assert (row.name, row.info.architecture, row.info.context_length) == ("tiny", "qwen2", 32768)
