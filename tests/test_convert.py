@@ -19,6 +19,8 @@ from conftest import MEMAGENT, assert_clean_failure, words
 from fake_hub import FakeHub, HubFile
 from hf_model import CHATML, SPECIALS, build
 
+from memagent_cli.errors import ModelError
+
 TINY_REPO = "someone/Tiny-Qwen2"
 
 
@@ -352,3 +354,21 @@ def test_an_interrupted_conversion_leaves_nothing_that_looks_finished(env, big, 
     assert process.returncode != 0 and stdout == b""
     assert b"Traceback" not in stderr
     assert not list(out.iterdir())
+
+
+def test_a_registry_name_with_a_type_pulls_and_finds_that_type(env, hub_with_weights, monkeypatch):
+    from memagent_cli import models
+
+    for key in ("HF_ENDPOINT", "XDG_DATA_HOME"):
+        monkeypatch.setenv(key, env[key])
+    entry = {"description": "tiny", "hf": f"{TINY_REPO}:Q4_K_M"}
+    monkeypatch.setattr(models, "registry", lambda: {"tiny": entry})
+    with pytest.raises(ModelError, match="run `memagent models pull tiny:F16`"):
+        models.resolve("tiny:F16")
+    notes: list[str] = []
+    pulled = models.pull("tiny:F16", note=notes.append)
+    assert pulled.path == repo_folder(env) / "Tiny-Qwen2.F16.gguf"
+    assert any("published as Hugging Face weights" in n for n in notes)
+    assert models.resolve("tiny:F16", note=notes.append).path == pulled.path
+    with pytest.raises(ModelError, match="memagent models pull tiny"):
+        models.resolve("tiny")  # the registry's own type, Q4_K_M, is not there
