@@ -136,12 +136,12 @@ def convert(
     check_space(dest.parent, work.needed, "the conversion")
     label = name or folder.name
     if work.intermediate is None:
-        write_gguf(work.source, dest, work.quant, label, progress)
+        write_gguf(work.source, dest, work.quant, label, progress, note)
         return dest
     if work.reuse_intermediate:
         note(f"using {work.intermediate} from an earlier run")
     else:
-        write_gguf(work.source, work.intermediate, "F16", label, progress)
+        write_gguf(work.source, work.intermediate, "F16", label, progress, note)
     note(f"quantizing to {work.quant} with llama.cpp")
     part = _part(dest)
     try:
@@ -155,7 +155,12 @@ def convert(
 
 
 def write_gguf(
-    source: Source, dest: Path, kind: str, name: str, progress: Progress | None = None
+    source: Source,
+    dest: Path,
+    kind: str,
+    name: str,
+    progress: Progress | None = None,
+    note: Note = _silent,
 ) -> None:
     """Write `source` as an unquantized GGUF (`kind` F16 or F32) at `dest`, via a .part file."""
     writer = gguf.GGUFWriter(None, source.arch.gguf_name)
@@ -167,7 +172,7 @@ def write_gguf(
     writer.add_file_type(quantize.file_type(kind))
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     vocabulary.write(
-        writer, source.folder, source.arch.arch, source.arch.config.get("vocab_size"), _silent
+        writer, source.folder, source.arch.arch, source.arch.config.get("vocab_size"), note
     )
     for tensor_name, tensor in source.tensors:
         dtype = _dtype(tensor_name, tensor, kind)

@@ -45,7 +45,8 @@ def write(
         "\\\\", "\\"
     ):
         note(
-            "the tokenizer's split pattern is not Qwen2's; llama.cpp will split text as Qwen2 does"
+            "warning: the tokenizer's split pattern is not Qwen2's; llama.cpp will split text "
+            "as Qwen2 does, so some texts may tokenize differently"
         )
     tokens, types = token_list(model["vocab"], data.get("added_tokens") or [], vocab_size)
     writer.add_tokenizer_model("gpt2")
