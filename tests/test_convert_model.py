@@ -171,3 +171,17 @@ def test_qwen3_logits_equal_a_numpy_forward_pass(tmp_path):
     got = np.asarray(llm.scores[: len(tokens)], dtype=np.float64)
     expected = forward(weights, tokens)
     assert np.abs(got - expected).max() < 1e-4 * np.abs(expected).max()
+
+
+def test_a_registry_model_s_folder_converts_to_where_its_name_finds_it(memagent, env, tmp_path):
+    folder = tmp_path / "RL-MemoryAgent-7B"  # the repository name of the registry's memagent-7b
+    build(folder)
+    result = memagent("models", "convert", str(folder), "--quiet")
+    assert result.returncode == 0, result.stderr
+    path = Path(result.stdout.strip())
+    assert path.parts[-3:] == ("BytedTsinghua-SIA", "RL-MemoryAgent-7B", path.name)
+    assert path.name == "RL-MemoryAgent-7B.Q4_K_M.gguf"
+    info = json.loads(memagent("models", "info", "memagent-7b", "--json").stdout)
+    assert info["path"] == str(path) and info["quantization"] == "Q4_K_M"
+    rows = json.loads(memagent("models", "list", "--json").stdout)
+    assert [r["path"] for r in rows if r["name"] == "memagent-7b"] == [str(path)]
