@@ -448,7 +448,7 @@ class Decoder:
         policy.record_batch(rows, time.perf_counter() - began)
         for stream in live:
             self._verify(stream)
-        return batch.size
+        return rows
 
     def _verify(self, stream: Stream) -> None:
         """Sample at each drafted position while the samples equal the draft."""
