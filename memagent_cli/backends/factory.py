@@ -26,6 +26,13 @@ class BackendOptions:
     gpu_layers: int | None = None  # default: all when llama.cpp can offload
     timeout: float = DEFAULT_TIMEOUT  # seconds a server may take for one call
     verbose: bool = False
+    # llama.cpp engine settings, as llama.cpp names them; speculation is exact either way
+    speculate: bool = True
+    flash_attn: str = "auto"
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+    batch_size: int = 512
+    ubatch_size: int = 512
 
 
 def open_backend(
@@ -59,4 +66,10 @@ def open_backend(
         threads=options.threads or physical_cores(),
         gpu_layers=gpu_layers,
         verbose=options.verbose,
+        speculate=options.speculate,
+        flash_attn=options.flash_attn,
+        cache_type_k=options.cache_type_k,
+        cache_type_v=options.cache_type_v,
+        batch_size=options.batch_size,
+        ubatch_size=options.ubatch_size,
     )

@@ -158,7 +158,15 @@ class LlamaCppBackend:
         path = self.path.resolve()
         return Description(
             model={"path": str(path), "name": self.name, "size": path.stat().st_size},
-            engine={"backend": "llama", "threads": self.threads, "gpu_layers": self.gpu_layers},
+            engine={
+                "backend": "llama",
+                "threads": self.threads,
+                "gpu_layers": self.gpu_layers,
+                "speculate": self.speculate,
+                "flash_attn": self.flash_attn,
+                "cache_type_k": self.cache_type_k,
+                "cache_type_v": self.cache_type_v,
+            },
         )
 
     def prepare(self, context_tokens: int) -> None:

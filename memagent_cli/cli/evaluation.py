@@ -1,0 +1,239 @@
+"""`memagent eval`: the paper's evaluation files, needle cases and reports."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from memagent_cli import protocol
+from memagent_cli.backends.factory import DEFAULT_TIMEOUT
+from memagent_cli.cli import options
+from memagent_cli.cli.options import (
+    ApiKeyOpt,
+    BackendOpt,
+    BaseUrlOpt,
+    ChunkTokensOpt,
+    EncodingOpt,
+    GpuLayersOpt,
+    JsonOpt,
+    MemoryTokensOpt,
+    ModelOpt,
+    NoCacheOpt,
+    NoTraceOpt,
+    ParallelOpt,
+    QuietOpt,
+    SeedOpt,
+    ServedModelOpt,
+    TemperatureOpt,
+    ThreadsOpt,
+    TimeoutOpt,
+    TopPOpt,
+    VerboseOpt,
+    user_errors,
+)
+
+
+class _EvalGroup(typer.core.TyperGroup):
+    """`memagent eval DATA...` runs the authors' files (the `run` command); `eval niah` and
+    `eval report` are named."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
+            args = ["run", *args]
+        return super().parse_args(ctx, args)
+
+
+app = typer.Typer(
+    cls=_EvalGroup,
+    help="Reproduce the paper's long-context results: `memagent eval DATA...` runs the "
+    "authors' evaluation files, `eval niah` builds needle cases from a document, "
+    "`eval report` compares runs.",
+    no_args_is_help=True,
+)
+
+EvalOutputOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--output",
+        "-o",
+        dir_okay=False,
+        show_default=False,
+        help="Results file (JSON Lines, one line per case); run again to continue it "
+        "\\[default: a new file in the data folder].",
+    ),
+]
+PlotOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--plot",
+        dir_okay=False,
+        show_default=False,
+        metavar="FILE.png",
+        help="Draw accuracy versus length (needle runs: depth x length) with matplotlib.",
+    ),
+]
+
+
+def _eval_options(
+    *, backend: str, parallel: int, settings: tuple[int, int, float, float, int | None], **kw: Any
+) -> Any:
+    """The options every eval run shares, checked as `ask` checks them."""
+    from memagent_cli.backends import Sampling
+    from memagent_cli.evaluation.command import EvalOptions
+    from memagent_cli.reader import Settings
+
+    fields = {k: kw.pop(k) for k in list(kw) if k in _BACKEND_FIELDS}
+    backend_options = options.backend_options(backend, parallel, "cases", **fields)
+    chunk_tokens, memory_tokens, temperature, top_p, seed = settings
+    options.stop_on_sigterm()
+    return EvalOptions(
+        backend=backend_options,
+        settings=Settings(chunk_tokens, memory_tokens, Sampling(temperature, top_p, seed)),
+        parallel=parallel,
+        **kw,
+    )
+
+
+_BACKEND_FIELDS = (
+    "model", "base_url", "api_key", "served_model", "encoding", "threads", "gpu_layers",
+    "timeout", "verbose",
+)  # fmt: skip
+
+
+@app.command("run")
+@user_errors
+def eval_run(
+    data: Annotated[
+        list[str],
+        typer.Argument(
+            help="The authors' eval_*.json files (a JSON list or JSON Lines of context, "
+            "input, answers, _id), RULER needle files (outputs), or folders of them; each "
+            "file is one length group.",
+            metavar="DATA...",
+        ),
+    ],
+    limit: Annotated[
+        int | None,
+        typer.Option(min=1, show_default=False, help="Run the first N cases of each file."),
+    ] = None,
+    output: EvalOutputOpt = None,
+    as_json: JsonOpt = False,
+    plot: PlotOpt = None,
+    model: ModelOpt = None,
+    chunk_tokens: ChunkTokensOpt = protocol.DEFAULT_CHUNK_TOKENS,
+    memory_tokens: MemoryTokensOpt = protocol.DEFAULT_MEMORY_TOKENS,
+    temperature: TemperatureOpt = 0.7,
+    top_p: TopPOpt = 0.95,
+    seed: SeedOpt = None,
+    backend: BackendOpt = "llama",
+    base_url: BaseUrlOpt = None,
+    api_key: ApiKeyOpt = None,
+    served_model: ServedModelOpt = None,
+    encoding: EncodingOpt = "cl100k_base",
+    parallel: ParallelOpt = 1,
+    timeout: TimeoutOpt = DEFAULT_TIMEOUT,
+    gpu_layers: GpuLayersOpt = None,
+    threads: ThreadsOpt = None,
+    no_trace: NoTraceOpt = False,
+    no_cache: NoCacheOpt = False,
+    quiet: QuietOpt = False,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Run every case of the authors' files as an ordinary ask, scored as their ruler_hqa.py."""
+    from memagent_cli.evaluation import command
+
+    options = _eval_options(
+        backend=backend,
+        parallel=parallel,
+        settings=(chunk_tokens, memory_tokens, temperature, top_p, seed),
+        model=model, base_url=base_url, api_key=api_key, served_model=served_model,
+        encoding=encoding, threads=threads, gpu_layers=gpu_layers, timeout=timeout,
+        verbose=verbose, output=output, write_traces=not no_trace, use_cache=not no_cache,
+        quiet=quiet, as_json=as_json, plot=plot,
+    )  # fmt: skip
+    code = command.eval_files(data, limit, options)
+    if code:
+        raise typer.Exit(code)
+
+
+@app.command("niah")
+@user_errors
+def eval_niah(
+    haystack: Annotated[
+        str,
+        typer.Option(
+            "--haystack",
+            metavar="DOCUMENT",
+            help="Text, Markdown, PDF or EPUB file whose sentences hide the needles.",
+        ),
+    ],
+    lengths: Annotated[
+        str, typer.Option(help="Document lengths in model tokens (K = 1024).")
+    ] = "8K,32K",
+    depths: Annotated[
+        str,
+        typer.Option(help="How many depths from 0% to 100% (5), or percents (0,50,100)."),
+    ] = "5",
+    needles: Annotated[
+        str, typer.Option(help="RULER variant: single, multikey, multivalue or multiquery.")
+    ] = "single",
+    seed: Annotated[
+        int, typer.Option(help="Seed of the cases (keys, values, other needles) and sampling.")
+    ] = 0,
+    output: EvalOutputOpt = None,
+    as_json: JsonOpt = False,
+    plot: PlotOpt = None,
+    model: ModelOpt = None,
+    chunk_tokens: ChunkTokensOpt = protocol.DEFAULT_CHUNK_TOKENS,
+    memory_tokens: MemoryTokensOpt = protocol.DEFAULT_MEMORY_TOKENS,
+    temperature: TemperatureOpt = 0.7,
+    top_p: TopPOpt = 0.95,
+    backend: BackendOpt = "llama",
+    base_url: BaseUrlOpt = None,
+    api_key: ApiKeyOpt = None,
+    served_model: ServedModelOpt = None,
+    encoding: EncodingOpt = "cl100k_base",
+    parallel: ParallelOpt = 1,
+    timeout: TimeoutOpt = DEFAULT_TIMEOUT,
+    gpu_layers: GpuLayersOpt = None,
+    threads: ThreadsOpt = None,
+    no_trace: NoTraceOpt = False,
+    no_cache: NoCacheOpt = False,
+    quiet: QuietOpt = False,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Hide RULER key-value needles in a document at each depth and length, and ask for them."""
+    from memagent_cli.evaluation import command
+
+    options = _eval_options(
+        backend=backend,
+        parallel=parallel,
+        settings=(chunk_tokens, memory_tokens, temperature, top_p, seed),
+        model=model, base_url=base_url, api_key=api_key, served_model=served_model,
+        encoding=encoding, threads=threads, gpu_layers=gpu_layers, timeout=timeout,
+        verbose=verbose, output=output, write_traces=not no_trace, use_cache=not no_cache,
+        quiet=quiet, as_json=as_json, plot=plot,
+    )  # fmt: skip
+    code = command.eval_niah(
+        haystack, lengths=lengths, depths=depths, variant=needles, seed=seed, options=options
+    )
+    if code:
+        raise typer.Exit(code)
+
+
+@app.command("report")
+@user_errors
+def eval_report(
+    runs: Annotated[
+        list[Path],
+        typer.Argument(help="Results files of `memagent eval`.", metavar="RESULTS.jsonl..."),
+    ],
+    as_json: JsonOpt = False,
+    plot: PlotOpt = None,
+) -> None:
+    """Summarize results files; --plot compares them with the paper's RL-MemAgent rows."""
+    from memagent_cli.evaluation import command
+
+    command.show_report(runs, as_json=as_json, plot_path=plot)

@@ -1,0 +1,110 @@
+"""`memagent models`: list, describe, pull and convert GGUF models."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from memagent_cli.cli.options import JsonOpt, QuietOpt, user_errors
+
+app = typer.Typer(help="List, describe, download and convert GGUF models.", no_args_is_help=True)
+
+
+@app.command("list")
+@user_errors
+def models_list(as_json: JsonOpt = False) -> None:
+    """The registry's models and every GGUF found locally, read from their headers."""
+    from memagent_cli import models, modelview
+
+    rows = models.catalogue()
+    if as_json:
+        print(json.dumps([row.to_json() for row in rows], ensure_ascii=False, indent=2))
+    else:
+        modelview.print_catalogue(rows)
+
+
+@app.command("info")
+@user_errors
+def models_info(
+    model: Annotated[
+        str,
+        typer.Argument(
+            help="GGUF file, registry name, or hf:OWNER/NAME[:QUANT] already pulled.",
+            metavar="MODEL",
+        ),
+    ],
+    as_json: JsonOpt = False,
+) -> None:
+    """One model's architecture, quantization, context and chat template."""
+    from memagent_cli import models, modelview
+
+    row = models.describe(model)
+    if as_json:
+        print(json.dumps(row.to_json(template=True), ensure_ascii=False, indent=2))
+    else:
+        modelview.print_info(row)
+
+
+@app.command("pull")
+@user_errors
+def models_pull(
+    model: Annotated[
+        str,
+        typer.Argument(
+            help="OWNER/NAME[:QUANT] on the Hugging Face Hub (QUANT as llama.cpp's -hf reads "
+            "it, default Q4_K_M), or a registry name.",
+            metavar="MODEL",
+        ),
+    ],
+    quiet: QuietOpt = False,
+) -> None:
+    """Download a GGUF into the data folder, resuming a partial download; a repository of
+    Hugging Face weights is downloaded, converted and quantized. Prints the GGUF's path."""
+    from memagent_cli import models, modelview
+
+    with modelview.transfer_progress(quiet) as progress:
+        print(models.pull(model, note=modelview.note(quiet), progress=progress).path)
+
+
+@app.command("convert")
+@user_errors
+def models_convert(
+    folder: Annotated[
+        Path,
+        typer.Argument(
+            help="A Hugging Face model folder: config.json, safetensors, tokenizer.json.",
+            metavar="PATH",
+        ),
+    ],
+    quant: Annotated[
+        str,
+        typer.Option(
+            "--quant", metavar="TYPE", help="llama.cpp type: Q4_K_M, Q5_K_M, Q8_0, F16, ..."
+        ),
+    ] = "Q4_K_M",
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            metavar="FILE",
+            help="GGUF to write \\[default: where --model finds it].",
+            show_default=False,
+        ),
+    ] = None,
+    keep_f16: Annotated[
+        bool, typer.Option("--keep-f16", help="Keep the F16 GGUF quantized from.")
+    ] = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Convert a local Hugging Face model to GGUF and quantize it; prints the GGUF's path."""
+    from memagent_cli import models, modelview
+
+    note = modelview.note(quiet)
+    with modelview.transfer_progress(quiet) as progress:
+        model = models.convert(
+            folder, quant=quant, out=out, keep_f16=keep_f16, note=note, progress=progress
+        )
+    print(model.path)

@@ -1,0 +1,185 @@
+"""Options and checks shared by several commands, defined once."""
+
+from __future__ import annotations
+
+import functools
+import signal
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
+
+import typer
+
+from memagent_cli import display
+from memagent_cli.backends.factory import KINDS, BackendOptions
+from memagent_cli.errors import Interrupted, UserError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+DocumentArg = Annotated[
+    str,
+    typer.Argument(help="Text, Markdown, PDF or EPUB file, or - for stdin.", metavar="DOCUMENT"),
+]
+DocumentsArg = Annotated[
+    str,
+    typer.Argument(
+        help="Text, Markdown, PDF or EPUB file, a folder of them, or - for stdin.",
+        metavar="DOCUMENT",
+    ),
+]
+ModelOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--model",
+        "-m",
+        show_default=False,
+        help="GGUF file, registry name, or hf:OWNER/NAME[:QUANT] (pulled on first use) "
+        "\\[default: $MEMAGENT_MODEL, else the default model].",
+    ),
+]
+ChunkTokensOpt = Annotated[int, typer.Option(min=1, help="Model tokens of document per step.")]
+MemoryTokensOpt = Annotated[
+    int, typer.Option(min=1, help="Most tokens the memory (each update) may take.")
+]
+FormatOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--format",
+        show_default=False,
+        help="Read DOCUMENT as text, pdf or epub, whatever its content looks like.",
+    ),
+]
+PasswordOpt = Annotated[
+    str | None, typer.Option(help="Password of an encrypted PDF.", show_default=False)
+]
+GpuLayersOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--gpu-layers",
+        "-ngl",
+        show_default=False,
+        help="Layers to offload to the GPU \\[default: all when llama.cpp was built with GPU "
+        "support, else 0].",
+    ),
+]
+ThreadsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--threads",
+        "-t",
+        min=1,
+        show_default=False,
+        help="CPU threads \\[default: physical cores].",
+    ),
+]
+EncodingOpt = Annotated[
+    str, typer.Option(help="tiktoken encoding, where the model's own tokenizer is not at hand.")
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Show no progress.")]
+VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's own log.")]
+
+
+TemperatureOpt = Annotated[
+    float, typer.Option(min=0.0, help="Sampling temperature; 0 is greedy, reproducible.")
+]
+TopPOpt = Annotated[float, typer.Option(min=0.0, max=1.0, help="Nucleus sampling.")]
+SeedOpt = Annotated[int | None, typer.Option(help="Random seed for sampling.", show_default=False)]
+BackendOpt = Annotated[
+    str, typer.Option(help="llama (in-process GGUF) or openai (an OpenAI-compatible server).")
+]
+BaseUrlOpt = Annotated[
+    str | None,
+    typer.Option(
+        envvar="MEMAGENT_BASE_URL",
+        show_default=False,
+        help="Server URL for --backend openai, e.g. http://127.0.0.1:8080/v1.",
+    ),
+]
+ApiKeyOpt = Annotated[
+    str | None, typer.Option(envvar="MEMAGENT_API_KEY", show_default=False, help="Server API key.")
+]
+ServedModelOpt = Annotated[
+    str | None,
+    typer.Option(
+        envvar="MEMAGENT_SERVED_MODEL",
+        show_default=False,
+        help="Model name on the server \\[default: the first it serves].",
+    ),
+]
+ParallelOpt = Annotated[int, typer.Option(min=1, help="Runs in flight at once (--backend openai).")]
+TimeoutOpt = Annotated[
+    float, typer.Option(min=1.0, help="Seconds a server may take for one call (--backend openai).")
+]
+NoTraceOpt = Annotated[bool, typer.Option("--no-trace", help="Write no trace.")]
+NoCacheOpt = Annotated[
+    bool,
+    typer.Option("--no-cache", help="Read again even if an identical greedy run finished."),
+]
+
+
+# Engine settings, named as llama.cpp names them.
+SpeculateOpt = Annotated[
+    bool,
+    typer.Option(
+        "--speculate/--no-speculate",
+        help="Draft memory tokens from the prompt and verify them in one batch (exact: the "
+        "output is the same either way).",
+    ),
+]
+FlashAttnOpt = Annotated[
+    str, typer.Option("--flash-attn", "-fa", help="Flash attention: on, off or auto.")
+]
+CacheTypeKOpt = Annotated[
+    str, typer.Option("--cache-type-k", "-ctk", help="KV cache type for K: f16, q8_0, ...")
+]
+CacheTypeVOpt = Annotated[
+    str,
+    typer.Option(
+        "--cache-type-v", "-ctv", help="KV cache type for V (quantized needs flash attention)."
+    ),
+]
+BatchSizeOpt = Annotated[
+    int, typer.Option("--batch-size", "-b", min=1, help="Prompt tokens per llama_decode call.")
+]
+UbatchSizeOpt = Annotated[
+    int, typer.Option("--ubatch-size", "-ub", min=1, help="Physical batch size.")
+]
+
+
+def user_errors(command: F) -> F:
+    """Turn errors a user can cause into one sentence on stderr and a non-zero exit."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except UserError as exc:
+            display.error(exc.message)
+            raise typer.Exit(exc.exit_code) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise Interrupted("SIGTERM")
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM stops a run as Ctrl-C does: the trace keeps every finished step."""
+    signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def backend_options(
+    backend: str, parallel: int, runs: str = "question runs", **fields: Any
+) -> BackendOptions:
+    """The backend options of a command, checked: the kind exists, and several runs in
+    flight need a server."""
+    if backend not in KINDS:
+        raise typer.BadParameter("choose llama or openai.", param_hint="--backend")
+    if parallel > 1 and backend != "openai":
+        raise typer.BadParameter(
+            f"one in-process model reads one at a time; --parallel (several {runs} at once) "
+            "needs --backend openai.",
+            param_hint="--parallel",
+        )
+    return BackendOptions(kind=backend, **fields)

@@ -1,0 +1,122 @@
+"""`memagent trace`: which view of a saved run; the views live in traceview and tracereport."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from memagent_cli import display
+from memagent_cli.cli.options import user_errors
+from memagent_cli.errors import UserError
+from memagent_cli.trace import default_dir
+
+
+@user_errors
+def trace(
+    name: Annotated[
+        Path | None,
+        typer.Argument(
+            # The backslash keeps Typer's Rich help from reading "[default: ...]" as markup.
+            help="Trace file, or the name of one in the data folder "
+            "\\[default: the most recent trace].",
+            metavar="TRACE",
+            show_default=False,
+        ),
+    ] = None,
+    list_traces: Annotated[
+        bool, typer.Option("--list", help="List the saved traces, newest first.")
+    ] = False,
+    step: Annotated[
+        int | None,
+        typer.Option(
+            "--step",
+            metavar="N",
+            help="Show the memory after step N in full (step 1 reads the first chunk).",
+            show_default=False,
+        ),
+    ] = None,
+    diff: Annotated[
+        int | None,
+        typer.Option(
+            "--diff",
+            metavar="N",
+            help="Show what step N changed in the memory (step 1: against the initial memory).",
+            show_default=False,
+        ),
+    ] = None,
+    grep: Annotated[
+        str | None,
+        typer.Option(
+            "--grep",
+            metavar="TEXT",
+            show_default=False,
+            help="Show the steps whose memory contains TEXT (any case).",
+        ),
+    ] = None,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="Print the trace (or --list) as JSON: the records as written, where a step's "
+            '"index" counts from 0.',
+        ),
+    ] = False,
+    markdown: Annotated[
+        bool, typer.Option("--markdown", help="Print a Markdown report of the run.")
+    ] = False,
+    follow_run: Annotated[
+        bool, typer.Option("--follow", "-f", help="Show steps as a running `ask` writes them.")
+    ] = False,
+) -> None:
+    """Show what the model kept, dropped and concluded at every step of a run."""
+    from memagent_cli import tracereport, traceview
+
+    views = {
+        "--list": list_traces,
+        "--step": step is not None,
+        "--diff": diff is not None,
+        "--grep": grep is not None,
+        "--markdown": markdown,
+        "--follow": follow_run,
+    }
+    chosen = [name for name, on in views.items() if on]
+    if len(chosen) > 1:
+        raise typer.BadParameter(f"{' and '.join(chosen)} are different views; pick one.")
+    if as_json and chosen and chosen != ["--list"]:
+        raise typer.BadParameter(f"--json goes with the whole trace or --list, not {chosen[0]}.")
+    out = display.results_console()
+    if list_traces:
+        if name is not None:
+            raise typer.BadParameter("--list lists the data folder; leave out TRACE.")
+        rows = tracereport.listing()
+        if as_json:
+            print(json.dumps(rows, ensure_ascii=False, indent=2))
+        elif not rows:
+            raise UserError(f"There are no traces in {default_dir()} yet.")
+        else:
+            tracereport.print_listing(out, rows)
+        return
+    path = traceview.locate(name)
+    if follow_run:
+        try:
+            traceview.follow(out, path)
+        except KeyboardInterrupt:
+            raise typer.Exit(130) from None
+        return
+    loaded = traceview.load(path)
+    if as_json:
+        print(json.dumps(loaded.to_json(), ensure_ascii=False, indent=2))
+    elif markdown:
+        print(tracereport.markdown(loaded), end="")
+    elif step is not None:
+        traceview.step(out, loaded, step)
+    elif diff is not None:
+        traceview.diff(out, loaded, diff)
+    elif grep is not None:
+        if not traceview.grep(out, loaded, grep):
+            raise typer.Exit(1)
+    else:
+        traceview.summary(out, loaded)
