@@ -129,9 +129,7 @@ def test_an_unknown_backend(memagent, doc):
 
 def test_parallel_needs_a_server(memagent, doc):
     result = memagent("ask", str(doc), "q?", "--parallel", "2")
-    assert_clean_failure(
-        result, 2, "--parallel (several question runs at once) needs --backend openai"
-    )
+    assert_clean_failure(result, 2, "Invalid value for --parallel", "needs --backend openai")
 
 
 def test_the_document_is_read_before_the_model_is_sought(memagent, env, tmp_path):
