@@ -35,6 +35,7 @@ format:
 
 bench:
 	$(BIN)/python bench/extraction.py
+	$(BIN)/python bench/reading.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache
