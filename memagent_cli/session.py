@@ -57,10 +57,11 @@ def open_engine(
     settings: Settings,
     questions: list[str],
     note: Callable[[str], None],
+    progress: Callable[[str, int, int | None], None] | None = None,
 ) -> Engine:
     """The backend, with its context sized for the longest question; fails with a sentence
-    when one step cannot fit."""
-    backend = open_backend(options, note)
+    when one step cannot fit. `note` and `progress` tell of a model being pulled."""
+    backend = open_backend(options, note, progress)
     return Engine(backend, settings, context_needed(backend, questions, settings))
 
 

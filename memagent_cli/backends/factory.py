@@ -36,10 +36,13 @@ class BackendOptions:
 
 
 def open_backend(
-    options: BackendOptions, note: Callable[[str], None] = lambda message: None
+    options: BackendOptions,
+    note: Callable[[str], None] = lambda message: None,
+    progress: Callable[[str, int, int | None], None] | None = None,
 ) -> Backend:
     """The backend `options` name, its vocabulary ready; a model's weights load later, when
-    the run calls `prepare`."""
+    the run calls `prepare`. An `hf:` model not pulled yet is pulled first, told through
+    `note` and `progress(what, done, total)`."""
     if options.kind == "openai":
         from memagent_cli.backends.openai import OpenAIBackend
 
@@ -56,7 +59,7 @@ def open_backend(
     from memagent_cli import models
     from memagent_cli.backends.llama_cpp import LlamaCppBackend, can_offload, physical_cores
 
-    found = models.resolve(options.model, note=note)
+    found = models.resolve(options.model, note=note, progress=progress)
     gpu_layers = options.gpu_layers
     if gpu_layers is None:
         gpu_layers = -1 if can_offload() else 0

@@ -16,7 +16,6 @@ from memagent_cli.errors import ModelError
 if TYPE_CHECKING:  # decoding imports llama_cpp, which loads the library: only when used
     from memagent_cli.backends.decoding import Decoded, Decoder
 
-_GGUF_MAGIC = b"GGUF"
 
 # Engine settings under llama.cpp's own names (-fa, -ctk/-ctv).
 FLASH_ATTN = ("on", "off", "auto")
@@ -36,20 +35,6 @@ def can_offload() -> bool:
     import llama_cpp
 
     return bool(llama_cpp.llama_supports_gpu_offload())
-
-
-def check_gguf(path: Path) -> None:
-    """Fail with a sentence unless `path` starts like a GGUF file."""
-    try:
-        with path.open("rb") as file:
-            magic = file.read(4)
-    except OSError as exc:
-        raise ModelError(f"Cannot read model {path}: {exc.strerror}.") from None
-    if magic != _GGUF_MAGIC:
-        raise ModelError(f"{path} is not a GGUF model file (llama.cpp reads GGUF models only).")
-
-
-_log_callback = None  # ctypes keeps only a pointer: hold the callback here
 
 
 def _route_llama_log(verbose: bool) -> None:

@@ -127,7 +127,7 @@ def ask(
     verbose: VerboseOpt = False,
 ) -> None:
     """Read DOCUMENT chunk by chunk into a memory and answer each QUESTION from it."""
-    from memagent_cli import batch, inputs, run, session
+    from memagent_cli import batch, inputs, modelview, run, session
     from memagent_cli.backends import Sampling
     from memagent_cli.reader import Settings
 
@@ -217,7 +217,8 @@ def ask(
             display.note("resume with: " + hint)
 
     def open_engine() -> session.Engine:
-        return session.open_engine(backend_options, settings, asked, note)
+        with modelview.transfer_progress(quiet) as progress:  # an hf: model may be pulled
+            return session.open_engine(backend_options, settings, asked, note, progress)
 
     code = batch.ask_all(paths, asked, open_engine, how, emit, stopped)
     if code:
