@@ -154,3 +154,16 @@ def interrupt_after_steps(
         interrupt(process)
     stdout, stderr = process.communicate(timeout=180)
     return process, stdout, stderr
+
+
+def use_hub(env: dict[str, str], server, hf_home: Path) -> None:
+    """Point `env`'s user at a fake Hugging Face Hub, with no token, proxy or offline mode."""
+    env.update(
+        HF_ENDPOINT=server.url,
+        HF_HOME=str(hf_home),
+        HF_HUB_DISABLE_TELEMETRY="1",
+        NO_PROXY="127.0.0.1,localhost",
+    )
+    for name in ("HF_TOKEN", "HF_HUB_OFFLINE", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+        env.pop(name, None)
+        env.pop(name.lower(), None)

@@ -11,7 +11,6 @@ from conftest import FACT, FACT_QUESTION, assert_clean_failure, story
 
 from memagent_cli.trace import read_trace
 
-
 TIKTOKEN = ["--tokenizer", "tiktoken"]  # pages and spans need no model file
 
 

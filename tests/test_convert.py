@@ -15,7 +15,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
-from conftest import MEMAGENT, assert_clean_failure, words
+from conftest import MEMAGENT, assert_clean_failure, use_hub, words
 from fake_hub import FakeHub, HubFile
 from hf_model import CHATML, SPECIALS, build
 
@@ -225,15 +225,7 @@ def hub_with_weights(env, tmp_path, tied):
         }
         files["README.md"] = HubFile(b"# tiny\n", lfs=False)
         server.add(TINY_REPO, files)
-        env.update(
-            HF_ENDPOINT=server.url,
-            HF_HOME=str(tmp_path / "hf"),
-            HF_HUB_DISABLE_TELEMETRY="1",
-            NO_PROXY="127.0.0.1,localhost",
-        )
-        for name in ("HF_TOKEN", "HF_HUB_OFFLINE", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
-            env.pop(name, None)
-            env.pop(name.lower(), None)
+        use_hub(env, server, tmp_path / "hf")
         yield server
 
 

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import assert_clean_failure, default_model_path, words
+from conftest import assert_clean_failure, default_model_path, use_hub, words
 from fake_hub import FakeHub, HubFile
 from hf_model import build
 
@@ -69,15 +69,7 @@ def fake_hub(env, tmp_path, real_gguf):
                 "README.md": HubFile(b"# a model card\n", lfs=False),
             },
         )
-        env.update(
-            HF_ENDPOINT=server.url,
-            HF_HOME=str(tmp_path / "hf"),
-            HF_HUB_DISABLE_TELEMETRY="1",
-            NO_PROXY="127.0.0.1,localhost",
-        )
-        for name in ("HF_TOKEN", "HF_HUB_OFFLINE", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
-            env.pop(name, None)
-            env.pop(name.lower(), None)
+        use_hub(env, server, tmp_path / "hf")
         yield server
 
 
