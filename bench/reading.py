@@ -104,8 +104,12 @@ def engine_profile(backend: LlamaCppBackend, tokens: list[int]) -> dict[str, Any
             rates.append({"depth": depth, "prefill_tps": n / seconds, "decode_tps": 1 / single})
             note(f"  depth {depth}: prefill {n / seconds:.0f} tok/s, decode {1 / single:.1f} tok/s")
         if depth in COST_DEPTHS:
-            one = batch_seconds(1, 9)
-            costs[depth] = {k: batch_seconds(k, 5) / one for k in KS}
+            # Sizes take turns, so that a burst of other work does not hit one size only.
+            best = {k: min(batch_seconds(k, 1) for _ in range(2)) for k in KS}
+            for _ in range(3):
+                for k in KS:
+                    best[k] = min(best[k], batch_seconds(k, 1))
+            costs[depth] = {k: best[k] / best[1] for k in KS}
             note(f"  depth {depth}: batch cost " + " ".join(f"{costs[depth][k]:.2f}" for k in KS))
     decoder.reset()
     return {"rates": rates, "batch_cost": costs, "prefill_segments": segments}
