@@ -263,7 +263,7 @@ def main() -> None:
     parser.add_argument("--sentences", type=int, default=400, help="document length")
     parser.add_argument("--chunk-tokens", type=int, default=1500)
     parser.add_argument("--memory-tokens", type=int, default=512)
-    parser.add_argument("--flash-attn", default="auto")
+    parser.add_argument("--flash-attn", default="off")
     parser.add_argument("--cache-type-k", default="f16")
     parser.add_argument("--cache-type-v", default="f16")
     parser.add_argument("--engine-only", action="store_true")
