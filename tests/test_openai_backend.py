@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
+from dataclasses import dataclass
 
 import pytest
 from conftest import FACT_QUESTION, default_model_path, interrupt_after_steps, story
@@ -75,6 +77,34 @@ def server():
     running.stop()
 
 
+@dataclass
+class Reading:
+    memories: list[str]
+    reply: str
+
+
+def read_single_row(doc, question: str) -> Reading:
+    """The run `ask` makes, decoded as llama.cpp's own completion path decodes (one row per
+    token, no flash attention): the reference a llama.cpp server must match."""
+    from memagent_cli.backends import Sampling
+    from memagent_cli.backends.llama_cpp import LlamaCppBackend
+    from memagent_cli.chunking import chunk_text
+    from memagent_cli.documents import load_document
+    from memagent_cli.reader import Settings, context_needed, read
+
+    backend = LlamaCppBackend(
+        default_model_path(), threads=2, gpu_layers=0, speculate=False, exact=False,
+        flash_attn="off",
+    )  # fmt: skip
+    settings = Settings(2000, 128, Sampling(temperature=0.0))
+    backend.prepare(context_needed(backend, [question], settings))
+    _, chunks = chunk_text(load_document(str(doc)).text, backend, 2000)
+    answer = read(backend, question, chunks, settings)
+    del backend
+    gc.collect()  # the weights go before the server loads its own
+    return Reading([s.memory for s in answer.steps], answer.reply)
+
+
 @pytest.mark.model
 def test_a_server_answers_like_the_in_process_model(memagent, tmp_path, server):
     doc = tmp_path / "doc.txt"
@@ -83,8 +113,9 @@ def test_a_server_answers_like_the_in_process_model(memagent, tmp_path, server):
     local = memagent("ask", *ask, "--trace", str(tmp_path / "local.jsonl"))
     assert local.returncode == 0, local.stderr
     expected = json.loads(local.stdout)
+    plain = read_single_row(doc, FACT_QUESTION)
 
-    server.start()  # after the in-process run: one llama.cpp at a time on this machine
+    server.start()  # after the in-process runs: one llama.cpp at a time on this machine
     remote = memagent(
         "ask",
         *ask,
@@ -99,10 +130,12 @@ def test_a_server_answers_like_the_in_process_model(memagent, tmp_path, server):
     got = json.loads(remote.stdout)
     assert got["document"]["tokens"] == expected["document"]["tokens"]  # server's tokenizer
     assert [s["tokens"] for s in got["steps"]] == [s["tokens"] for s in expected["steps"]]
-    memories = [s.memory for s in read_trace(tmp_path / "remote.jsonl").steps]
-    assert memories == [s.memory for s in read_trace(tmp_path / "local.jsonl").steps]
-    assert got["reply"] == expected["reply"] and got["answer"] == expected["answer"]
     assert got["model"]["path"] == server.url
+    # The same protocol, so the same answers: the server decodes on llama.cpp's single-row
+    # kernels, memagent's exact decoding always on its batched ones (so that speculation
+    # changes nothing), and those differ in near-ties. Compare with the same kernels.
+    remote_memories = [s.memory for s in read_trace(tmp_path / "remote.jsonl").steps]
+    assert remote_memories == plain.memories and got["reply"] == plain.reply
 
     # Two questions, two runs in flight, answers in the order asked.
     both = memagent(
