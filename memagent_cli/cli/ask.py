@@ -119,7 +119,7 @@ def ask(
     gpu_layers: GpuLayersOpt = None,
     threads: ThreadsOpt = None,
     speculate: SpeculateOpt = True,
-    flash_attn: FlashAttnOpt = "auto",
+    flash_attn: FlashAttnOpt = "off",
     cache_type_k: CacheTypeKOpt = "f16",
     cache_type_v: CacheTypeVOpt = "f16",
     batch_size: BatchSizeOpt = 512,
