@@ -28,6 +28,7 @@ class BackendOptions:
     verbose: bool = False
     # llama.cpp engine settings, as llama.cpp names them; speculation is exact either way
     speculate: bool = True
+    exact: bool = True  # every decode on llama.cpp's batched kernels: see decoding.py
     flash_attn: str = "off"  # measured faster on CPU: README, Performance
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"
@@ -70,6 +71,7 @@ def open_backend(
         gpu_layers=gpu_layers,
         verbose=options.verbose,
         speculate=options.speculate,
+        exact=options.exact,
         flash_attn=options.flash_attn,
         cache_type_k=options.cache_type_k,
         cache_type_v=options.cache_type_v,

@@ -148,6 +148,7 @@ class LlamaCppBackend:
                 "threads": self.threads,
                 "gpu_layers": self.gpu_layers,
                 "speculate": self.speculate,
+                "exact": self.exact,
                 "flash_attn": self.flash_attn,
                 "cache_type_k": self.cache_type_k,
                 "cache_type_v": self.cache_type_v,

@@ -126,6 +126,15 @@ SpeculateOpt = Annotated[
         "output is the same either way).",
     ),
 ]
+ExactOpt = Annotated[
+    bool,
+    typer.Option(
+        "--exact/--no-exact",
+        help="Decode every token on llama.cpp's batched kernels, so that speculation changes "
+        "no token; --no-exact is faster on a CPU when few drafts are accepted, but "
+        "speculation may then change near-tie tokens.",
+    ),
+]
 FlashAttnOpt = Annotated[
     str, typer.Option("--flash-attn", "-fa", help="Flash attention: on, off or auto.")
 ]
