@@ -35,7 +35,8 @@ from village import story  # noqa: E402
 
 from memagent_cli import models, protocol, reader  # noqa: E402
 from memagent_cli.backends import Sampling  # noqa: E402
-from memagent_cli.backends.decoding import Batch, Decoded, DraftPolicy  # noqa: E402
+from memagent_cli.backends.decoding import Batch, Decoded  # noqa: E402
+from memagent_cli.backends.drafting import DraftPolicy  # noqa: E402
 from memagent_cli.backends.llama_cpp import LlamaCppBackend  # noqa: E402
 from memagent_cli.chunking import make_chunks  # noqa: E402
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from memagent_cli.backends.decoding import DraftPolicy, Lookup
+from memagent_cli.backends.drafting import DraftPolicy, Lookup
 from memagent_cli.backends.llama_cpp import LlamaCppBackend
 from memagent_cli.errors import ModelError
 

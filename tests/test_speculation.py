@@ -12,7 +12,7 @@ from conftest import FACT_QUESTION, default_model_path, story
 
 from memagent_cli import protocol
 from memagent_cli.backends import Generation, Sampling
-from memagent_cli.backends.decoding import DraftPolicy
+from memagent_cli.backends.drafting import DraftPolicy
 from memagent_cli.backends.llama_cpp import LlamaCppBackend
 
 pytestmark = pytest.mark.model
