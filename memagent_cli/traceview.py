@@ -1,5 +1,5 @@
 """`memagent trace`: a saved run shown step by step. Renderers of typed trace records only;
-the command's options live in cli.py."""
+the command's options live in cli/trace.py."""
 
 from __future__ import annotations
 

@@ -121,7 +121,7 @@ def test_an_interrupted_run_resumes_to_the_uninterrupted_answer(
     memagent, env, fake_server, doc, tmp_path, sig
 ):
     whole = json.loads(ask(memagent, fake_server, doc, "--json", "--quiet").stdout)
-    fake_server.delay = 0.2
+    fake_server.delay = 0.5  # wide enough that the signal lands mid-run on a busy machine
     cut = tmp_path / "cut.jsonl"
     args = [
         str(doc),
