@@ -23,7 +23,8 @@ test:
 	$(BIN)/python -m pytest
 
 test-fast:
-	$(BIN)/python -m pytest -m "not model"
+	@# No model is loaded here, so two workers may share the cores; `make test` stays serial.
+	$(BIN)/python -m pytest -m "not model" -n 2
 
 lint:
 	$(BIN)/ruff check memagent_cli tests
