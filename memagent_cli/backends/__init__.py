@@ -35,6 +35,15 @@ class Generation:
 
 
 @dataclass(frozen=True)
+class Call:
+    """One message to reply to, in one of several sequences read together."""
+
+    message: str
+    max_tokens: int
+    sequence: int = 0  # the slot whose cache holds this question's earlier prompt
+
+
+@dataclass(frozen=True)
 class Description:
     """What a backend says about itself in the trace header and in `--json`."""
 
@@ -64,10 +73,15 @@ class Backend(Protocol):
         """The model and engine, for the trace header and `--json`."""
         ...
 
-    def prepare(self, context_tokens: int) -> None:
-        """Make ready to serve prompts plus replies of up to `context_tokens` tokens."""
+    def prepare(self, context_tokens: int, sequences: int = 1) -> None:
+        """Make ready to serve `sequences` prompts plus replies of up to `context_tokens`
+        tokens each at once."""
         ...
 
     def generate(self, message: str, *, max_tokens: int, sampling: Sampling) -> Generation:
         """Reply to one user message sent through the model's chat template."""
+        ...
+
+    def generate_many(self, calls: Sequence[Call], *, sampling: Sampling) -> list[Generation]:
+        """Reply to each call, in its own sequence; an in-process model decodes them together."""
         ...

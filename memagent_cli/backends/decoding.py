@@ -108,6 +108,17 @@ class Batch:
         llama_cpp.llama_batch_free(self._batch)
 
 
+@dataclass(frozen=True)
+class Request:
+    """One reply to decode: rendered chat tokens, limits, sampling, and its sequence."""
+
+    prompt: list[int]
+    max_tokens: int
+    sampling: Sampling
+    stops: Sequence[str] = ()
+    seq_id: int = 0
+
+
 @dataclass
 class Stream:
     """One sequence being decoded: its sampler, drafts, emitted tokens and position."""
@@ -174,41 +185,69 @@ class Decoder:
         self, prompt: list[int], *, max_tokens: int, sampling: Sampling, stops: Sequence[str]
     ) -> Decoded:
         """Reply to `prompt` (rendered chat tokens) in sequence 0."""
-        start = time.perf_counter()
-        sampler = Sampler(sampling)
+        return self.generate_many([Request(list(prompt), max_tokens, sampling, stops)])[0]
+
+    def generate_many(self, requests: Sequence[Request]) -> list[Decoded]:
+        """Reply to each request in its own sequence, all decoded together: one batch per
+        round holds every unfinished reply's next token and draft.
+
+        Each prompt is prefilled on its own, in the pieces a lone reply would use, so every
+        reply equals the one `generate` gives it alone (exact mode)."""
+        if len({r.seq_id for r in requests}) != len(requests):
+            raise ValueError("each request needs its own sequence")
+        streams: list[Stream] = []
+        prompt_seconds: list[float] = []
+        reused: list[int] = []
         try:
-            stream = Stream(
-                0,
-                list(prompt),
-                max_tokens,
-                sampler,
-                Lookup(prompt) if self.speculate else None,
-                [s.encode("utf-8") for s in stops if s],
-            )
-            reused, row = self._prefill(stream)
-            self._emit(stream, sampler.sample(self.context, row))
-            prompt_seconds = time.perf_counter() - start
-            rounds: list[tuple[int, int]] = []
-            while stream.finish is None:
-                before = len(stream.tokens)
-                size = self._round([stream])
-                rounds.append((size, len(stream.tokens) - before))
-            self._forget_reply(stream)
+            for request in requests:
+                began = time.perf_counter()
+                stream = Stream(
+                    request.seq_id,
+                    list(request.prompt),
+                    request.max_tokens,
+                    Sampler(request.sampling),
+                    Lookup(request.prompt) if self.speculate else None,
+                    [s.encode("utf-8") for s in request.stops if s],
+                )
+                streams.append(stream)
+                kept, row = self._prefill(stream)
+                self._emit(stream, stream.sampler.sample(self.context, row))
+                reused.append(kept)
+                prompt_seconds.append(time.perf_counter() - began)
+            began = time.perf_counter()
+            ended = {id(s): began for s in streams if s.finish is not None}
+            rounds: dict[int, list[tuple[int, int]]] = {id(s): [] for s in streams}
+            while live := [s for s in streams if s.finish is None]:
+                before = [len(s.tokens) for s in live]
+                size = self._round(live)
+                now = time.perf_counter()
+                for stream, count in zip(live, before, strict=True):
+                    rounds[id(stream)].append((size, len(stream.tokens) - count))
+                    if stream.finish is not None:
+                        ended[id(stream)] = now
+            for stream in streams:
+                self._forget_reply(stream)
         finally:
-            sampler.close()
-        text = bytes(stream.text if stream.cut < 0 else stream.text[: stream.cut])
-        return Decoded(
-            tokens=stream.tokens,
-            text=text.decode("utf-8", errors="ignore"),
-            finish_reason=stream.finish or "stop",
-            prompt_tokens=len(prompt),
-            reused_tokens=reused,
-            prompt_seconds=prompt_seconds,
-            seconds=time.perf_counter() - start,
-            drafted=stream.drafted,
-            accepted=stream.accepted,
-            rounds=rounds,
-        )
+            for stream in streams:
+                stream.sampler.close()
+        replies = []
+        for stream, prompt_s, kept in zip(streams, prompt_seconds, reused, strict=True):
+            text = bytes(stream.text if stream.cut < 0 else stream.text[: stream.cut])
+            replies.append(
+                Decoded(
+                    tokens=stream.tokens,
+                    text=text.decode("utf-8", errors="ignore"),
+                    finish_reason=stream.finish or "stop",
+                    prompt_tokens=len(stream.prompt),
+                    reused_tokens=kept,
+                    prompt_seconds=prompt_s,
+                    seconds=prompt_s + ended[id(stream)] - began,
+                    drafted=stream.drafted,
+                    accepted=stream.accepted,
+                    rounds=rounds[id(stream)],
+                )
+            )
+        return replies
 
     def _prefill(self, stream: Stream) -> tuple[int, int]:
         """Put the prompt in the cache, reusing the prefix already there; returns the
@@ -295,9 +334,8 @@ class Decoder:
         batch, policy = self._batch, self.policy
         batch.clear()
         live = [s for s in streams if s.finish is None]
-        room = self.n_batch - len(live)
+        room = self.n_batch // len(live) - 1  # draft rows per sequence (all get as many)
         for stream in live:
-            stream.row = batch.add(stream.pending, stream.pos, stream.seq_id, True)
             stream.draft, stream.source = [], 0
             if stream.lookup is None or room <= 0:
                 continue
@@ -306,16 +344,34 @@ class Decoder:
             proposal, source = stream.lookup.propose(limit)
             k = policy.length(source, len(proposal))
             stream.draft, stream.source = proposal[:k], source
+        # Several sequences (each in its own KV stream): llama.cpp splits a batch into equal
+        # parts per sequence, so each gets as many rows as the longest draft needs, and in
+        # exact mode at least two, as a lone reply gets (one query row per sequence runs
+        # other attention kernels and changes near-tie tokens).
+        rows = 1
+        if len(live) > 1:
+            rows = max(1 + len(s.draft) for s in live)
+            if self.exact:
+                rows = max(rows, 2)
+        pads = []
+        for stream in live:
+            stream.row = batch.add(stream.pending, stream.pos, stream.seq_id, True)
             for i, token in enumerate(stream.draft):
                 batch.add(token, stream.pos + 1 + i, stream.seq_id, True)
-            room -= k
+            used = 1 + len(stream.draft)
+            for i in range(used, rows):
+                batch.add(stream.pending, stream.pos + i, stream.seq_id, False)
+            if rows > used:
+                pads.append((stream.seq_id, stream.pos + used))
         began = time.perf_counter()
-        rows = batch.size
+        size = batch.size
         self._decode()
-        policy.record_batch(rows, time.perf_counter() - began)
+        policy.record_batch(size, time.perf_counter() - began)
+        for seq, pos in pads:
+            llama_cpp.llama_memory_seq_rm(self.memory, seq, pos, -1)
         for stream in live:
             self._verify(stream)
-        return rows
+        return size
 
     def _verify(self, stream: Stream) -> None:
         """Sample at each drafted position while the samples equal the draft."""

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from memagent_cli.backends import Description, Generation, Sampling
+from memagent_cli.backends import Call, Description, Generation, Sampling
 from memagent_cli.errors import ModelError
 
 if TYPE_CHECKING:  # decoding imports llama_cpp, which loads the library: only when used
@@ -115,7 +115,8 @@ class LlamaCppBackend:
         )
         self._engine: _Engine | None = None
         self.last_decoded: Decoded | None = None  # the last reply's decoding record (bench)
-        self.context_tokens = 0
+        self.context_tokens = 0  # per sequence
+        self.sequences = 1
 
     def _token_text(self, token: int) -> str:
         if token < 0:
@@ -155,12 +156,13 @@ class LlamaCppBackend:
             },
         )
 
-    def prepare(self, context_tokens: int) -> None:
+    def prepare(self, context_tokens: int, sequences: int = 1) -> None:
         if self._engine is not None:
             self._engine.close()
             self._engine = None
         self.context_tokens = context_tokens
-        self._engine = _Engine(self, context_tokens)
+        self.sequences = sequences
+        self._engine = _Engine(self, context_tokens, sequences)
 
     @property
     def decoder(self) -> Decoder | None:
@@ -168,27 +170,39 @@ class LlamaCppBackend:
         return self._engine.decoder if self._engine is not None else None
 
     def generate(self, message: str, *, max_tokens: int, sampling: Sampling) -> Generation:
+        return self.generate_many([Call(message, max_tokens)], sampling=sampling)[0]
+
+    def generate_many(self, calls: Sequence[Call], *, sampling: Sampling) -> list[Generation]:
+        from memagent_cli.backends.decoding import Request
+
         if self._engine is None:
             raise RuntimeError("prepare() must be called before generate()")
-        prompt, stop = self._chat_prompt(message)
-        if len(prompt) + max_tokens > self.context_tokens:
-            raise RuntimeError(
-                f"prompt {len(prompt)} + reply {max_tokens} exceeds context {self.context_tokens}"
+        requests = []
+        for call in calls:
+            if not 0 <= call.sequence < self.sequences:
+                raise RuntimeError(f"sequence {call.sequence} of {self.sequences}")
+            prompt, stop = self._chat_prompt(call.message)
+            if len(prompt) + call.max_tokens > self.context_tokens:
+                raise RuntimeError(
+                    f"prompt {len(prompt)} + reply {call.max_tokens} exceeds context "
+                    f"{self.context_tokens}"
+                )
+            requests.append(Request(prompt, call.max_tokens, sampling, stop, call.sequence))
+        replies = self._engine.decoder.generate_many(requests)
+        self.last_decoded = replies[-1]
+        return [
+            Generation(
+                text=decoded.text,
+                prompt_tokens=decoded.prompt_tokens,
+                completion_tokens=len(decoded.tokens),
+                prompt_seconds=decoded.prompt_seconds,
+                seconds=decoded.seconds,
+                finish_reason=decoded.finish_reason,
+                drafted=decoded.drafted,
+                accepted=decoded.accepted,
             )
-        decoded = self._engine.decoder.generate(
-            prompt, max_tokens=max_tokens, sampling=sampling, stops=stop
-        )
-        self.last_decoded = decoded
-        return Generation(
-            text=decoded.text,
-            prompt_tokens=decoded.prompt_tokens,
-            completion_tokens=len(decoded.tokens),
-            prompt_seconds=decoded.prompt_seconds,
-            seconds=decoded.seconds,
-            finish_reason=decoded.finish_reason,
-            drafted=decoded.drafted,
-            accepted=decoded.accepted,
-        )
+            for decoded in replies
+        ]
 
 
 def _check_engine(flash_attn: str, type_k: str, type_v: str, batch: int, ubatch: int) -> None:
@@ -212,7 +226,7 @@ def _check_engine(flash_attn: str, type_k: str, type_v: str, batch: int, ubatch:
 class _Engine:
     """The weights and one llama.cpp context, driven by memagent's own decoder."""
 
-    def __init__(self, backend: LlamaCppBackend, context_tokens: int) -> None:
+    def __init__(self, backend: LlamaCppBackend, context_tokens: int, sequences: int) -> None:
         import llama_cpp
 
         from memagent_cli.backends.decoding import Decoder
@@ -225,10 +239,13 @@ class _Engine:
         if not self.model:
             raise ModelError(f"llama.cpp could not load {backend.path}.")
         params = llama_cpp.llama_context_default_params()
-        params.n_ctx = context_tokens
+        params.n_ctx = context_tokens * sequences  # split evenly between the sequences
         params.n_batch = min(backend.batch_size, context_tokens)
         params.n_ubatch = min(backend.ubatch_size, params.n_batch)
-        params.n_seq_max = 1
+        params.n_seq_max = sequences
+        # One KV stream per sequence: each reply sees its cache laid out as it would alone
+        # (a shared cache interleaves the sequences' cells and changes near-tie tokens).
+        params.kv_unified = False
         params.n_threads = params.n_threads_batch = backend.threads
         params.flash_attn_type = {
             "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
@@ -252,6 +269,7 @@ class _Engine:
             n_batch=params.n_batch,
             speculate=backend.speculate,
             exact=backend.exact,
+            sequences=sequences,
         )
         self.close = weakref.finalize(self, _release, self.decoder, self.context, self.model)
 

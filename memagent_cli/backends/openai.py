@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import tenacity
 
-from memagent_cli.backends import Description, Generation, Sampling
+from memagent_cli.backends import Call, Description, Generation, Sampling
 from memagent_cli.backends.factory import DEFAULT_TIMEOUT
 from memagent_cli.errors import UserError
 
@@ -160,8 +160,12 @@ class OpenAIBackend:
             engine={"backend": "openai"},
         )
 
-    def prepare(self, context_tokens: int) -> None:
-        return None
+    def prepare(self, context_tokens: int, sequences: int = 1) -> None:
+        return None  # the server sizes its own context and slots
+
+    def generate_many(self, calls: Sequence[Call], *, sampling: Sampling) -> list[Generation]:
+        """One request after another: several at once are --parallel's threads."""
+        return [self.generate(c.message, max_tokens=c.max_tokens, sampling=sampling) for c in calls]
 
     # -- generation -------------------------------------------------------------------
     def generate(self, message: str, *, max_tokens: int, sampling: Sampling) -> Generation:
