@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from memagent_cli import protocol
-from memagent_cli.backends import Backend, Generation, Sampling
+from memagent_cli.backends import Backend, Call, Generation, Sampling
 from memagent_cli.chunking import Chunk
 from memagent_cli.errors import BudgetError
 
@@ -79,27 +79,54 @@ def read(
     `done` are steps already finished by an earlier, interrupted run: reading goes on after
     them, from the memory they left.
     """
-    question = question.strip()
-    steps = list(done)
-    memory = steps[-1].memory if steps else protocol.INITIAL_MEMORY
-    for chunk in chunks[len(steps) :]:
-        listener(StepStarted(chunk, len(chunks)))
-        message = protocol.render_update(question, memory, chunk.text)
-        generation = backend.generate(
-            message, max_tokens=settings.memory_tokens, sampling=settings.sampling
-        )
-        memory = protocol.strip_think(generation.text)
-        steps.append(Step(chunk, memory, generation))
-        listener(StepFinished(steps[-1], len(chunks)))
-    listener(Answering(memory))
-    final = backend.generate(
-        protocol.render_final(question, memory),
-        max_tokens=protocol.FINAL_MAX_TOKENS,
-        sampling=settings.sampling,
-    )
-    answer = Answer(question, protocol.extract_boxed(final.text), final.text, steps, final)
-    listener(Finished(answer))
-    return answer
+    return read_together(backend, [Reading(question, listener, done)], chunks, settings)[0]
+
+
+@dataclass
+class Reading:
+    """One question read along with others: its listener and the steps it has done."""
+
+    question: str
+    listener: Listener = lambda event: None
+    done: Sequence[Step] = ()
+
+
+def read_together(
+    backend: Backend, readings: Sequence[Reading], chunks: Sequence[Chunk], settings: Settings
+) -> list[Answer]:
+    """Read the document for several questions at once: each round, every question not yet
+    answered makes its next call (an update, or its answer once the chunks are read), and
+    the backend replies to all of them together. Question i keeps sequence i, so each finds
+    its own earlier prompt in the cache. Each memory and answer is what reading alone gives.
+    """
+    questions = [r.question.strip() for r in readings]
+    steps = [list(r.done) for r in readings]
+    answers: list[Answer | None] = [None] * len(readings)
+    while pending := [i for i, answer in enumerate(answers) if answer is None]:
+        calls = []
+        for i in pending:
+            memory = steps[i][-1].memory if steps[i] else protocol.INITIAL_MEMORY
+            if len(steps[i]) < len(chunks):
+                chunk = chunks[len(steps[i])]
+                readings[i].listener(StepStarted(chunk, len(chunks)))
+                message = protocol.render_update(questions[i], memory, chunk.text)
+                calls.append(Call(message, settings.memory_tokens, i))
+            else:
+                readings[i].listener(Answering(memory))
+                message = protocol.render_final(questions[i], memory)
+                calls.append(Call(message, protocol.FINAL_MAX_TOKENS, i))
+        replies = backend.generate_many(calls, sampling=settings.sampling)
+        for i, generation in zip(pending, replies, strict=True):
+            if len(steps[i]) < len(chunks):
+                chunk = chunks[len(steps[i])]
+                steps[i].append(Step(chunk, protocol.strip_think(generation.text), generation))
+                readings[i].listener(StepFinished(steps[i][-1], len(chunks)))
+            else:
+                boxed = protocol.extract_boxed(generation.text)
+                answer = Answer(questions[i], boxed, generation.text, steps[i], generation)
+                answers[i] = answer
+                readings[i].listener(Finished(answer))
+    return [a for a in answers if a is not None]
 
 
 def evidence(answer: Answer) -> Step | None:

@@ -81,6 +81,8 @@ class ScriptedBackend:
         self.messages: list[tuple[str, int]] = []
         self.context_limit = context_limit
         self.prepared = 0
+        self.sequences = 1
+        self.rounds: list[list[int]] = []  # the sequences of each generate_many call
 
     def tokenize(self, text: str) -> list[int]:
         return list(text.encode())
@@ -97,8 +99,9 @@ class ScriptedBackend:
         model = {"path": "/models/scripted.gguf", "name": "scripted", "size": 1234}
         return Description(model=model, engine={"backend": "scripted"})
 
-    def prepare(self, context_tokens: int) -> None:
+    def prepare(self, context_tokens: int, sequences: int = 1) -> None:
         self.prepared += 1
+        self.sequences = sequences
 
     def generate(self, message: str, *, max_tokens: int, sampling):
         from memagent_cli.backends import Generation
@@ -108,6 +111,10 @@ class ScriptedBackend:
         self.messages.append((message, max_tokens))
         text = self.replies.pop(0)
         return Generation(text, len(message), len(text.split()) + 2, 0.1, 0.2, "stop")
+
+    def generate_many(self, calls, *, sampling):
+        self.rounds.append([call.sequence for call in calls])
+        return [self.generate(c.message, max_tokens=c.max_tokens, sampling=sampling) for c in calls]
 
 
 @pytest.fixture

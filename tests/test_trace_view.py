@@ -55,6 +55,9 @@ class ScriptedBackend:
         text = self.replies.pop(0)
         return Generation(text, len(message), len(text.split()) + 2, 0.1, 1.2, "stop")
 
+    def generate_many(self, calls, *, sampling: Sampling) -> list[Generation]:
+        return [self.generate(c.message, max_tokens=c.max_tokens, sampling=sampling) for c in calls]
+
 
 def book():
     return assemble(PAGES, path="/books/tower.pdf", format="pdf", sha256="ab" * 32, unit="page")
