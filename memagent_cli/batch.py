@@ -1,4 +1,6 @@
-"""Every question about every document, one run or several at once, results in input order.
+"""Every question about every document, results in input order: an in-process model reads
+several questions of a document together in one pass (`together`); a server gets several
+runs at once from threads (`parallel`).
 
 Each document is read from disk before the model is opened for it, so a bad path fails
 before any model file is touched or any download starts.
@@ -27,7 +29,9 @@ class Options:
     write_traces: bool = True  # False: --no-trace
     password: str | None = None
     format: str | None = None  # --format: read every document as this format
-    parallel: int = 1
+    parallel: int = 1  # runs at once, each in its own thread (a server backend)
+    together: int | None = 1  # questions read together in one pass; None: all that fit
+    watch: int = 0  # whose memory the live view shows (question index)
 
 
 @dataclass(frozen=True)
@@ -50,7 +54,7 @@ def ask_all(
     document or run failed, 130 interrupted). `open_engine` is called once, after the first
     document was read."""
     outcome = {"code": 0}
-    jobs = _jobs(paths, questions, _once(open_engine), options, outcome)
+    groups = _groups(paths, questions, _once(open_engine), options, outcome)
 
     def finish(result: run.Result | run.Stopped) -> None:
         if isinstance(result, run.Stopped):
@@ -61,27 +65,30 @@ def ask_all(
 
     if options.parallel <= 1:
         # In this thread, so that Ctrl-C reaches the model's loop at once.
-        for job in jobs:
-            finish(_run(job, options, None))
+        for group in groups:
+            for result in _run(group, options, None):
+                finish(result)
             if outcome["code"] == 130:
                 break
         return outcome["code"]
     cancel = threading.Event()
-    pending: deque[Future[run.Result | run.Stopped]] = deque()
+    pending: deque[Future[list[run.Result | run.Stopped]]] = deque()
+
+    def drain(keep: int) -> None:
+        while len(pending) > keep:
+            for result in pending.popleft().result():
+                finish(result)
+
     with ThreadPoolExecutor(options.parallel) as pool:
         try:
-            for job in jobs:
-                pending.append(pool.submit(_run, job, options, cancel))
-                # A small backlog keeps every worker busy while results leave in order.
-                while len(pending) > 4 * options.parallel:
-                    finish(pending.popleft().result())
-            while pending:
-                finish(pending.popleft().result())
+            for group in groups:
+                pending.append(pool.submit(_run, group, options, cancel))
+                drain(4 * options.parallel)  # a backlog keeps every worker busy, in order
+            drain(0)
         except KeyboardInterrupt:
             cancel.set()
             display.note("stopping: the steps in flight finish first (Ctrl-C again to quit)")
-            while pending:
-                finish(pending.popleft().result())
+            drain(0)
             outcome["code"] = 130
     return outcome["code"]
 
@@ -97,15 +104,17 @@ def _once(open_engine: Callable[[], Engine]) -> Callable[[], Engine]:
     return engine
 
 
-def _jobs(
+def _groups(
     paths: list[str],
     questions: list[str],
     engine: Callable[[], Engine],
     options: Options,
     outcome: dict[str, int],
-) -> Iterator[Job]:
+) -> Iterator[list[Job]]:
+    """The runs, in groups read together: questions of one document, in order."""
     several = len(paths) > 1
     quiet = options.run.quiet
+    size: int | None = None  # questions read together, decided once the model is open
     for number, path in enumerate(paths, start=1):
         try:
             document = read_document(
@@ -118,19 +127,38 @@ def _jobs(
             outcome["code"] = max(outcome["code"], 1)
             continue
         session = open_session(document, engine())
+        if size is None:
+            size = session.engine.together(len(questions), options.together)
+        labelled = options.parallel > 1 or size > 1
+        jobs = []
         for index, question in enumerate(questions):
             label = ""
-            if options.parallel > 1:
+            if labelled:
                 label = f"d{number} q{index + 1}" if several else f"q{index + 1}"
-            yield Job(session, index, question, label)
+            jobs.append(Job(session, index, question, label))
+        for start in range(0, len(jobs), size):
+            yield jobs[start : start + size]
 
 
-def _run(job: Job, options: Options, cancel: threading.Event | None) -> run.Result | run.Stopped:
-    trace_path = None
-    if options.write_traces:
-        trace_path = options.run.trace or trace.default_path(job.session.document.path, job.index)
-    job_options = dataclasses.replace(options.run, trace=trace_path, label=job.label, cancel=cancel)
-    try:
-        return run.ask(job.session, job.question, job_options)
-    except run.Stopped as stop:
-        return stop
+def _run(
+    group: list[Job], options: Options, cancel: threading.Event | None
+) -> list[run.Result | run.Stopped]:
+    runs = []
+    for job in group:
+        trace_path = None
+        if options.write_traces:
+            default = trace.default_path(job.session.document.path, job.index)
+            trace_path = options.run.trace or default
+        runs.append(
+            dataclasses.replace(
+                options.run,
+                trace=trace_path,
+                label=job.label,
+                cancel=cancel,
+                plain=options.parallel > 1,
+            )
+        )
+    indexes = [job.index for job in group]
+    watch = indexes.index(options.watch) if options.watch in indexes else 0
+    questions = [job.question for job in group]
+    return run.ask_together(group[0].session, questions, runs, watch)

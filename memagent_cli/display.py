@@ -106,9 +106,17 @@ class PlainProgress:
 
 
 class LiveView:
-    """A progress bar and the current memory, redrawn after every step (stderr is a terminal)."""
+    """A progress row per question and the memory of one of them, redrawn after every step
+    (stderr is a terminal)."""
 
-    def __init__(self, span_of: Callable[[int, int], str], total_tokens: int, title: str) -> None:
+    def __init__(
+        self,
+        span_of: Callable[[int, int], str],
+        total_tokens: int,
+        title: str,
+        labels: list[str] | None = None,
+        watch: int = 0,
+    ) -> None:
         self._span_of = span_of
         self._rates = _Rates()
         self._progress = Progress(
@@ -123,11 +131,20 @@ class LiveView:
             TimeRemainingColumn(),
             console=console,
         )
-        self._task = self._progress.add_task("reading", total=None, tokens="", rates="")
+        self._labels = [f"{label} " if label else "" for label in labels or [""]]
+        self._tasks = [
+            self._progress.add_task(label + "reading", total=None, tokens="", rates="")
+            for label in self._labels
+        ]
         self._total_tokens = total_tokens
-        self._memory = Panel(Text("No previous memory", style="dim"), title="memory")
+        self._watch = min(max(watch, 0), len(self._labels) - 1)
+        self._memory = Panel(Text("No previous memory", style="dim"), title=self._panel_title())
         self._title = title
         self._live = Live(self._render(), console=console, refresh_per_second=4, transient=False)
+
+    def _panel_title(self, detail: str = "") -> str:
+        label = self._labels[self._watch].strip()
+        return " ".join(part for part in ("memory", detail, f"({label})" if label else "") if part)
 
     def _render(self) -> Group:
         return Group(Text(self._title, style="bold cyan"), self._progress, self._memory)
@@ -140,33 +157,43 @@ class LiveView:
         self._live.__exit__(*exc)
 
     def __call__(self, event: Event) -> None:
-        if isinstance(event, StepStarted):
-            chunk = event.chunk
-            span = self._span_of(chunk.char_start, chunk.char_end)
-            self._progress.update(
-                self._task,
-                total=event.total,
-                description=f"chunk {chunk.index + 1}/{event.total}"
-                + (f" ({escape(span)})" if span else ""),
-                tokens=f"{chunk.token_start:,}/{self._total_tokens:,} tokens",
-            )
-        elif isinstance(event, StepFinished):
-            self._rates.add(event)
-            step = event.step
-            self._progress.update(
-                self._task,
-                advance=1,
-                rates=self._rates.text(),
-                tokens=f"{step.chunk.token_end:,}/{self._total_tokens:,} tokens",
-            )
-            self._memory = Panel(
-                Text(step.memory.strip() or "(empty)"),
-                title=f"memory after step {step.chunk.index + 1}",
-                subtitle=f"{step.generation.completion_tokens} tokens",
-            )
-        elif isinstance(event, Answering):
-            self._progress.update(self._task, description="answering")
-        self._live.update(self._render())
+        self.listener(0)(event)
+
+    def listener(self, question: int) -> Callable[[Event], None]:
+        """What shows the events of the question at `question` (0-based)."""
+        task, label = self._tasks[question], self._labels[question]
+
+        def show(event: Event) -> None:
+            if isinstance(event, StepStarted):
+                chunk = event.chunk
+                span = self._span_of(chunk.char_start, chunk.char_end)
+                self._progress.update(
+                    task,
+                    total=event.total,
+                    description=f"{label}chunk {chunk.index + 1}/{event.total}"
+                    + (f" ({escape(span)})" if span else ""),
+                    tokens=f"{chunk.token_start:,}/{self._total_tokens:,} tokens",
+                )
+            elif isinstance(event, StepFinished):
+                self._rates.add(event)
+                step = event.step
+                self._progress.update(
+                    task,
+                    advance=1,
+                    rates=self._rates.text(),
+                    tokens=f"{step.chunk.token_end:,}/{self._total_tokens:,} tokens",
+                )
+                if question == self._watch:
+                    self._memory = Panel(
+                        Text(step.memory.strip() or "(empty)"),
+                        title=self._panel_title(f"after step {step.chunk.index + 1}"),
+                        subtitle=f"{step.generation.completion_tokens} tokens",
+                    )
+            elif isinstance(event, Answering):
+                self._progress.update(task, description=f"{label}answering")
+            self._live.update(self._render())
+
+        return show
 
 
 class Silent:
@@ -181,16 +208,44 @@ class Silent:
     def __call__(self, event: Event) -> None:
         return None
 
+    def listener(self, question: int) -> Callable[[Event], None]:
+        return self
+
+
+class _PlainLines:
+    """Plain progress lines for several questions read together, each line labelled."""
+
+    def __init__(self, views: list[PlainProgress]) -> None:
+        self._views = views
+
+    def __enter__(self) -> _PlainLines:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+    def listener(self, question: int) -> Callable[[Event], None]:
+        return self._views[question]
+
 
 def progress_view(
-    quiet: bool, span_of: Callable[[int, int], str], total_tokens: int, title: str, label: str = ""
-) -> LiveView | PlainProgress | Silent:
-    """The right view for where stderr goes; labelled runs (several at once) get plain lines."""
+    quiet: bool,
+    span_of: Callable[[int, int], str],
+    total_tokens: int,
+    title: str,
+    labels: list[str],
+    *,
+    plain: bool = False,
+    watch: int = 0,
+) -> LiveView | _PlainLines | Silent:
+    """The right view for where stderr goes, with `listener(i)` for the run labelled
+    `labels[i]`: plain lines for a log or a pipe, or when other runs share stderr at the
+    same time (`plain`); else the live view, one row per run and one run's memory."""
     if quiet:
         return Silent()
-    if console.is_terminal and not label:
-        return LiveView(span_of, total_tokens, title)
-    return PlainProgress(span_of, label)
+    if console.is_terminal and not plain:
+        return LiveView(span_of, total_tokens, title, labels, watch)
+    return _PlainLines([PlainProgress(span_of, label) for label in labels])
 
 
 class _ExtractionProgress:

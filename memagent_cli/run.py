@@ -5,13 +5,22 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from memagent_cli import display, trace
 from memagent_cli.errors import Interrupted, UserError
-from memagent_cli.reader import Answer, Event, Step, StepFinished, StepStarted, read
+from memagent_cli.reader import (
+    Answer,
+    Event,
+    Reading,
+    Step,
+    StepFinished,
+    StepStarted,
+    read_together,
+)
 from memagent_cli.session import Session
 
 
@@ -24,7 +33,8 @@ class RunOptions:
     resume_latest: bool = False  # continue the newest unfinished trace of the same run
     use_cache: bool = True  # answer an identical greedy run from its finished trace
     quiet: bool = False
-    label: str = ""  # prefixes progress lines when several runs share stderr
+    label: str = ""  # names the run in progress lines and rows when there are several
+    plain: bool = False  # other runs share stderr at the same time: plain lines, no live view
     cancel: threading.Event | None = None  # set: stop before the next step
 
 
@@ -93,55 +103,135 @@ class Stopped(Exception):
 
 def ask(session: Session, question: str, options: RunOptions) -> Result:
     """Answer `question` about the session's document; Stopped when the run ends early."""
+    outcome = ask_together(session, [question], [options])[0]
+    if isinstance(outcome, Stopped):
+        raise outcome
+    return outcome
+
+
+@dataclass
+class _Run:
+    """One question of several read together: where it starts and what it writes."""
+
+    index: int
+    question: str
+    options: RunOptions
+    header: trace.Header
+    done: list[Step]
+    trace_path: Path | None
+    resumed: bool  # continues an interrupted trace
+    writer: trace.TraceWriter | None = None
+    finished: int = 0
+
+
+def ask_together(
+    session: Session, questions: list[str], options: list[RunOptions], watch: int = 0
+) -> list[Result | Stopped]:
+    """Answer several questions about the session's document in one pass: each is answered
+    from a finished trace when it can be, or resumed, and the rest are read together, each
+    writing its own trace. On Ctrl-C or a backend failure every unfinished run is Stopped
+    with its trace valid up to its last finished step. `watch`: whose memory the live view
+    shows."""
     start = time.perf_counter()
-    note = (lambda message: None) if options.quiet else display.note
-    header = session.header(question)
-    earlier = _earlier_run(header, options)
-    if earlier is not None and earlier.finished:
-        if options.resume or options.resume_latest:
-            note(f"{earlier.path} is already finished; its answer follows.")
-        else:
-            note(f"answered from the finished trace {earlier.path} (--no-cache reads again)")
-        return _result_from(session, earlier, start)
-    done = _steps_of(session, earlier) if earlier else []
-    trace_path = earlier.path if earlier else options.trace
-    session.engine.prepare()
-    writer = None
-    if trace_path is not None:
-        resume_from = len(done) if earlier else None
-        writer = trace.TraceWriter(trace_path, header, session.span_of, resume_from=resume_from)
-        note(f"resuming {trace_path} after step {len(done)}" if earlier else f"trace: {trace_path}")
-    finished = len(done)
+    outcomes: list[Result | Stopped | None] = [None] * len(questions)
+    runs: list[_Run] = []
+    for index, (question, how) in enumerate(zip(questions, options, strict=True)):
+        note = _note(how)
+        header = session.header(question)
+        earlier = _earlier_run(header, how)
+        if earlier is not None and earlier.finished:
+            if how.resume or how.resume_latest:
+                note(f"{earlier.path} is already finished; its answer follows.")
+            else:
+                note(f"answered from the finished trace {earlier.path} (--no-cache reads again)")
+            outcomes[index] = _result_from(session, earlier, start)
+            continue
+        done = _steps_of(session, earlier) if earlier else []
+        path = earlier.path if earlier else how.trace
+        runs.append(
+            _Run(index, question, how, header, done, path, earlier is not None, finished=len(done))
+        )
+    if runs:
+        for outcome, run in zip(_read(session, runs, watch, start), runs, strict=True):
+            outcomes[run.index] = outcome
+    return [outcome for outcome in outcomes if outcome is not None]
 
-    def listener(event: Event) -> None:
-        nonlocal finished
-        if isinstance(event, StepStarted) and options.cancel and options.cancel.is_set():
-            raise Interrupted("SIGINT")
-        if isinstance(event, StepFinished):
-            finished += 1
-        if writer is not None:
-            writer(event)
-        view(event)
 
-    name = Path(session.document.path).name
-    title = f"{name} · {session.engine.model_record['name']} · {question}"
-    view = display.progress_view(
-        options.quiet, session.span_of, len(session.tokens), title, options.label
-    )
+def _read(session: Session, runs: list[_Run], watch: int, start: float) -> list[Result | Stopped]:
+    """Read the runs' questions together, each writing its trace as its steps finish."""
     engine = session.engine
+    engine.prepare(len(runs))
+    name = Path(session.document.path).name
+    first = runs[0]
+    title = f"{name} · {engine.model_record['name']} · {first.question}"
+    if len(runs) > 1:
+        title = f"{name} · {engine.model_record['name']} · {len(runs)} questions"
+    view = display.progress_view(
+        first.options.quiet,
+        session.span_of,
+        len(session.tokens),
+        title,
+        [run.options.label for run in runs],
+        plain=first.options.plain,
+        watch=watch,
+    )
+    readings = []
     try:
+        for position, run in enumerate(runs):
+            if run.trace_path is not None:
+                resume_from = len(run.done) if run.resumed else None
+                run.writer = trace.TraceWriter(
+                    run.trace_path, run.header, session.span_of, resume_from=resume_from
+                )
+                _note(run.options)(
+                    f"resuming {run.trace_path} after step {len(run.done)}"
+                    if run.resumed
+                    else f"trace: {run.trace_path}"
+                )
+            readings.append(
+                Reading(run.question, _listener(run, view.listener(position)), run.done)
+            )
         with view:
-            answer = read(engine.backend, question, session.chunks, engine.settings, listener, done)
+            answers = read_together(engine.backend, readings, session.chunks, engine.settings)
     except (KeyboardInterrupt, Interrupted, UserError) as exc:
         reason = exc.message if isinstance(exc, UserError) else (str(exc) or "SIGINT")
-        if writer is not None:
-            writer.interrupted(reason)
         code = exc.exit_code if isinstance(exc, UserError) else 130
-        raise Stopped(reason, code, finished, len(session.chunks), trace_path) from None
+        stops: list[Result | Stopped] = []
+        for run in runs:
+            if run.writer is not None:
+                run.writer.interrupted(reason)
+            total = len(session.chunks)
+            stops.append(Stopped(reason, code, run.finished, total, run.trace_path))
+        return stops
     finally:
-        if writer is not None:
-            writer.close()
-    return Result(answer, session, time.perf_counter() - start, trace_path)
+        for run in runs:
+            if run.writer is not None:
+                run.writer.close()
+    seconds = time.perf_counter() - start
+    return [
+        Result(answer, session, seconds, run.trace_path)
+        for answer, run in zip(answers, runs, strict=True)
+    ]
+
+
+def _listener(run: _Run, show: Callable[[Event], None]) -> Callable[[Event], None]:
+    """Counts finished steps, writes the trace, shows progress; stops at a cancel request."""
+
+    def listener(event: Event) -> None:
+        cancel = run.options.cancel
+        if isinstance(event, StepStarted) and cancel is not None and cancel.is_set():
+            raise Interrupted("SIGINT")
+        if isinstance(event, StepFinished):
+            run.finished += 1
+        if run.writer is not None:
+            run.writer(event)
+        show(event)
+
+    return listener
+
+
+def _note(options: RunOptions) -> Callable[[str], None]:
+    return (lambda message: None) if options.quiet else display.note
 
 
 def _earlier_run(header: trace.Header, options: RunOptions) -> trace.Trace | None:
@@ -152,7 +242,8 @@ def _earlier_run(header: trace.Header, options: RunOptions) -> trace.Trace | Non
             raise UserError(f"Cannot resume {options.resume}: " + "; ".join(differences) + ".")
         return earlier
     if options.resume_latest:
-        found = trace.find_run(header, finished=False)
+        # With several questions, some may have finished before the others were stopped.
+        found = trace.find_run(header, finished=False) or trace.find_run(header, finished=True)
         if found is None:
             raise UserError(
                 "There is no unfinished trace of this document, question, model and "

@@ -13,6 +13,7 @@ from memagent_cli.backends import Backend
 from memagent_cli.backends.factory import BackendOptions, open_backend
 from memagent_cli.chunking import Chunk, chunk_text
 from memagent_cli.documents import Document
+from memagent_cli.errors import BudgetError
 from memagent_cli.reader import Settings, context_needed
 from memagent_cli.trace import Header
 
@@ -25,15 +26,30 @@ class Engine:
         self.settings = settings
         self.context = context
         self.description = backend.describe()
-        self._prepared = False
+        self._sequences = 0  # questions the loaded context reads at once; 0: not loaded
         self._lock = threading.Lock()
 
-    def prepare(self) -> None:
-        """Load the weights on first use: answers from traces never need them."""
+    def prepare(self, sequences: int = 1) -> None:
+        """Load the weights on first use (answers from traces never need them), with room
+        for `sequences` questions read together, each with the context one step needs."""
         with self._lock:
-            if not self._prepared:
-                self.backend.prepare(self.context)
-                self._prepared = True
+            if self._sequences < sequences:
+                self.backend.prepare(self.context, sequences)
+                self._sequences = sequences
+
+    def together(self, questions: int, asked: int | None) -> int:
+        """How many of `questions` to read at once: `asked` (--parallel) when that many fit
+        in memory, else (None) as many as fit. Fails with a sentence when `asked` does not."""
+        fits = self.backend.sequences_that_fit(self.context)
+        if asked is None:
+            return max(1, min(questions, fits))
+        if asked > fits:
+            raise BudgetError(
+                f"{asked} questions read at once need {asked} context caches of "
+                f"{self.context} tokens, but only {fits} fit in the memory free now; "
+                f"use --parallel {fits}."
+            )
+        return max(1, min(asked, questions))
 
     @property
     def model_record(self) -> dict[str, Any]:

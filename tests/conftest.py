@@ -82,6 +82,7 @@ class ScriptedBackend:
         self.context_limit = context_limit
         self.prepared = 0
         self.sequences = 1
+        self.fits = 8  # sequences one prepare() could hold
         self.rounds: list[list[int]] = []  # the sequences of each generate_many call
 
     def tokenize(self, text: str) -> list[int]:
@@ -98,6 +99,9 @@ class ScriptedBackend:
 
         model = {"path": "/models/scripted.gguf", "name": "scripted", "size": 1234}
         return Description(model=model, engine={"backend": "scripted"})
+
+    def sequences_that_fit(self, context_tokens: int) -> int:
+        return self.fits
 
     def prepare(self, context_tokens: int, sequences: int = 1) -> None:
         self.prepared += 1

@@ -73,6 +73,11 @@ class Backend(Protocol):
         """The model and engine, for the trace header and `--json`."""
         ...
 
+    def sequences_that_fit(self, context_tokens: int) -> int:
+        """How many sequences of `context_tokens` one prepare() can hold in the memory free
+        now; 1 for a backend that replies to one call at a time."""
+        ...
+
     def prepare(self, context_tokens: int, sequences: int = 1) -> None:
         """Make ready to serve `sequences` prompts plus replies of up to `context_tokens`
         tokens each at once."""

@@ -19,6 +19,10 @@ if TYPE_CHECKING:  # decoding imports llama_cpp, which loads the library: only w
 
 # Engine settings under llama.cpp's own names (-fa, -ctk/-ctv).
 FLASH_ATTN = ("on", "off", "auto")
+# Bytes per cached value of each type (block size and bytes per block of ggml's types).
+_TYPE_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "q8_0": 34 / 32, "q4_0": 18 / 32}
+_TYPE_BYTES |= {"q4_1": 20 / 32, "iq4_nl": 18 / 32, "q5_0": 22 / 32, "q5_1": 24 / 32}
+_RESERVE = 1 << 30  # compute buffers and everything else: leave a GiB free
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 
 
@@ -156,6 +160,34 @@ class LlamaCppBackend:
             },
         )
 
+    def sequences_that_fit(self, context_tokens: int) -> int:
+        """Sequences whose KV caches fit in the memory free now, beside the weights. With
+        layers offloaded the GPU's free memory is not known here: llama.cpp says when a
+        context does not fit."""
+        import llama_cpp
+        import psutil
+
+        most = int(getattr(llama_cpp, "llama_max_parallel_sequences", lambda: 64)())
+        if self.gpu_layers != 0 and can_offload():
+            return most
+        free = psutil.virtual_memory().available - self.path.stat().st_size - _RESERVE
+        return max(1, min(most, free // max(self.cache_bytes(context_tokens), 1)))
+
+    def cache_bytes(self, context_tokens: int) -> int:
+        """Bytes of one sequence's KV cache, from the model's shape and the cache types."""
+        metadata = self._vocab.metadata
+        arch = metadata.get("general.architecture", "")
+
+        def number(key: str, default: int) -> int:
+            return int(metadata.get(f"{arch}.{key}", default) or default)
+
+        heads = number("attention.head_count", 1)
+        width = number("embedding_length", 0) // heads
+        kv_heads = number("attention.head_count_kv", heads)
+        k_size = number("attention.key_length", width) * _TYPE_BYTES[self.cache_type_k]
+        v_size = number("attention.value_length", width) * _TYPE_BYTES[self.cache_type_v]
+        return int(context_tokens * number("block_count", 1) * kv_heads * (k_size + v_size))
+
     def prepare(self, context_tokens: int, sequences: int = 1) -> None:
         if self._engine is not None:
             self._engine.close()
@@ -259,9 +291,12 @@ class _Engine:
         if not self.context:
             llama_cpp.llama_model_free(self.model)
             raise ModelError(
-                f"llama.cpp could not create a {context_tokens}-token context for "
-                f"{backend.path} with flash attention {backend.flash_attn}, cache types "
-                f"{backend.cache_type_k}/{backend.cache_type_v} (run with --verbose for its log)."
+                f"llama.cpp could not create a {context_tokens}-token context"
+                + (f" for each of {sequences} questions" if sequences > 1 else "")
+                + f" for {backend.path} with flash attention {backend.flash_attn}, cache types "
+                f"{backend.cache_type_k}/{backend.cache_type_v} (run with --verbose for its log"
+                + ("; fewer questions at once: --parallel N" if sequences > 1 else "")
+                + ")."
             )
         self.decoder = Decoder(
             self.context,

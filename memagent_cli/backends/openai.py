@@ -160,6 +160,9 @@ class OpenAIBackend:
             engine={"backend": "openai"},
         )
 
+    def sequences_that_fit(self, context_tokens: int) -> int:
+        return 1  # several calls at once are --parallel's threads
+
     def prepare(self, context_tokens: int, sequences: int = 1) -> None:
         return None  # the server sizes its own context and slots
 

@@ -32,7 +32,6 @@ from memagent_cli.cli.options import (
     ModelOpt,
     NoCacheOpt,
     NoTraceOpt,
-    ParallelOpt,
     PasswordOpt,
     QuietOpt,
     SeedOpt,
@@ -41,9 +40,11 @@ from memagent_cli.cli.options import (
     TemperatureOpt,
     ThreadsOpt,
     TimeoutOpt,
+    TogetherOpt,
     TopPOpt,
     UbatchSizeOpt,
     VerboseOpt,
+    WatchOpt,
     user_errors,
 )
 from memagent_cli.trace import check_new, read_trace
@@ -115,7 +116,8 @@ def ask(
     api_key: ApiKeyOpt = None,
     served_model: ServedModelOpt = None,
     encoding: EncodingOpt = "cl100k_base",
-    parallel: ParallelOpt = 1,
+    parallel: TogetherOpt = None,
+    watch: WatchOpt = 1,
     timeout: TimeoutOpt = DEFAULT_TIMEOUT,
     gpu_layers: GpuLayersOpt = None,
     threads: ThreadsOpt = None,
@@ -152,9 +154,10 @@ def ask(
     chosen = [name for name, on in {**named, "--resume-latest": resume_latest}.items() if on]
     if len(chosen) > 1:
         raise typer.BadParameter(f"give one of {' and '.join(chosen)}.", param_hint=chosen[0])
+    in_process = backend != "openai"  # reads several questions together in one pass
     backend_options = options.backend_options(
         backend,
-        parallel,
+        1 if in_process else parallel or 1,
         model=model,
         base_url=base_url,
         api_key=api_key,
@@ -197,7 +200,9 @@ def ask(
         write_traces=not no_trace,
         password=password,
         format=format,
-        parallel=parallel,
+        parallel=1 if in_process else parallel or 1,
+        together=parallel if in_process else 1,
+        watch=watch - 1,
     )
     warned = False
 
@@ -213,11 +218,15 @@ def ask(
             )
             warned = True
 
+    hinted = False
+
     def stopped(stop: run.Stopped) -> None:
+        nonlocal hinted
         display.error(stop.message)
-        if stop.trace_path is not None:
-            hint = _resume_command(stop.trace_path if len(paths) == 1 else None)
-            display.note("resume with: " + hint)
+        if stop.trace_path is not None and not hinted:
+            one_run = len(paths) == 1 and len(asked) == 1
+            display.note("resume with: " + _resume_command(stop.trace_path if one_run else None))
+            hinted = True
 
     def open_engine() -> session.Engine:
         with modelview.transfer_progress(quiet) as progress:  # an hf: model may be pulled

@@ -107,6 +107,22 @@ ServedModelOpt = Annotated[
     ),
 ]
 ParallelOpt = Annotated[int, typer.Option(min=1, help="Runs in flight at once (--backend openai).")]
+TogetherOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--parallel",
+        min=1,
+        show_default=False,
+        help="Questions read at once: in one pass of an in-process model \\[default: all "
+        "that fit in memory], or runs in flight (--backend openai) \\[default: 1].",
+    ),
+]
+WatchOpt = Annotated[
+    int,
+    typer.Option(
+        min=1, help="With several questions read at once: the live view shows this one's memory."
+    ),
+]
 TimeoutOpt = Annotated[
     float, typer.Option(min=1.0, help="Seconds a server may take for one call (--backend openai).")
 ]
@@ -182,7 +198,7 @@ def backend_options(
     backend: str, parallel: int, runs: str = "question runs", **fields: Any
 ) -> BackendOptions:
     """The backend options of a command, checked: the kind exists, and several runs in
-    flight need a server."""
+    flight need a server (`parallel` 1 where an in-process model reads them together)."""
     if backend not in KINDS:
         raise typer.BadParameter("choose llama or openai.", param_hint="--backend")
     if parallel > 1 and backend != "openai":
