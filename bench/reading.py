@@ -8,9 +8,16 @@ One run, default model, greedy:
 2. one document and question read with speculation off, then on: the same output
    (checked), acceptance, tokens per verification batch, decode tokens/s, step seconds,
    the speedup the measured acceptance and batch costs predict and the one measured; and
-   for the plain run, efficiency = ideal time of its exact calls (from the rates) / actual.
-Tables go to stdout, the numbers to --out as JSON, and a PNG beside it if matplotlib is
-installed.
+   for the plain run, efficiency = ideal time of its exact calls (from the rates) / actual;
+3. the cost of Q sequences decoding in one batch relative to one (Q = 1..8, 1 and 2 rows
+   per sequence, depths 2048 and 6144), and 4 questions read alone one after another
+   versus together: equal answers and memories (checked), seconds, and the measured gain
+   against the gain those costs allow (bench/sequences.py);
+4. first of all, before this process loads the model: the peak RSS of a real
+   `memagent ask` on a 20K-token and a 2M-token text (bench/rss.py).
+Tables go to stdout, progress to stderr, the numbers to --out as JSON, and a PNG beside it
+if matplotlib is installed (bench/plots.py). --engine-only, --questions-only, --rss-only
+and --skip-rss run parts of it (smoke runs); exit status 1 when an output check fails.
 """
 
 from __future__ import annotations
@@ -31,6 +38,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "examples"))
 
+import plots  # noqa: E402
+import rss  # noqa: E402
+import sequences  # noqa: E402
 from village import story  # noqa: E402
 
 from memagent_cli import models, protocol, reader  # noqa: E402
@@ -229,35 +239,63 @@ def summarize(calls: list[Decoded], ideal: Ideal, min_rows: int) -> dict[str, An
     }
 
 
-def plot(result: dict[str, Any], path: Path) -> bool:
-    try:
-        import matplotlib
+def read_speculation(backend: LlamaCppBackend, args: argparse.Namespace, result: dict) -> None:
+    """Part 2: one document and question with speculation off and on."""
+    ideal = Ideal(result["engine"])
+    text = story(args.sentences, seed=3)
+    settings = reader.Settings(args.chunk_tokens, args.memory_tokens, Sampling(0.0))
+    note("reading, each call once per variant...")
+    paired = read_paired(backend, text, settings)
+    for name, (exact, _) in VARIANTS.items():
+        result[name] = summarize(paired["calls"][name], ideal, 1 + exact)
+    texts = paired["texts"]
+    same = result["same_output"] = texts["plain"] == texts["speculative"]
+    result["single_row_same_output"] = texts["single-row"] == texts["plain"]
+    for base in ("single-row", "plain"):
+        b, s = result[base], result["speculative"]
+        result[f"vs_{base}"] = {
+            "measured_decode_speedup": b["decode_seconds"] / s["decode_seconds"],
+            "predicted_decode_speedup": s["tokens_per_cost"] / b["tokens_per_cost"],
+            "measured_speedup": b["seconds"] / s["seconds"],
+        }
+    names = list(VARIANTS)
+    print(f"{'':>24}  " + "  ".join(f"{n:>11}" for n in names))
+    for key in ("seconds", "decode_tps", "efficiency", "acceptance", "tokens_per_verification"):
+        cells = [result[n][key] for n in names]
+        print(f"{key:>24}  " + "  ".join(f"{c:>11.3f}" if c else f"{'-':>11}" for c in cells))
+    s = result["speculative"]
+    print(f"{'drafted / accepted':>24}  {s['drafted']} / {s['accepted']}")
+    for name in names:
+        calls = " ".join(f"{x:.1f}" for x in result[name]["call_seconds"])
+        print(f"seconds per call {name:>12}: {calls}")
+    for base in ("single-row", "plain"):
+        v = result[f"vs_{base}"]
+        print(
+            f"speculative vs {base}: decode speedup predicted "
+            f"{v['predicted_decode_speedup']:.3f}, measured {v['measured_decode_speedup']:.3f}; "
+            f"whole run {v['measured_speedup']:.3f}"
+        )
+    print(
+        f"same output speculative vs plain: {same}; "
+        f"single-row vs plain: {result['single_row_same_output']}"
+    )
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    figure, (steps, rates, costs) = plt.subplots(1, 3, figsize=(15, 4))
-    for name in VARIANTS:
-        steps.plot(result[name]["call_seconds"], marker="o", label=name)
-    steps.set(title="seconds per call (steps, then answer)", xlabel="call", ylabel="s")
-    steps.legend()
-    depths = [r["depth"] for r in result["engine"]["rates"]]
-    rates.plot(depths, [r["prefill_tps"] for r in result["engine"]["rates"]], label="prefill")
-    rates.plot(depths, [r["decode_tps"] for r in result["engine"]["rates"]], label="decode")
-    rates.set(title="engine tokens/s", xlabel="depth", yscale="log")
-    rates.legend()
-    for depth, table in result["engine"]["batch_cost"].items():
-        costs.plot(list(table), list(table.values()), marker=".", label=f"depth {depth}")
-    costs.plot(KS, KS, linestyle=":", color="grey", label="k singles")
-    costs.set(title="cost of k tokens in one batch", xlabel="k", ylabel="x one token")
-    costs.legend()
-    figure.tight_layout()
-    figure.savefig(path)
-    return True
+
+def print_engine(engine: dict[str, Any]) -> None:
+    print(f"{'depth':>6}  {'prefill tok/s':>13}  {'decode tok/s':>12}")
+    for r in engine["rates"]:
+        print(f"{r['depth']:>6}  {r['prefill_tps']:>13.0f}  {r['decode_tps']:>12.1f}")
+    print("cost of k tokens in one batch, in single decodes:")
+    print(f"{'depth':>6}  " + " ".join(f"{k:>5}" for k in KS))
+    for depth, table in engine["batch_cost"].items():
+        print(f"{depth:>6}  " + " ".join(f"{table[k]:>5.2f}" for k in KS))
 
 
-def main() -> None:
+def numbers(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "bench" / "reading.json")
     parser.add_argument("--threads", type=int, default=2)
@@ -267,88 +305,84 @@ def main() -> None:
     parser.add_argument("--flash-attn", default="off")
     parser.add_argument("--cache-type-k", default="f16")
     parser.add_argument("--cache-type-v", default="f16")
-    parser.add_argument("--engine-only", action="store_true")
-    args = parser.parse_args()
-    model = models.resolve(None)
-    backend = LlamaCppBackend(
-        model.path,
-        threads=args.threads,
-        gpu_layers=0,
-        flash_attn=args.flash_attn,
-        cache_type_k=args.cache_type_k,
-        cache_type_v=args.cache_type_v,
+    parser.add_argument(
+        "--seq-depths", type=numbers, default=[2048, 6144], help="depths of the Q-sequence costs"
     )
-    backend.prepare(8192)
-    note(f"engine: {model.path.name}, {args.threads} threads, flash attention {args.flash_attn}")
-    long_text = story(900, fact=None, seed=11)
-    engine = engine_profile(backend, backend.tokenize(long_text))
+    parser.add_argument(
+        "--rss-tokens", type=numbers, default=[20_000, 2_000_000], help="text sizes for peak RSS"
+    )
+    only = parser.add_mutually_exclusive_group()
+    only.add_argument("--engine-only", action="store_true", help="engine rates and costs only")
+    only.add_argument(
+        "--questions-only", action="store_true", help="Q-sequence costs and questions together"
+    )
+    only.add_argument("--rss-only", action="store_true", help="peak RSS of memagent ask only")
+    parser.add_argument("--skip-rss", action="store_true")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = arguments()
+    model = models.resolve(None)
     result: dict[str, Any] = {
         "machine": f"{platform.machine()}, {args.threads} threads, {platform.processor() or ''}",
         "model": model.path.name,
         "settings": vars(args) | {"out": str(args.out)},
-        "engine": engine,
     }
-    ideal = Ideal(engine)
-    print(f"{'depth':>6}  {'prefill tok/s':>13}  {'decode tok/s':>12}")
-    for r in engine["rates"]:
-        print(f"{r['depth']:>6}  {r['prefill_tps']:>13.0f}  {r['decode_tps']:>12.1f}")
-    print("cost of k tokens in one batch, in single decodes:")
-    print(f"{'depth':>6}  " + " ".join(f"{k:>5}" for k in KS))
-    for depth, table in engine["batch_cost"].items():
-        print(f"{depth:>6}  " + " ".join(f"{table[k]:>5.2f}" for k in KS))
-    if not args.engine_only:
-        text = story(args.sentences, seed=3)
-        settings = reader.Settings(args.chunk_tokens, args.memory_tokens, Sampling(0.0))
-        note("reading, each call once per variant...")
-        paired = read_paired(backend, text, settings)
-        for name, (exact, _) in VARIANTS.items():
-            result[name] = summarize(paired["calls"][name], ideal, 1 + exact)
-        texts = paired["texts"]
-        same = result["same_output"] = texts["plain"] == texts["speculative"]
-        result["single_row_same_output"] = texts["single-row"] == texts["plain"]
-        for base in ("single-row", "plain"):
-            b, s = result[base], result["speculative"]
-            result[f"vs_{base}"] = {
-                "measured_decode_speedup": b["decode_seconds"] / s["decode_seconds"],
-                "predicted_decode_speedup": s["tokens_per_cost"] / b["tokens_per_cost"],
-                "measured_speedup": b["seconds"] / s["seconds"],
-            }
-        names = list(VARIANTS)
-        print(f"{'':>24}  " + "  ".join(f"{n:>11}" for n in names))
-        for key in ("seconds", "decode_tps", "efficiency", "acceptance", "tokens_per_verification"):
-            cells = [result[n][key] for n in names]
-            print(f"{key:>24}  " + "  ".join(f"{c:>11.3f}" if c else f"{'-':>11}" for c in cells))
-        print(
-            f"{'drafted / accepted':>24}  {result['speculative']['drafted']} / "
-            f"{result['speculative']['accepted']}"
+    failures = []
+    # First, before this process loads a model: `memagent ask` runs as a child.
+    if args.rss_only or not (args.skip_rss or args.engine_only or args.questions_only):
+        note("peak RSS of memagent ask...")
+        result["rss"] = rss.peak_rss(args.rss_tokens)
+        rss.print_table(result["rss"])
+    if not args.rss_only:
+        backend = LlamaCppBackend(
+            model.path,
+            threads=args.threads,
+            gpu_layers=0,
+            flash_attn=args.flash_attn,
+            cache_type_k=args.cache_type_k,
+            cache_type_v=args.cache_type_v,
         )
-        for name in names:
-            print(
-                f"seconds per call {name:>12}: "
-                + " ".join(f"{x:.1f}" for x in result[name]["call_seconds"])
-            )
-        for base in ("single-row", "plain"):
-            v = result[f"vs_{base}"]
-            print(
-                f"speculative vs {base}: decode speedup predicted "
-                f"{v['predicted_decode_speedup']:.3f}, "
-                f"measured {v['measured_decode_speedup']:.3f}; "
-                f"whole run {v['measured_speedup']:.3f}"
-            )
-        print(
-            f"same output speculative vs plain: {same}; "
-            f"single-row vs plain: {result['single_row_same_output']}"
+        note(
+            f"engine: {model.path.name}, {args.threads} threads, flash attention {args.flash_attn}"
         )
+        long_tokens = backend.tokenize(story(900, fact=None, seed=11))
+        if not args.questions_only:
+            backend.prepare(8192)
+            result["engine"] = engine_profile(backend, long_tokens)
+            print_engine(result["engine"])
+            if not args.engine_only:
+                read_speculation(backend, args, result)
+                if not result["same_output"]:
+                    failures.append("speculation changed the output")
+        note(f"Q sequences in one batch, at depths {args.seq_depths}...")
+        costs = result["sequence_costs"] = sequences.sequence_costs(
+            backend, long_tokens, args.seq_depths
+        )
+        if not costs["copy_checked"]:
+            failures.append("a sequence copied with llama_memory_seq_cp differs from sequence 0")
+        together = None
+        if not args.engine_only:
+            note("questions read alone, then together...")
+            settings = reader.Settings(args.chunk_tokens, args.memory_tokens, Sampling(0.0))
+            together = result["together"] = sequences.alone_vs_together(
+                backend, story(args.sentences, seed=3), settings, costs
+            )
+            if not together["same_answers_and_memories"]:
+                failures.append("questions read together differ from the same read alone")
+        sequences.print_tables(costs, together)
     result["load_average"] = os.getloadavg()  # above ~2: other processes shared the cores
-    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"peak RSS {result['peak_rss_mb']:.0f} MB")
+    # This process's own peak: an 8-sequence context of the deepest Q-sequence depth.
+    result["bench_peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"peak RSS of this benchmark process {result['bench_peak_rss_mb']:.0f} MB")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1, default=str))
     note(f"wrote {args.out}")
-    if not args.engine_only and plot(result, args.out.with_suffix(".png")):
+    if plots.plot(result, list(VARIANTS), args.out.with_suffix(".png")):
         note(f"wrote {args.out.with_suffix('.png')}")
-    if not args.engine_only and not result["same_output"]:
-        sys.exit("speculation changed the output")
+    if failures:
+        sys.exit("; ".join(failures))
 
 
 if __name__ == "__main__":

@@ -335,15 +335,20 @@ class Decoder:
         batch.clear()
         live = [s for s in streams if s.finish is None]
         room = self.n_batch // len(live) - 1  # draft rows per sequence (all get as many)
+        proposals = []
         for stream in live:
             stream.draft, stream.source = [], 0
-            if stream.lookup is None or room <= 0:
-                continue
-            # Never draft past the reply's token limit: the last token needs no decode.
-            limit = min(stream.max_tokens - len(stream.tokens) - 1, room, policy.max_draft)
-            proposal, source = stream.lookup.propose(limit)
-            k = policy.length(source, len(proposal))
-            stream.draft, stream.source = proposal[:k], source
+            proposal: list[int] = []
+            if stream.lookup is not None and room > 0:
+                # Never draft past the reply's token limit: the last token needs no decode.
+                limit = min(stream.max_tokens - len(stream.tokens) - 1, room, policy.max_draft)
+                proposal, stream.source = stream.lookup.propose(limit)
+                stream.draft = proposal[: policy.length(stream.source, len(proposal))]
+            proposals.append(proposal)
+        if len(live) > 1:  # rows every sequence gets anyway carry drafts, not padding
+            longest = max(len(s.draft) for s in live)
+            for stream, proposal in zip(live, proposals, strict=True):
+                stream.draft = proposal[: max(len(stream.draft), longest)]
         # Several sequences (each in its own KV stream): llama.cpp splits a batch into equal
         # parts per sequence, so each gets as many rows as the longest draft needs, and in
         # exact mode at least two, as a lone reply gets (one query row per sequence runs
