@@ -252,3 +252,16 @@ def test_a_huge_line_is_skipped_in_bounded_memory(tmp_path, monkeypatch):
     trace = read_trace(path)
     assert [s.index for s in trace.steps] == [0, 1] and trace.finished
     assert trace.problems == ["line 3 is longer than 1,000 bytes and was skipped"]
+
+
+def test_a_run_with_other_engine_arithmetic_is_another_run():
+    from memagent_cli.trace import differences
+
+    here = header()
+    there = header()
+    there.settings.update(cache_type_k="q8_0", exact=False)
+    assert differences(there, here) == [
+        "--cache-type-k differs (q8_0 there, None here)",
+        "--no-exact differs (False there, None here)",
+    ]
+    assert differences(header(), header()) == []

@@ -52,6 +52,11 @@ _IDENTITY = {
     "--top-p": ("settings", "top_p"),
     "--seed": ("settings", "seed"),
     "the prompt templates": ("templates_sha256",),
+    # Engine settings that change llama.cpp's arithmetic, and so greedy near-tie tokens.
+    "--flash-attn": ("settings", "flash_attn"),
+    "--cache-type-k": ("settings", "cache_type_k"),
+    "--cache-type-v": ("settings", "cache_type_v"),
+    "--no-exact": ("settings", "exact"),
 }
 
 
