@@ -43,3 +43,28 @@ def test_plain_progress_lines_name_the_step_pages_and_run(capsys):
     assert line.startswith("[q2] step 2/3  tokens 10-20  p. 2  memory 42 tokens  1.5s")
     assert "prompt 240 tok/s" in line  # 120 prompt tokens in 0.5 s
     assert answering == "[q2] answering from the final memory"
+
+
+def test_the_live_view_has_a_row_per_question_and_the_watched_memory(monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    screen = io.StringIO()
+    terminal = Console(file=screen, force_terminal=True, width=150, highlight=False)
+    monkeypatch.setattr(display, "console", terminal)
+    chunks = make_chunks(list(b"x" * 30), 10, bytes)
+    labels = ["q1", "q2", "q3"]
+    view = display.progress_view(
+        False, lambda a, b: "", 30, "book · m · 3 questions", labels, watch=1
+    )
+    assert isinstance(view, display.LiveView)
+    gen = Generation("", 120, 42, 0.5, 1.5, "stop")
+    with view:
+        for question, memory in enumerate(["first [b]kept[/b]", "second kept", "third kept"]):
+            view.listener(question)(StepFinished(Step(chunks[0], memory, gen), 3))
+        view.listener(2)(Answering("third kept"))
+    shown = screen.getvalue()
+    assert all(f"q{i}" in shown for i in (1, 2, 3)) and "q3 answering" in shown
+    assert "second kept" in shown and "memory after step 1 (q2)" in shown
+    assert "first" not in shown and "third kept" not in shown  # only q2's memory is shown
