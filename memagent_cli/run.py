@@ -1,5 +1,6 @@
-"""One question about one document: answered from a finished trace (cache), or read,
-continuing an interrupted run (resume), with the trace written step by step."""
+"""Questions about one document: each answered from a finished trace (cache), or read,
+continuing an interrupted run (resume), with its trace written step by step; the ones read
+are read together."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from memagent_cli.errors import Interrupted, UserError
 from memagent_cli.reader import (
     Answer,
     Event,
+    Finished,
     Reading,
     Step,
     StepFinished,
@@ -121,7 +123,8 @@ class _Run:
     trace_path: Path | None
     resumed: bool  # continues an interrupted trace
     writer: trace.TraceWriter | None = None
-    finished: int = 0
+    finished: int = 0  # steps
+    answer: Answer | None = None  # once answered: a later stop of the others keeps it
 
 
 def ask_together(
@@ -196,13 +199,17 @@ def _read(session: Session, runs: list[_Run], watch: int, start: float) -> list[
     except (KeyboardInterrupt, Interrupted, UserError) as exc:
         reason = exc.message if isinstance(exc, UserError) else (str(exc) or "SIGINT")
         code = exc.exit_code if isinstance(exc, UserError) else 130
-        stops: list[Result | Stopped] = []
+        seconds = time.perf_counter() - start
+        outcomes: list[Result | Stopped] = []
         for run in runs:
+            if run.answer is not None:
+                outcomes.append(Result(run.answer, session, seconds, run.trace_path))
+                continue
             if run.writer is not None:
                 run.writer.interrupted(reason)
             total = len(session.chunks)
-            stops.append(Stopped(reason, code, run.finished, total, run.trace_path))
-        return stops
+            outcomes.append(Stopped(reason, code, run.finished, total, run.trace_path))
+        return outcomes
     finally:
         for run in runs:
             if run.writer is not None:
@@ -223,6 +230,8 @@ def _listener(run: _Run, show: Callable[[Event], None]) -> Callable[[Event], Non
             raise Interrupted("SIGINT")
         if isinstance(event, StepFinished):
             run.finished += 1
+        elif isinstance(event, Finished):
+            run.answer = event.answer
         if run.writer is not None:
             run.writer(event)
         show(event)

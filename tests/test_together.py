@@ -192,3 +192,20 @@ def test_a_batch_reads_the_questions_of_a_document_in_groups_in_order(tmp_path, 
     assert answers == [a.answer for a in alone]
     sizes = [len(r) for r in backend.rounds]
     assert max(sizes) == 2 and sizes[-1] == 1  # two questions, then the third alone
+
+
+def test_a_question_answered_before_the_others_stop_keeps_its_answer(tmp_path):
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir(), second.mkdir()
+    # The first question gets three steps ahead; Ctrl-C comes while the second still reads.
+    run.ask_together(session_of(EchoBackend(calls_left=3)), QUESTIONS[:1], options(first, 1))
+    ahead = run.RunOptions(resume=first / "q1.jsonl", quiet=True, use_cache=False)
+    behind = run.RunOptions(trace=second / "q2.jsonl", quiet=True, use_cache=False)
+    rounds = len(session_of(EchoBackend()).chunks) + 1 - 3  # until the first has answered
+    backend = EchoBackend(calls_left=2 * rounds + 1)  # and one more step of the second
+    answered, stopped = run.ask_together(session_of(backend), QUESTIONS[:2], [ahead, behind])
+    assert isinstance(answered, run.Result) and answered.answer.answer
+    assert isinstance(stopped, run.Stopped) and stopped.done == rounds + 1
+    kept = trace.read_trace(first / "q1.jsonl")
+    assert kept.finished and kept.interruption is None
+    assert trace.read_trace(second / "q2.jsonl").interruption is not None
