@@ -89,6 +89,7 @@ def _together(ax: Any, together: dict[str, Any]) -> None:
     width = 0.4
     ax.bar([c - width / 2 for c in calls], alone, width, label="alone, one after another")
     ax.bar([c + width / 2 for c in calls], joint, width, label="together")
+    ax.set_xticks(list(calls))
     ax.set(
         title=f"{len(together['questions'])} questions: seconds per step (last: answer)",
         xlabel="call",

@@ -1,4 +1,4 @@
-"""Reading speed: the engine's own rates, what a batch costs, and speculative memory copying.
+"""Reading speed and memory: engine rates, batch costs, speculation, questions together, RSS.
 
     flock /tmp/memagent-llama.lock .venv/bin/python bench/reading.py     (make bench)
 
@@ -328,6 +328,7 @@ def main() -> None:
         "machine": f"{platform.machine()}, {args.threads} threads, {platform.processor() or ''}",
         "model": model.path.name,
         "settings": vars(args) | {"out": str(args.out)},
+        "load_average_start": os.getloadavg(),  # above ~2: other work shares the 2 cores
     }
     failures = []
     # First, before this process loads a model: `memagent ask` runs as a child.
