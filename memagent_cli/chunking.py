@@ -34,30 +34,38 @@ class Tokens(array):
     __hash__ = None  # type: ignore[assignment]  # mutable, like a list
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Chunk:
     """One window of the document: its text and where it sits in tokens and characters.
 
-    The text is detokenized from the document's tokens when asked for, so a book's chunks
-    do not hold a second copy of its text."""
+    Where the window's text is exactly `document[char_start:char_end]` (nearly always),
+    the chunk keeps a reference to the document instead of a copy, so a book's chunks do
+    not hold its text twice."""
 
     index: int
     token_start: int
     token_end: int
     char_start: int
     char_end: int
-    source: Callable[[int, int], str] = field(repr=False, compare=False)
+    own_text: str | None = field(default=None, repr=False)  # None: a slice of `document`
+    document: str = field(default="", repr=False)
 
     @property
     def text(self) -> str:
-        return self.source(self.token_start, self.token_end)
+        if self.own_text is not None:
+            return self.own_text
+        return self.document[self.char_start : self.char_end]
+
+    def _ranges(self) -> tuple[int, ...]:
+        return (self.index, self.token_start, self.token_end, self.char_start, self.char_end)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Chunk):
             return NotImplemented
-        ranges = (self.index, self.token_start, self.token_end, self.char_start, self.char_end)
-        theirs = (other.index, other.token_start, other.token_end, other.char_start, other.char_end)
-        return ranges == theirs and self.text == other.text
+        return self._ranges() == other._ranges() and self.text == other.text
+
+    def __hash__(self) -> int:
+        return hash(self._ranges())
 
     @property
     def tokens(self) -> int:
@@ -77,19 +85,17 @@ def make_chunks(
     tokens: Sequence[int],
     size: int,
     detokenize: Callable[[Sequence[int]], bytes],
+    document: str | None = None,
 ) -> list[Chunk]:
     """Cut `tokens` into windows of `size` (no overlap, the last may be shorter).
 
     Each window is detokenized back to text for the prompt. Character offsets come from
     decoding the windows' bytes in sequence, so a character split across two windows is
-    counted in the window where it ends.
+    counted in the window where it ends. With the `document` the tokens came from, a chunk
+    whose text is that document's slice refers to it rather than holding a copy.
     """
     if size < 1:
         raise ValueError(f"chunk size must be at least 1 token, got {size}")
-
-    def source(start: int, end: int) -> str:
-        return detokenize(list(tokens[start:end])).decode("utf-8", errors="replace")
-
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     chunks: list[Chunk] = []
     char_offset = 0
@@ -97,8 +103,14 @@ def make_chunks(
         end = min(start + size, len(tokens))
         raw = detokenize(list(tokens[start:end]))
         chars = len(decoder.decode(raw, final=end >= len(tokens)))
-        chunks.append(Chunk(index, start, end, char_offset, char_offset + chars, source))
-        char_offset += chars
+        text = raw.decode("utf-8", errors="replace")
+        char_end = char_offset + chars
+        if document is not None and document[char_offset:char_end] == text:
+            chunk = Chunk(index, start, end, char_offset, char_end, None, document)
+        else:
+            chunk = Chunk(index, start, end, char_offset, char_end, text)
+        chunks.append(chunk)
+        char_offset = char_end
     return chunks
 
 
@@ -123,7 +135,7 @@ def chunk_text(text: str, tokenizer: Tokenizer, size: int) -> tuple[Tokens, list
         tokens = tokenize_in_pieces(text, tokenizer.tokenize)
     else:
         tokens = Tokens(tokenizer.tokenize(text))
-    return tokens, make_chunks(tokens, size, tokenizer.detokenize)
+    return tokens, make_chunks(tokens, size, tokenizer.detokenize, text)
 
 
 def tokenize_in_pieces(
