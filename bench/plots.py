@@ -69,11 +69,12 @@ def _batch_cost(ax: Any, engine: dict[str, Any]) -> None:
 def _sequence_cost(ax: Any, costs: dict[str, Any]) -> None:
     qs: list[int] = []
     for depth, table in costs["depths"].items():
-        for rows, style in ((1, "--"), (2, "-")):
-            qs = list(table["cost"][rows])
+        for rows, by_q in table["cost"].items():  # int keys, or str ones read from JSON
+            rows, qs = int(rows), [int(q) for q in by_q]
+            style = "--" if rows == 1 else "-"
             ax.plot(
                 qs,
-                list(table["cost"][rows].values()),
+                list(by_q.values()),
                 linestyle=style,
                 marker=".",
                 label=f"depth {depth}, {rows} row{'s' * (rows > 1)}/seq",
