@@ -274,8 +274,8 @@ def print_tables(costs: dict[str, Any] | None, together: dict[str, Any] | None) 
             f"(prefill {t['together']['prefill_seconds']:.1f}, "
             f"decode {t['together']['decode_seconds']:.1f})"
         )
-        c4 = ", ".join(f"{c:.2f} at depth {d}" for d, c in t["cost_4_at_depth"].items())
-        print(f"  4 sequences in one round (2 rows each) cost {c4} rounds of one")
+        c4 = ", ".join(f"{c:.2f}x at depth {d}" for d, c in t["cost_4_at_depth"].items())
+        print(f"  a round of 4 sequences (2 rows each) costs {c4} one sequence's round")
         print(
             f"  gain measured {t['measured_gain']:.3f} (decode part {t['decode_gain']:.3f}), "
             f"allowed by the engine's Q-sequence cost {t['allowed_gain']:.3f}; "
