@@ -41,15 +41,14 @@ class Engine:
         """How many of `questions` to read at once: `asked` (--parallel) when that many fit
         in memory, else (None) as many as fit. Fails with a sentence when `asked` does not."""
         fits = self.backend.sequences_that_fit(self.context)
-        if asked is None:
-            return max(1, min(questions, fits))
-        if asked > fits:
+        wanted = min(questions, fits if asked is None else asked)
+        if wanted > fits:
             raise BudgetError(
-                f"{asked} questions read at once need {asked} context caches of "
+                f"{wanted} questions read at once need {wanted} context caches of "
                 f"{self.context} tokens, but only {fits} fit in the memory free now; "
                 f"use --parallel {fits}."
             )
-        return max(1, min(asked, questions))
+        return max(1, wanted)
 
     @property
     def model_record(self) -> dict[str, Any]:

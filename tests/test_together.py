@@ -158,7 +158,8 @@ def test_a_pass_holds_the_questions_that_fit_and_says_which_number_fits():
     assert engine.together(5, None) == 2  # all that fit
     assert engine.together(1, None) == 1
     assert engine.together(5, 2) == 2
-    with pytest.raises(BudgetError, match="use --parallel 2"):
+    assert engine.together(2, 500) == 2  # a cap above the questions asked is no request
+    with pytest.raises(BudgetError, match="^3 questions read at once .* use --parallel 2"):
         engine.together(5, 3)
 
 
