@@ -4,8 +4,11 @@ record fields), followed while a run writes them, and written one flushed line p
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -264,10 +267,12 @@ class TraceWriter:
         if isinstance(event, StepFinished):
             chunk = event.step.chunk
             record = StepRecord.of(event.step, self._span_of(chunk.char_start, chunk.char_end))
-            self._write(record.to_json())
-            self._steps_done += 1
+            with _signals_held():  # a Ctrl-C here would leave the record uncounted
+                self._write(record.to_json())
+                self._steps_done += 1
         elif isinstance(event, Finished):
-            self._write(FinalRecord.of(event.answer, self._span_of).to_json())
+            with _signals_held():
+                self._write(FinalRecord.of(event.answer, self._span_of).to_json())
 
     def interrupted(self, reason: str) -> None:
         """Record where an interrupted run stopped, so a reader knows it is unfinished."""
@@ -280,6 +285,24 @@ class TraceWriter:
         self._file.write(json.dumps(record, ensure_ascii=False) + "\n")
         self._file.flush()
         os.fsync(self._file.fileno())
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Ctrl-C and SIGTERM wait until a record is whole on disk and counted: then the
+    interruption record says exactly how many steps the file holds. (Python runs signal
+    handlers in the main thread only; other threads' writes need no holding.)"""
+    if (
+        not hasattr(signal, "pthread_sigmask")
+        or threading.current_thread() is not threading.main_thread()
+    ):
+        yield
+        return
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def _now() -> str:
