@@ -103,7 +103,10 @@ class Ideal:
             self.cumulative.append(self.cumulative[-1] + seconds)
         self.depths = [r["depth"] for r in profile["rates"]]
         self.single = [1 / r["decode_tps"] for r in profile["rates"]]
-        self.costs = profile["batch_cost"]
+        self.costs = {  # int keys also when the profile comes back from JSON
+            int(d): {int(k): c for k, c in table.items()}
+            for d, table in profile["batch_cost"].items()
+        }
 
     @staticmethod
     def _interpolate(xs: list, ys: list, x: float) -> float:

@@ -7,7 +7,8 @@
    each sequence's logits with sequence 0's).
 2. `alone_vs_together`: the same questions read one after another (reader.read) and
    together (reader.read_together): equal answers and memories (checked), seconds, and the
-   gain the measured Q-sequence cost allows on the decode-bound part.
+   gain the measured Q-sequence cost allows on the decode-bound part; then together with
+   speculation, which must give the same answers and memories as well.
 """
 
 from __future__ import annotations
@@ -164,11 +165,13 @@ def _recording(backend: LlamaCppBackend, calls: list[list[Decoded]]) -> None:
     decoder.generate_many = generate_many  # type: ignore[method-assign]
 
 
-def _prepare(backend: LlamaCppBackend, context: int, sequences: int) -> list[list[Decoded]]:
+def _prepare(
+    backend: LlamaCppBackend, context: int, sequences: int, speculate: bool = False
+) -> list[list[Decoded]]:
     backend.prepare(context, sequences=sequences)
     decoder = backend.decoder
     assert decoder is not None
-    decoder.speculate = False  # plain exact decoding: 2 rows per sequence, as costs measured
+    decoder.speculate = speculate  # off: plain exact decoding, 2 rows per sequence as costed
     calls: list[list[Decoded]] = []
     _recording(backend, calls)
     return calls
@@ -195,12 +198,21 @@ def alone_vs_together(
     together = reader.read_together(backend, readings, chunks, settings)
     together_seconds = time.perf_counter() - began
     note(f"  together: {together_seconds:.1f} s")
+    # Speculation composes: the same pass with drafts, one length chosen per round for all.
+    _prepare(backend, needed, len(questions), speculate=True)
+    began = time.perf_counter()
+    drafted = reader.read_together(
+        backend, [reader.Reading(q) for q in questions], chunks, settings
+    )
+    drafted_seconds = time.perf_counter() - began
+    note(f"  together, speculative: {drafted_seconds:.1f} s")
 
     same = [
-        a.answer == t.answer
-        and a.reply == t.reply
+        a.answer == t.answer == d.answer
+        and a.reply == t.reply == d.reply
         and [s.memory for s in a.steps] == [s.memory for s in t.steps]
-        for a, t in zip(alone, together, strict=True)
+        and [s.memory for s in a.steps] == [s.memory for s in d.steps]
+        for a, t, d in zip(alone, together, drafted, strict=True)
     ]
     flat = [d for call in alone_calls for d in call]
     prefill = sum(d.prompt_seconds for d in flat)
@@ -233,6 +245,7 @@ def alone_vs_together(
         "answers": [a.answer for a in alone],
         "alone_seconds": alone_seconds,
         "together_seconds": together_seconds,
+        "together_speculative_seconds": drafted_seconds,
         "alone": {"prefill_seconds": prefill, "decode_seconds": decode, "rounds": rounds},
         "together": {"prefill_seconds": together_prefill, "decode_seconds": together_decode},
         "allowed_decode_seconds": allowed_decode,
@@ -289,4 +302,12 @@ def print_tables(costs: dict[str, Any] | None, together: dict[str, Any] | None) 
             "  seconds per call together: "
             + " ".join(f"{x:.1f}" for x in t["step_seconds_together"])
         )
-        print(f"  same answers and memories: {t['same_answers_and_memories']}")
+        print(
+            f"  together with speculation: {t['together_speculative_seconds']:.1f} s, "
+            f"{t['alone_seconds'] / t['together_speculative_seconds']:.3f}x alone, "
+            f"{t['together_seconds'] / t['together_speculative_seconds']:.3f}x together plain"
+        )
+        print(
+            f"  same answers and memories (alone, together, together speculative): "
+            f"{t['same_answers_and_memories']}"
+        )

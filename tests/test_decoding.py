@@ -79,6 +79,39 @@ def test_fixed_draft_length_is_capped_by_the_proposal() -> None:
     assert policy.length(0, 3) == 0
 
 
+def test_several_sequences_share_one_draft_length_priced_for_their_round() -> None:
+    """Every sequence of a round gets as many rows as the longest draft, so the length is
+    chosen once, from costs measured for that many sequences (not for one)."""
+    policy = DraftPolicy(min_rows=2)
+    for _ in range(20):
+        policy.record_batch(2, 0.010)  # one sequence: 9 rows cost 1.1x 2 rows (GPU-like)
+        policy.record_batch(9, 0.011)
+        policy.record_batch(2, 0.030, sequences=4)  # four: 9 rows each cost 4.5x 2 each
+        policy.record_batch(9, 0.135, sequences=4)
+    for _ in range(30):
+        policy.record_draft(3, 9, 8)  # acceptance about 0.9
+    alone = policy.length(3, 8)
+    together = policy.rows([(3, 8), (0, 0), (0, 0), (0, 0)])
+    assert alone == 8 and together == 2  # the second row, sent anyway, is free
+    # Cheap for four as well, and every sequence has a good draft: all draft long.
+    for _ in range(20):
+        policy.record_batch(9, 0.033, sequences=4)
+    assert policy.rows([(3, 8)] * 4) == 9
+    # The rows come from the longest proposal; a sequence without one adds one token.
+    assert policy.rows([(3, 5), (0, 0), (0, 0), (0, 0)]) <= 6
+
+
+def test_unmeasured_sequence_counts_are_assumed_expensive() -> None:
+    policy = DraftPolicy(min_rows=2)
+    for _ in range(20):
+        policy.record_batch(2, 0.010)
+        policy.record_batch(9, 0.011)
+    for _ in range(30):
+        policy.record_draft(3, 9, 8)
+    assert policy.cost(9, sequences=3) == 8.0  # each row a full round, until measured
+    assert policy.rows([(3, 8)] * 3) == 2
+
+
 def test_quantized_v_cache_needs_flash_attention(tmp_path: Path) -> None:
     with pytest.raises(ModelError, match="quantized V cache"):
         LlamaCppBackend(

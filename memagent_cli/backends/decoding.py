@@ -345,21 +345,18 @@ class Decoder:
                 # Never draft past the reply's token limit: the last token needs no decode.
                 limit = min(stream.max_tokens - len(stream.tokens) - 1, room, policy.max_draft)
                 proposal, stream.source = stream.lookup.propose(limit)
-                stream.draft = proposal[: policy.length(stream.source, len(proposal))]
             proposals.append(proposal)
-        if len(live) > 1:  # rows every sequence gets anyway carry drafts, not padding
-            longest = max(len(s.draft) for s in live)
-            for stream, proposal in zip(live, proposals, strict=True):
-                stream.draft = proposal[: max(len(stream.draft), longest)]
         # Several sequences (each in its own KV stream): llama.cpp splits a batch into equal
-        # parts per sequence, so each gets as many rows as the longest draft needs, and in
-        # exact mode at least two, as a lone reply gets (one query row per sequence runs
-        # other attention kernels and changes near-tie tokens).
-        rows = 1
-        if len(live) > 1:
-            rows = max(1 + len(s.draft) for s in live)
-            if self.exact:
-                rows = max(rows, 2)
+        # parts per sequence, so all get as many rows, filled with their own drafts where
+        # they have them, and in exact mode at least two, as a lone reply gets (one query
+        # row per sequence runs other attention kernels and changes near-tie tokens).
+        rows = policy.rows([(s.source, len(p)) for s, p in zip(live, proposals, strict=True)])
+        for stream, proposal in zip(live, proposals, strict=True):
+            stream.draft = proposal[: rows - 1]
+        if len(live) == 1:
+            rows = 1  # no padding rows: _decode pads a lone row itself
+        elif self.exact:
+            rows = max(rows, 2)
         pads = []
         for stream in live:
             stream.row = batch.add(stream.pending, stream.pos, stream.seq_id, True)
@@ -371,7 +368,7 @@ class Decoder:
             if rows > used:
                 pads.append((stream.seq_id, stream.pos + used))
         size = batch.size
-        policy.record_batch(size, self._decode())
+        policy.record_batch(size // len(live), self._decode(), len(live))
         for seq, pos in pads:
             llama_cpp.llama_memory_seq_rm(self.memory, seq, pos, -1)
         for stream in live:

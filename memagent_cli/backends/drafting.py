@@ -66,6 +66,11 @@ class DraftPolicy:
     Probes of other lengths keep the estimates fresh, spaced out further each time.
     `min_rows` is the smallest batch the decoder sends (2 when every decode must run on
     llama.cpp's batched kernels): up to that size a draft costs nothing.
+
+    With several sequences in a round every sequence gets as many rows as the longest
+    draft, so one length is chosen for all of them: the one whose summed expected tokens
+    per unit of that round's cost is best. Costs are kept per number of sequences, since
+    Q sequences of r rows cost neither Q nor r times one sequence's row.
     """
 
     PROBE_LENGTHS = (2, 4, 8)  # probes take turns, so several batch sizes get measured
@@ -80,8 +85,10 @@ class DraftPolicy:
         self.fixed = fixed  # always draft this many when possible (tests exercise every path)
         self.min_rows = min_rows
         self._hits = {n: [1.0, 1.0] for n in range(1, Lookup.ORDER + 1)}  # accepted, rejected
-        self._base: float | None = None  # seconds of a round of min_rows (running mean)
-        self._ratio: dict[int, float] = {}  # rows -> cost relative to a round of min_rows
+        # Per number of sequences: seconds of a round of min_rows each (running mean), and
+        # rows each -> cost relative to that round.
+        self._base: dict[int, float] = {}
+        self._ratio: dict[int, dict[int, float]] = {}
         self._rounds = 0
         self._probe_after = self.PROBE_MIN
         self._probes = 0
@@ -90,40 +97,49 @@ class DraftPolicy:
         accepted, rejected = self._hits[source]
         return accepted / (accepted + rejected)
 
-    def cost(self, rows: int) -> float:
-        """Cost of a round of `rows` tokens, relative to one of `min_rows`."""
+    def cost(self, rows: int, sequences: int = 1) -> float:
+        """Cost of a round of `rows` tokens per sequence, relative to one of `min_rows`."""
         rows = max(rows, self.min_rows)
         if rows == self.min_rows:
             return 1.0
-        if rows in self._ratio:
-            return self._ratio[rows]
+        ratios = self._ratio.get(sequences, {})
+        if rows in ratios:
+            return ratios[rows]
         # Unmeasured sizes: extrapolate the cheapest marginal cost seen; until something
         # is measured assume the worst (each token costs a full round).
-        marginal = min(((r - 1) / (n - self.min_rows) for n, r in self._ratio.items()), default=1.0)
+        marginal = min(((r - 1) / (n - self.min_rows) for n, r in ratios.items()), default=1.0)
         return 1.0 + max(marginal, 0.0) * (rows - self.min_rows)
 
     def length(self, source: int, available: int) -> int:
         """Draft tokens to verify in the next round, given `available` proposed ones."""
-        available = min(available, self.max_draft)
-        if source == 0 or available <= 0:
-            return 0
+        return self.rows([(source, available)]) - 1
+
+    def rows(self, drafts: Sequence[tuple[int, int]]) -> int:
+        """Rows per sequence in the next round, one sequence per (source of its proposal,
+        tokens proposed) in `drafts`: 1 + the draft length that pays best over them all."""
+        proposed = [(s, min(n, self.max_draft)) for s, n in drafts if s and n > 0]
+        longest = max((n for _, n in proposed), default=0)
+        if not longest:
+            return 1
         if self.fixed is not None:
-            return min(self.fixed, available)
-        a = min(self.acceptance(source), 0.999)
-        best, best_gain = 0, 1.0
-        for k in range(1, available + 1):
-            gain = (1 - a ** (k + 1)) / (1 - a) / self.cost(k + 1)
-            if gain > best_gain * (self.MARGIN if self.cost(k + 1) > 1 else 1.0):
-                best, best_gain = k, gain
+            return 1 + min(self.fixed, longest)
+        rates = [(min(self.acceptance(s), 0.999), n) for s, n in proposed]
+        best, best_gain = 0, float(len(drafts))  # no draft: one token per sequence
+        for k in range(1, longest + 1):
+            emitted = len(drafts) - len(rates)
+            emitted += sum((1 - a ** (min(k, n) + 1)) / (1 - a) for a, n in rates)
+            cost = self.cost(k + 1, len(drafts))
+            if emitted / cost > best_gain * (self.MARGIN if cost > 1 else 1.0):
+                best, best_gain = k, emitted / cost
         self._rounds += 1
         if self._rounds >= self._probe_after:
             self._rounds = 0
             self._probes += 1
-            probe = min(self.PROBE_LENGTHS[self._probes % len(self.PROBE_LENGTHS)], available)
+            probe = min(self.PROBE_LENGTHS[self._probes % len(self.PROBE_LENGTHS)], longest)
             if probe > best:
                 self._probe_after = min(self._probe_after * 2, self.PROBE_MAX)
-                return probe
-        return best
+                return 1 + probe
+        return 1 + best
 
     def record_draft(self, source: int, drafted: int, accepted: int) -> None:
         """Acceptance is geometric along a draft: `accepted` successes, then one failure."""
@@ -131,11 +147,13 @@ class DraftPolicy:
         hits[0] = hits[0] * self.DECAY**drafted + accepted
         hits[1] = hits[1] * self.DECAY**drafted + (1 if accepted < drafted else 0)
 
-    def record_batch(self, rows: int, seconds: float) -> None:
+    def record_batch(self, rows: int, seconds: float, sequences: int = 1) -> None:
+        """A round of `sequences` sequences, `rows` tokens each, took `seconds`."""
         rows = max(rows, self.min_rows)
+        base = self._base.get(sequences)
         if rows == self.min_rows:
-            self._base = seconds if self._base is None else 0.9 * self._base + 0.1 * seconds
-        elif self._base:
-            ratio = seconds / self._base
-            old = self._ratio.get(rows)
-            self._ratio[rows] = ratio if old is None else 0.8 * old + 0.2 * ratio
+            self._base[sequences] = seconds if base is None else 0.9 * base + 0.1 * seconds
+        elif base:
+            ratios = self._ratio.setdefault(sequences, {})
+            old = ratios.get(rows)
+            ratios[rows] = seconds / base if old is None else 0.8 * old + 0.2 * seconds / base
