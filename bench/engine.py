@@ -93,6 +93,23 @@ def engine_profile(
     return {"rates": rates, "batch_cost": costs, "prefill_segments": segments}
 
 
+def single_decode_seconds(decoder: Any, depth: int, tokens: int = 16) -> float:
+    """Seconds of a one-token decode right after the `depth` tokens sequence 0 holds (cut
+    back after), estimated as the profile does (the median of the faster half): the
+    engine's speed this minute, to set against its profile's."""
+    import llama_cpp
+
+    batch = Batch(1)
+    times = []
+    for i in range(tokens):
+        batch.clear()
+        batch.add(1, depth + i, 0, True)
+        times.append(timed_decode(batch, decoder.context))
+    llama_cpp.llama_memory_seq_rm(decoder.memory, 0, depth, -1)
+    batch.close()
+    return statistics.median(sorted(times)[: tokens // 2])
+
+
 class Ideal:
     """The engine's own time for a call, from the measured rates (linear in depth)."""
 

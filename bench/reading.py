@@ -11,8 +11,10 @@ One run, default model, greedy:
    efficiency = ideal time of the exact calls (from the rates) / actual, split into the
    loop's share (time inside llama_decode during the read / actual) and the profile's
    (ideal / that time): on a shared VM the engine's speed drifts between the profile and
-   the read, and only the first share is the loop's doing; then replies that do not copy
-   (sampled at temperature 1), where speculation must cost no more than 3%;
+   the read, and only the first share is the loop's doing. efficiency_now scales each
+   call's ideal by single decodes timed right after the call (against the profile's).
+   Then replies that do not copy (sampled at temperature 1), where speculation must cost
+   no more than 3%;
 3. the cost of Q sequences decoding in one batch relative to one (Q = 1..8, 1 and 2 rows
    per sequence, depths 2048 and 6144), and 4 questions read alone one after another
    versus together: equal answers and memories (checked), seconds, and the measured gain
@@ -20,8 +22,9 @@ One run, default model, greedy:
 4. first of all, before this process loads the model: the peak RSS of a real
    `memagent ask` on a 20K-token and a 2M-token text (bench/rss.py).
 Tables go to stdout, progress to stderr, the numbers to --out as JSON, and a PNG beside it
-if matplotlib is installed (bench/plots.py). --engine-only, --questions-only, --rss-only
-and --skip-rss run parts of it (smoke runs); exit status 1 when an output check fails.
+if matplotlib is installed (bench/plots.py). --engine-only, --reading-only,
+--questions-only, --rss-only and --skip-rss run parts of it (smoke runs); exit status 1
+when an output check fails.
 
 Where a batch is cheaper, the same run with another model (`--model`), for instance the
 default model dequantized to F32 (bench/shaped.py f32), and the engine part for a
@@ -47,7 +50,14 @@ sys.path.insert(0, str(ROOT / "examples"))
 import plots  # noqa: E402
 import rss  # noqa: E402
 import sequences  # noqa: E402
-from engine import COST_DEPTHS, DEPTHS, Ideal, engine_profile, print_engine  # noqa: E402
+from engine import (  # noqa: E402
+    COST_DEPTHS,
+    DEPTHS,
+    Ideal,
+    engine_profile,
+    print_engine,
+    single_decode_seconds,
+)
 from village import story  # noqa: E402
 
 from memagent_cli import models, protocol, reader  # noqa: E402
@@ -84,6 +94,7 @@ def read_paired(backend: LlamaCppBackend, text: str, settings: reader.Settings) 
     }
     calls: dict[str, list[Decoded]] = {name: [] for name in VARIANTS}
     texts: dict[str, list[str]] = {name: [] for name in VARIANTS}
+    now: list[tuple[int, float]] = []  # per call: depth, a single decode's seconds there
     memory = protocol.INITIAL_MEMORY
     names = list(VARIANTS)
     for index in range(len(chunks) + 1):
@@ -100,12 +111,14 @@ def read_paired(backend: LlamaCppBackend, text: str, settings: reader.Settings) 
             assert backend.last_decoded is not None
             calls[name].append(backend.last_decoded)
             texts[name].append(reply.text)
+        depth = calls[names[0]][-1].prompt_tokens  # the last call's prompt is cached
+        now.append((depth, single_decode_seconds(decoder, depth)))
         memory = protocol.strip_think(texts["plain"][-1])
         note(
             f"  call {index + 1}/{len(chunks) + 1}: "
             + ", ".join(f"{n} {calls[n][-1].seconds:.1f} s" for n in names)
         )
-    return {"calls": calls, "texts": texts}
+    return {"calls": calls, "texts": texts, "engine_now": now}
 
 
 def summarize(calls: list[Decoded], ideal: Ideal, min_rows: int) -> dict[str, Any]:
@@ -150,8 +163,15 @@ def read_speculation(backend: LlamaCppBackend, args: argparse.Namespace, result:
     settings = reader.Settings(args.chunk_tokens, args.memory_tokens, Sampling(0.0))
     note("reading, each call once per variant...")
     paired = read_paired(backend, text, settings)
+    # The engine's speed drifts on a shared VM: each call's ideal scaled by a single
+    # decode's seconds measured right after it, over the profile's at that depth.
+    drift = [seconds / ideal.decode(depth) for depth, seconds in paired["engine_now"]]
+    result["engine_drift"] = drift
     for name, (exact, _) in VARIANTS.items():
-        result[name] = summarize(paired["calls"][name], ideal, 1 + exact)
+        calls = paired["calls"][name]
+        result[name] = summarize(calls, ideal, 1 + exact)
+        now = sum(ideal.call(c, 1 + exact) * d for c, d in zip(calls, drift, strict=True))
+        result[name]["efficiency_now"] = now / result[name]["seconds"]
     texts = paired["texts"]
     same = result["same_output"] = texts["plain"] == texts["speculative"]
     result["single_row_same_output"] = texts["single-row"] == texts["plain"]
@@ -168,13 +188,16 @@ def read_speculation(backend: LlamaCppBackend, args: argparse.Namespace, result:
         note(f"no {args.predict_with} (make bench-cheap writes it): no prediction from it")
     names = list(VARIANTS)
     print(f"{'':>24}  " + "  ".join(f"{n:>11}" for n in names))
-    keys = ("seconds", "decode_tps", "efficiency", "engine_seconds", "loop_efficiency")
+    keys = ("seconds", "decode_tps", "efficiency", "efficiency_now", "engine_seconds")
+    keys += ("loop_efficiency",)
     keys += ("profile_vs_engine", "acceptance", "tokens_per_verification")
     for key in keys:
         cells = [result[n][key] for n in names]
         print(f"{key:>24}  " + "  ".join(f"{c:>11.3f}" if c else f"{'-':>11}" for c in cells))
     s = result["speculative"]
     print(f"{'drafted / accepted':>24}  {s['drafted']} / {s['accepted']}")
+    drift = " ".join(f"{d:.2f}" for d in result["engine_drift"])
+    print(f"a single decode's seconds after each call / the profile's at that depth: {drift}")
     for name in names:
         calls = " ".join(f"{x:.1f}" for x in result[name]["call_seconds"])
         print(f"seconds per call {name:>12}: {calls}")
@@ -286,6 +309,9 @@ def arguments() -> argparse.Namespace:
         "--questions-only", action="store_true", help="Q-sequence costs and questions together"
     )
     only.add_argument("--rss-only", action="store_true", help="peak RSS of memagent ask only")
+    only.add_argument(
+        "--reading-only", action="store_true", help="engine, then speculation off and on only"
+    )
     parser.add_argument("--skip-rss", action="store_true")
     parser.add_argument(
         "--predict-with",
@@ -307,7 +333,9 @@ def main() -> None:
     }
     failures = []
     # First, before this process loads a model: `memagent ask` runs as a child.
-    if args.rss_only or not (args.skip_rss or args.engine_only or args.questions_only):
+    if args.rss_only or not (
+        args.skip_rss or args.engine_only or args.questions_only or args.reading_only
+    ):
         note("peak RSS of memagent ask...")
         result["rss"] = rss.peak_rss(args.rss_tokens)
         rss.print_table(result["rss"])
@@ -337,22 +365,8 @@ def main() -> None:
                 without_copies(backend, args, result)
                 if not result["without_copies"]["same_output"]:
                     failures.append("speculation changed a sampled reply")
-        note(f"Q sequences in one batch, at depths {args.seq_depths}...")
-        costs = result["sequence_costs"] = sequences.sequence_costs(
-            backend, long_tokens, args.seq_depths
-        )
-        if not costs["copy_checked"]:
-            failures.append("a sequence copied with llama_memory_seq_cp differs from sequence 0")
-        together = None
-        if not args.engine_only:
-            note("questions read alone, then together...")
-            settings = reader.Settings(args.chunk_tokens, args.memory_tokens, Sampling(0.0))
-            together = result["together"] = sequences.alone_vs_together(
-                backend, story(args.sentences, seed=3), settings, costs
-            )
-            if not together["same_answers_and_memories"]:
-                failures.append("questions read together differ from the same read alone")
-        sequences.print_tables(costs, together)
+        if not args.reading_only:
+            sequences.read_questions(backend, args, long_tokens, result, failures)
     result["load_average"] = os.getloadavg()  # above ~2: other processes shared the cores
     # This process's own peak: an 8-sequence context of the deepest Q-sequence depth.
     result["bench_peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import argparse
 import bisect
 import ctypes
 import sys
@@ -20,8 +21,10 @@ import time
 from typing import Any
 
 import llama_cpp
+from village import story
 
 from memagent_cli import reader
+from memagent_cli.backends import Sampling
 from memagent_cli.backends.decoding import Batch, Decoded
 from memagent_cli.backends.llama_cpp import LlamaCppBackend
 from memagent_cli.chunking import make_chunks
@@ -311,3 +314,27 @@ def print_tables(costs: dict[str, Any] | None, together: dict[str, Any] | None) 
             f"  same answers and memories (alone, together, together speculative): "
             f"{t['same_answers_and_memories']}"
         )
+
+
+def read_questions(
+    backend: LlamaCppBackend,
+    args: argparse.Namespace,
+    long_tokens: list[int],
+    result: dict,
+    failures: list[str],
+) -> None:
+    """Part 3: Q-sequence costs, then questions read alone and together."""
+    note(f"Q sequences in one batch, at depths {args.seq_depths}...")
+    costs = result["sequence_costs"] = sequence_costs(backend, long_tokens, args.seq_depths)
+    if not costs["copy_checked"]:
+        failures.append("a sequence copied with llama_memory_seq_cp differs from sequence 0")
+    together = None
+    if not args.engine_only:
+        note("questions read alone, then together...")
+        settings = reader.Settings(args.chunk_tokens, args.memory_tokens, Sampling(0.0))
+        together = result["together"] = alone_vs_together(
+            backend, story(args.sentences, seed=3), settings, costs
+        )
+        if not together["same_answers_and_memories"]:
+            failures.append("questions read together differ from the same read alone")
+    print_tables(costs, together)
