@@ -66,6 +66,7 @@ from memagent_cli.backends.decoding import Decoded  # noqa: E402
 from memagent_cli.backends.drafting import DraftPolicy  # noqa: E402
 from memagent_cli.backends.llama_cpp import LlamaCppBackend  # noqa: E402
 from memagent_cli.chunking import make_chunks  # noqa: E402
+from memagent_cli.errors import ModelError  # noqa: E402
 
 QUESTION = "What is the secret password for the vault?"
 
@@ -323,7 +324,10 @@ def arguments() -> argparse.Namespace:
 
 def main() -> None:
     args = arguments()
-    model = models.resolve(args.model)
+    try:
+        model = models.resolve(args.model)
+    except ModelError as error:
+        sys.exit(str(error))
     os.environ[models.ENV_VAR] = str(model.path)  # the RSS part's `memagent ask` too
     result: dict[str, Any] = {
         "machine": f"{platform.machine()}, {args.threads} threads, {platform.processor() or ''}",
