@@ -197,6 +197,8 @@ class Decoder:
         reply equals the one `generate` gives it alone (exact mode)."""
         if len({r.seq_id for r in requests}) != len(requests):
             raise ValueError("each request needs its own sequence")
+        if len(requests) * (1 + self.exact) > self.n_batch:  # a round must fit in one batch
+            raise ValueError(f"{len(requests)} sequences do not fit in a batch of {self.n_batch}")
         streams: list[Stream] = []
         engine_before = self.engine_seconds
         prompt_seconds: list[float] = []

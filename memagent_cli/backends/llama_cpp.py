@@ -168,6 +168,7 @@ class LlamaCppBackend:
         import psutil
 
         most = int(getattr(llama_cpp, "llama_max_parallel_sequences", lambda: 64)())
+        most = min(most, max(1, self.batch_size // 2))  # 2 rows each in a round, in one batch
         if self.gpu_layers != 0 and can_offload():
             return most
         free = psutil.virtual_memory().available - self.path.stat().st_size - _RESERVE
