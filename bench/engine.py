@@ -9,8 +9,9 @@ import sys
 import time
 from typing import Any
 
-from memagent_cli.backends.decoding import Batch, Decoded
+from memagent_cli.backends.decoding import Decoded
 from memagent_cli.backends.llama_cpp import LlamaCppBackend
+from memagent_cli.backends.llama_parts import Batch
 
 DEPTHS = (512, 1024, 2048, 4096, 7168)
 COST_DEPTHS = (512, 2048, 6144)

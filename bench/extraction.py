@@ -90,9 +90,9 @@ def main() -> None:
 def share_of_ask(documents: list) -> None:
     """How much of a typical `ask` (default model and settings) extraction takes."""
     from memagent_cli import protocol
-    from memagent_cli.backends.factory import BackendOptions, open_backend
     from memagent_cli.chunking import make_chunks, tokenize_in_pieces
-    from memagent_cli.inspection import estimate_seconds
+    from memagent_cli.run.engine import BackendOptions, open_backend
+    from memagent_cli.run.inspect import estimate_seconds
 
     backend = open_backend(BackendOptions())
     print()
@@ -110,7 +110,6 @@ def share_of_ask(documents: list) -> None:
             chunks,
             protocol.DEFAULT_CHUNK_TOKENS,
             protocol.DEFAULT_MEMORY_TOKENS,
-            quiet=True,
         )
         ask = guess["seconds_per_question"]
         share = 100 * extract_seconds / (extract_seconds + tokenize_seconds + ask)

@@ -61,10 +61,10 @@ from engine import (  # noqa: E402
 from village import story  # noqa: E402
 
 from memagent_cli import models, protocol, reader  # noqa: E402
-from memagent_cli.backends import Sampling  # noqa: E402
+from memagent_cli.backend import Sampling  # noqa: E402
 from memagent_cli.backends.decoding import Decoded  # noqa: E402
 from memagent_cli.backends.drafting import DraftPolicy  # noqa: E402
-from memagent_cli.backends.llama_cpp import LlamaCppBackend  # noqa: E402
+from memagent_cli.backends.llama_cpp import LlamaCppBackend, LlamaOptions  # noqa: E402
 from memagent_cli.chunking import make_chunks  # noqa: E402
 from memagent_cli.errors import ModelError  # noqa: E402
 
@@ -346,11 +346,13 @@ def main() -> None:
     if not args.rss_only:
         backend = LlamaCppBackend(
             model.path,
-            threads=args.threads,
-            gpu_layers=0,
-            flash_attn=args.flash_attn,
-            cache_type_k=args.cache_type_k,
-            cache_type_v=args.cache_type_v,
+            LlamaOptions(
+                threads=args.threads,
+                gpu_layers=0,
+                flash_attn=args.flash_attn,
+                cache_type_k=args.cache_type_k,
+                cache_type_v=args.cache_type_v,
+            ),
         )
         note(
             f"engine: {model.path.name}, {args.threads} threads, flash attention {args.flash_attn}"

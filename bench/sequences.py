@@ -24,9 +24,10 @@ import llama_cpp
 from village import story
 
 from memagent_cli import reader
-from memagent_cli.backends import Sampling
-from memagent_cli.backends.decoding import Batch, Decoded
+from memagent_cli.backend import Sampling
+from memagent_cli.backends.decoding import Decoded
 from memagent_cli.backends.llama_cpp import LlamaCppBackend
+from memagent_cli.backends.llama_parts import Batch
 from memagent_cli.chunking import make_chunks
 
 MAX_SEQUENCES = 8

@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from memagent_cli import protocol
-from memagent_cli.backends import Backend, Call, Generation, Sampling
+from memagent_cli.backend import Backend, Call, Generation, Sampling
 from memagent_cli.chunking import Chunk
 from memagent_cli.errors import BudgetError
 

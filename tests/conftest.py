@@ -95,7 +95,7 @@ class ScriptedBackend:
         return 10
 
     def describe(self):
-        from memagent_cli.backends import Description
+        from memagent_cli.backend import Description
 
         model = {"path": "/models/scripted.gguf", "name": "scripted", "size": 1234}
         return Description(model=model, engine={"backend": "scripted"})
@@ -108,7 +108,7 @@ class ScriptedBackend:
         self.sequences = sequences
 
     def generate(self, message: str, *, max_tokens: int, sampling):
-        from memagent_cli.backends import Generation
+        from memagent_cli.backend import Generation
 
         if not self.replies:
             raise KeyboardInterrupt

@@ -3,7 +3,7 @@
 import pytest
 from conftest import default_model_path, story
 
-from memagent_cli.backends.llama_cpp import LlamaCppBackend
+from memagent_cli.backends.llama_cpp import LlamaCppBackend, LlamaOptions
 from memagent_cli.chunking import make_chunks
 
 
@@ -41,7 +41,7 @@ def test_chunk_size_must_be_positive():
 
 @pytest.mark.model
 def test_real_tokenizer_windows_cover_the_document():
-    backend = LlamaCppBackend(default_model_path(), threads=1, gpu_layers=0)
+    backend = LlamaCppBackend(default_model_path(), LlamaOptions(threads=1, gpu_layers=0))
     text = story(300) + " Ünïcödé ✓ 漢字 at the end."
     tokens = backend.tokenize(text)
     chunks = make_chunks(tokens, 257, backend.detokenize)
@@ -64,8 +64,8 @@ class PrefixingTokenizer:
 
 
 def test_a_long_text_is_cut_into_the_same_chunks_as_one_tokenization():
+    from memagent_cli.backends.tokenizers import TiktokenTokenizer
     from memagent_cli.chunking import chunk_text
-    from memagent_cli.tokenizers import TiktokenTokenizer
 
     text = "The keeper crossed the old bridge at dawn, counting every stone twice. " * 16_000
     assert len(text) > 1 << 20  # long enough to be tokenized in pieces

@@ -124,7 +124,7 @@ def test_questions_file_missing(memagent, tmp_path, doc):
 
 def test_an_unknown_backend(memagent, doc):
     result = memagent("ask", str(doc), "q?", "--backend", "bogus")
-    assert_clean_failure(result, 2, "--backend", "choose llama or openai")
+    assert_clean_failure(result, 2, "--backend", "'bogus' is not one of 'llama', 'openai'")
 
 
 def test_parallel_cases_need_a_server(memagent, tmp_path):
@@ -197,7 +197,7 @@ def test_a_glob_cannot_reach_outside_the_folder(memagent, tmp_path, pattern):
 
 
 def test_a_link_out_of_the_folder_is_not_followed(tmp_path):
-    from memagent_cli.inputs import document_paths
+    from memagent_cli.documents.inputs import document_paths
 
     library = tmp_path / "library"
     library.mkdir()
@@ -216,7 +216,7 @@ def test_format_text_reads_a_text_that_starts_like_a_pdf(memagent, tmp_path):
     assert read.returncode == 0, read.stderr
     assert json.loads(read.stdout)["document"]["format"] == "text"
     bad = memagent("inspect", str(notes), "--format", "docx")
-    assert_clean_failure(bad, 1, "docx")
+    assert_clean_failure(bad, 2, "docx")
 
 
 def test_what_a_reader_worked_around_is_said_on_stderr(memagent, tmp_path):

@@ -354,7 +354,7 @@ def test_a_registry_name_with_a_type_pulls_and_finds_that_type(env, hub_with_wei
     for key in ("HF_ENDPOINT", "XDG_DATA_HOME"):
         monkeypatch.setenv(key, env[key])
     entry = {"description": "tiny", "hf": f"{TINY_REPO}:Q4_K_M"}
-    monkeypatch.setattr(models, "registry", lambda: {"tiny": entry})
+    monkeypatch.setattr(models.registry, "registry", lambda: {"tiny": entry})
     with pytest.raises(ModelError, match="run `memagent models pull tiny:F16`"):
         models.resolve("tiny:F16")
     notes: list[str] = []

@@ -29,7 +29,7 @@ SAMPLES = [
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> dict[str, tuple[Path, Path, dict[str, np.ndarray]]]:
     """The tiny model, tied (bf16 weights) and untied (f32 weights), converted at F32."""
-    from memagent_cli import conversion
+    from memagent_cli.models.conversion import convert as conversion
 
     out = {}
     for name, tied, dtype in (("tied", True, "BF16"), ("untied", False, "F32")):
@@ -159,7 +159,7 @@ def test_qwen3_logits_equal_a_numpy_forward_pass(tmp_path):
     """Qwen3: no q/k/v biases, RMSNorm of each head's query and key, its own head size."""
     from tokenizers import Tokenizer
 
-    from memagent_cli import conversion
+    from memagent_cli.models.conversion import convert as conversion
 
     folder = tmp_path / "Tiny-Qwen3"
     weights = build(folder, tied=True, dtype="BF16", qwen3=True)

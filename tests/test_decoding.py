@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from memagent_cli.backends.drafting import DraftPolicy, Lookup
-from memagent_cli.backends.llama_cpp import LlamaCppBackend
+from memagent_cli.backends.llama_cpp import LlamaCppBackend, LlamaOptions
 from memagent_cli.errors import ModelError
 
 
@@ -115,7 +115,10 @@ def test_unmeasured_sequence_counts_are_assumed_expensive() -> None:
 def test_quantized_v_cache_needs_flash_attention(tmp_path: Path) -> None:
     with pytest.raises(ModelError, match="quantized V cache"):
         LlamaCppBackend(
-            tmp_path / "none.gguf", threads=1, gpu_layers=0, flash_attn="off", cache_type_v="q8_0"
+            tmp_path / "none.gguf",
+            LlamaOptions(threads=1, gpu_layers=0, flash_attn="off", cache_type_v="q8_0"),
         )
     with pytest.raises(ModelError, match="cache type"):
-        LlamaCppBackend(tmp_path / "none.gguf", threads=1, gpu_layers=0, cache_type_k="q3")
+        LlamaCppBackend(
+            tmp_path / "none.gguf", LlamaOptions(threads=1, gpu_layers=0, cache_type_k="q3")
+        )

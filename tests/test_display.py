@@ -2,33 +2,46 @@
 
 from __future__ import annotations
 
-from memagent_cli import display
-from memagent_cli.backends import Generation
+from memagent_cli.backend import Generation
 from memagent_cli.chunking import make_chunks
 from memagent_cli.reader import Answering, Step, StepFinished
+from memagent_cli.views import progress as display
 
 
 def test_quick_extraction_shows_nothing(capsys):
-    with display.extraction_progress(False, "book.pdf") as progress:
+    with display.Terminal().progress("pages") as progress:
         for page in range(1, 101):
-            progress(page, 100)
+            progress("extracting book.pdf", page, 100)
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err == ""
 
 
 def test_slow_extraction_shows_pages_on_stderr(capsys, monkeypatch):
-    monkeypatch.setattr(display._ExtractionProgress, "_DELAY", 0.0)
-    with display.extraction_progress(False, "/books/manual.pdf") as progress:
+    monkeypatch.setattr(display.Bar, "_DELAY", 0.0)
+    with display.Terminal().progress("pages") as progress:
         for page in range(1, 2401):
-            progress(page, 2400)
+            progress("extracting manual.pdf", page, 2400)
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert "extracting manual.pdf: 2400/2400" in captured.err
+    assert "extracting manual.pdf: 2400/2400 pages" in captured.err
+    assert captured.err.count("extracting") == 1  # throttled: one line, at the end
 
 
-def test_quiet_extraction_has_no_callback():
-    with display.extraction_progress(True, "book.pdf") as progress:
-        assert progress is None
+def test_slow_transfers_show_bytes_on_stderr(capsys, monkeypatch):
+    monkeypatch.setattr(display.Bar, "_DELAY", 0.0)
+    with display.Terminal().progress("bytes") as progress:
+        progress("model.gguf", 1_500_000, 3_000_000)
+        progress("model.gguf", 3_000_000, 3_000_000)
+    assert "model.gguf: 3.0 MB of 3.0 MB" in capsys.readouterr().err
+
+
+def test_quiet_shows_nothing(capsys, monkeypatch):
+    monkeypatch.setattr(display.Bar, "_DELAY", 0.0)
+    with display.reporter(quiet=True).progress("pages") as progress:
+        progress("extracting book.pdf", 100, 100)
+    display.reporter(quiet=True).note("a note")
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == ""
 
 
 def test_plain_progress_lines_name_the_step_pages_and_run(capsys):
@@ -55,8 +68,8 @@ def test_the_live_view_has_a_row_per_question_and_the_watched_memory(monkeypatch
     monkeypatch.setattr(display, "console", terminal)
     chunks = make_chunks(list(b"x" * 30), 10, bytes)
     labels = ["q1", "q2", "q3"]
-    view = display.progress_view(
-        False, lambda a, b: "", 30, "book · m · 3 questions", labels, watch=1
+    view = display.Terminal().reading(
+        lambda a, b: "", 30, "book · m · 3 questions", labels, watch=1
     )
     assert isinstance(view, display.LiveView)
     gen = Generation("", 120, 42, 0.5, 1.5, "stop")

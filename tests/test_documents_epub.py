@@ -113,7 +113,7 @@ def test_external_entities_are_never_loaded(tmp_path: Path) -> None:
 def test_progress_counts_chapters(book: Path) -> None:
     calls: list[tuple[int, int]] = []
 
-    load_document(str(book), progress=lambda done, total: calls.append((done, total)))
+    load_document(str(book), progress=lambda what, done, total: calls.append((done, total)))
 
     assert calls == [(1, 3), (2, 3), (3, 3)]
 

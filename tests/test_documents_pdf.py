@@ -152,7 +152,7 @@ def test_pypdf_repairs_stay_off_stderr(book: Path, capfd: pytest.CaptureFixture[
 def test_progress_counts_pages(book: Path) -> None:
     calls: list[tuple[int, int]] = []
 
-    load_document(str(book), progress=lambda done, total: calls.append((done, total)))
+    load_document(str(book), progress=lambda what, done, total: calls.append((done, total)))
 
     assert calls == [(n, 5) for n in range(1, 6)]
 
@@ -160,7 +160,9 @@ def test_progress_counts_pages(book: Path) -> None:
 def test_a_second_load_comes_from_the_cache(book: Path, private_cache: Path) -> None:
     first = load_document(str(book))
     calls: list[tuple[int, int]] = []
-    second = load_document(str(book), progress=lambda done, total: calls.append((done, total)))
+    second = load_document(
+        str(book), progress=lambda what, done, total: calls.append((done, total))
+    )
 
     assert not first.from_cache and second.from_cache and calls == []
     assert second == first

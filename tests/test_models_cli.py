@@ -17,8 +17,9 @@ from conftest import assert_clean_failure, default_model_path, use_hub, words
 from fake_hub import FakeHub, HubFile
 from hf_model import build
 
-from memagent_cli import gguf_info, hub
 from memagent_cli.errors import ModelError
+from memagent_cli.models import gguf as gguf_info
+from memagent_cli.models import hub
 
 REPO = "someone/Tiny-GGUF"
 MODEL_FILE = "Tiny.Q4_1.gguf"
@@ -50,7 +51,7 @@ def real_gguf(tmp_path_factory) -> bytes:
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory) -> Path:
     """A complete model file: the tiny Qwen2 converted (F16), tokenizer and template in."""
-    from memagent_cli import conversion
+    from memagent_cli.models.conversion import convert as conversion
 
     folder = tmp_path_factory.mktemp("hf") / "Tiny-Qwen2"
     build(folder)
@@ -393,7 +394,7 @@ def test_a_registry_entry_with_an_hf_gguf_is_pulled_by_name(env, fake_hub, monke
         monkeypatch.setenv(key, env[key])
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_DISABLE_TELEMETRY", True)
     entry = {"description": "tiny", "hf": f"{REPO}:Q8_0"}
-    monkeypatch.setattr(models, "registry", lambda: {"tiny": entry})
+    monkeypatch.setattr(models.registry, "registry", lambda: {"tiny": entry})
     with pytest.raises(ModelError, match="memagent models pull tiny"):
         models.resolve("tiny")
 

@@ -86,16 +86,16 @@ class Reading:
 def read_single_row(doc, question: str) -> Reading:
     """The run `ask` makes, decoded as llama.cpp's own completion path decodes (one row per
     token, no flash attention): the reference a llama.cpp server must match."""
-    from memagent_cli.backends import Sampling
-    from memagent_cli.backends.llama_cpp import LlamaCppBackend
+    from memagent_cli.backend import Sampling
+    from memagent_cli.backends.llama_cpp import LlamaCppBackend, LlamaOptions
     from memagent_cli.chunking import chunk_text
     from memagent_cli.documents import load_document
     from memagent_cli.reader import Settings, context_needed, read
 
     backend = LlamaCppBackend(
-        default_model_path(), threads=2, gpu_layers=0, speculate=False, exact=False,
-        flash_attn="off",
-    )  # fmt: skip
+        default_model_path(),
+        LlamaOptions(threads=2, gpu_layers=0, speculate=False, exact=False, flash_attn="off"),
+    )
     settings = Settings(2000, 128, Sampling(temperature=0.0))
     backend.prepare(context_needed(backend, [question], settings))
     _, chunks = chunk_text(load_document(str(doc)).text, backend, 2000)

@@ -11,9 +11,9 @@ import pytest
 from conftest import FACT_QUESTION, default_model_path, story
 
 from memagent_cli import protocol
-from memagent_cli.backends import Generation, Sampling
+from memagent_cli.backend import Generation, Sampling
 from memagent_cli.backends.drafting import DraftPolicy
-from memagent_cli.backends.llama_cpp import LlamaCppBackend
+from memagent_cli.backends.llama_cpp import LlamaCppBackend, LlamaOptions
 
 pytestmark = pytest.mark.model
 
@@ -25,11 +25,7 @@ SEEDED = Sampling(temperature=0.7, top_p=0.95, seed=1234)
 def _backend(speculate: bool, draft: int | None = None, exact: bool = True) -> LlamaCppBackend:
     backend = LlamaCppBackend(
         default_model_path(),
-        threads=2,
-        gpu_layers=0,
-        speculate=speculate,
-        exact=exact,
-        flash_attn="off",
+        LlamaOptions(threads=2, gpu_layers=0, speculate=speculate, exact=exact, flash_attn="off"),
     )
     backend.prepare(CONTEXT)
     if draft is not None:
@@ -166,11 +162,9 @@ def test_single_row_decoding_equals_create_completion(plain: LlamaCppBackend) ->
 def test_quantized_cache_with_flash_attention_runs() -> None:
     backend = LlamaCppBackend(
         default_model_path(),
-        threads=2,
-        gpu_layers=0,
-        flash_attn="on",
-        cache_type_k="q8_0",
-        cache_type_v="q8_0",
+        LlamaOptions(
+            threads=2, gpu_layers=0, flash_attn="on", cache_type_k="q8_0", cache_type_v="q8_0"
+        ),
     )
     backend.prepare(1024)
     reply = backend.generate(fresh(), max_tokens=32, sampling=GREEDY)

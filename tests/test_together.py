@@ -11,14 +11,17 @@ import json
 import pytest
 from conftest import ScriptedBackend
 
-from memagent_cli import batch, run, trace
-from memagent_cli.backends import Generation, Sampling
+from memagent_cli import trace
+from memagent_cli.backend import Generation, Sampling
 from memagent_cli.chunking import make_chunks
 from memagent_cli.documents import Document
+from memagent_cli.documents.inputs import read_document
 from memagent_cli.errors import BudgetError
-from memagent_cli.inputs import read_document
 from memagent_cli.reader import Reading, Settings, read, read_together
-from memagent_cli.session import Engine, open_session
+from memagent_cli.run import ask as run
+from memagent_cli.run import batch
+from memagent_cli.run.engine import Engine
+from memagent_cli.run.session import open_session
 
 QUESTIONS = ["Who keeps the tower?", "What fell?", "When does the guard sleep?"]
 SETTINGS = Settings(40, 16)
@@ -82,7 +85,7 @@ def session_of(backend, text: str = TEXT, path: str = "/books/tower.txt"):
 
 def options(tmp_path, count: int = len(QUESTIONS), **more) -> list[run.RunOptions]:
     return [
-        run.RunOptions(trace=tmp_path / f"q{i + 1}.jsonl", quiet=True, use_cache=False, **more)
+        run.RunOptions(trace=tmp_path / f"q{i + 1}.jsonl", use_cache=False, **more)
         for i in range(count)
     ]
 
@@ -122,7 +125,7 @@ def test_an_interrupted_pass_keeps_every_trace_and_resumes_to_the_same_answers(t
         status = trace.read_trace(second / f"q{i + 1}.jsonl")
         assert len(status.steps) == 3 and status.interruption is not None
     resumed_options = [
-        run.RunOptions(resume=second / f"q{i + 1}.jsonl", quiet=True, use_cache=False)
+        run.RunOptions(resume=second / f"q{i + 1}.jsonl", use_cache=False)
         for i in range(len(QUESTIONS))
     ]
     resumed = run.ask_together(session_of(EchoBackend()), QUESTIONS, resumed_options)
@@ -141,10 +144,10 @@ def test_a_finished_question_is_answered_from_its_trace_and_only_the_rest_are_re
     session = session_of(backend)
     session.engine.settings = Settings(40, 16, sampling=Sampling(temperature=0))
     folder = trace.default_dir()
-    first = run.ask(session, QUESTIONS[0], run.RunOptions(trace=folder / "a.jsonl", quiet=True))
+    first = run.ask(session, QUESTIONS[0], run.RunOptions(trace=folder / "a.jsonl"))
     calls = len(backend.messages)
-    cached = run.RunOptions(quiet=True)  # no trace path: the cache finds a.jsonl
-    fresh = run.RunOptions(trace=folder / "b.jsonl", quiet=True)
+    cached = run.RunOptions()  # no trace path: the cache finds a.jsonl
+    fresh = run.RunOptions(trace=folder / "b.jsonl")
     results = run.ask_together(session, QUESTIONS[:2], [cached, fresh])
     assert results[0].cached and results[0].answer.answer == first.answer.answer
     assert not results[1].cached
@@ -171,7 +174,7 @@ def test_a_batch_reads_the_questions_of_a_document_in_groups_in_order(tmp_path, 
     backend.fits = 2
     engine = Engine(backend, SETTINGS, 4096)
     answers: list[str | None] = []
-    how = batch.Options(run=run.RunOptions(quiet=True, use_cache=False), together=None)
+    how = batch.Options(run=run.RunOptions(use_cache=False), together=None)
     code = batch.ask_all(
         [str(path)],
         QUESTIONS,
@@ -185,7 +188,7 @@ def test_a_batch_reads_the_questions_of_a_document_in_groups_in_order(tmp_path, 
         read(
             EchoBackend(),
             q,
-            open_session(read_document(str(path), password=None, quiet=True), engine).chunks,
+            open_session(read_document(str(path), password=None), engine).chunks,
             SETTINGS,
         )
         for q in QUESTIONS
@@ -200,8 +203,8 @@ def test_a_question_answered_before_the_others_stop_keeps_its_answer(tmp_path):
     first.mkdir(), second.mkdir()
     # The first question gets three steps ahead; Ctrl-C comes while the second still reads.
     run.ask_together(session_of(EchoBackend(calls_left=3)), QUESTIONS[:1], options(first, 1))
-    ahead = run.RunOptions(resume=first / "q1.jsonl", quiet=True, use_cache=False)
-    behind = run.RunOptions(trace=second / "q2.jsonl", quiet=True, use_cache=False)
+    ahead = run.RunOptions(resume=first / "q1.jsonl", use_cache=False)
+    behind = run.RunOptions(trace=second / "q2.jsonl", use_cache=False)
     rounds = len(session_of(EchoBackend()).chunks) + 1 - 3  # until the first has answered
     backend = EchoBackend(calls_left=2 * rounds + 1)  # and one more step of the second
     answered, stopped = run.ask_together(session_of(backend), QUESTIONS[:2], [ahead, behind])

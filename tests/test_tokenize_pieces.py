@@ -48,7 +48,7 @@ def tricky_text(seed: int, length: int) -> str:
 
 @pytest.fixture(scope="module")
 def cl100k():
-    from memagent_cli.tokenizers import encoding
+    from memagent_cli.backends.tokenizers import encoding
 
     return encoding("cl100k_base").encode_ordinary
 
@@ -95,9 +95,9 @@ def test_each_piece_is_about_the_size_asked(cl100k) -> None:
 
 @pytest.mark.model
 def test_pieces_tokenize_like_the_whole_with_the_model() -> None:
-    from memagent_cli.backends.llama_cpp import LlamaCppBackend
+    from memagent_cli.backends.llama_cpp import LlamaCppBackend, LlamaOptions
 
-    backend = LlamaCppBackend(default_model_path(), threads=2, gpu_layers=0)
+    backend = LlamaCppBackend(default_model_path(), LlamaOptions(threads=2, gpu_layers=0))
     for seed in range(3):
         text = tricky_text(seed, 20_000)
         whole = backend.tokenize(text)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from memagent_cli.backends import Generation
+from memagent_cli.backend import Generation
 from memagent_cli.chunking import make_chunks
 from memagent_cli.reader import Answer, Finished, Step, StepFinished
 from memagent_cli.trace import (

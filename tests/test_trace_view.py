@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import MEMAGENT, assert_clean_failure, words
 
-from memagent_cli.backends import Generation, Sampling
+from memagent_cli.backend import Generation, Sampling
 from memagent_cli.chunking import make_chunks
 from memagent_cli.documents import assemble
 from memagent_cli.reader import Settings, Step, read

@@ -11,15 +11,15 @@ The loop works on sequences (`Stream`) so that several can share one batch per r
 
 from __future__ import annotations
 
-import ctypes
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import llama_cpp
 
-from memagent_cli.backends import Sampling
+from memagent_cli.backend import Sampling
 from memagent_cli.backends.drafting import MAX_DRAFT, DraftPolicy, Lookup
+from memagent_cli.backends.llama_parts import Batch, Pieces, Sampler
 
 
 @dataclass
@@ -38,75 +38,6 @@ class Decoded:
     engine_seconds: float = 0.0  # inside llama_decode during the call (shared by a batch)
     # After the prompt, per llama_decode: (tokens in the batch, tokens it emitted)
     rounds: list[tuple[int, int]] = field(default_factory=list)
-
-
-class Sampler:
-    """llama.cpp's sampler chain as memagent configures it: top-p, temperature, seeded draw.
-
-    The order (top-p on the raw distribution, then temperature) is the one
-    llama-cpp-python's create_completion used with top-k, min-p and penalties switched off.
-    """
-
-    def __init__(self, sampling: Sampling) -> None:
-        params = llama_cpp.llama_sampler_chain_default_params()
-        params.no_perf = True
-        self._chain = llama_cpp.llama_sampler_chain_init(params)
-        if sampling.temperature <= 0:
-            self._add(llama_cpp.llama_sampler_init_greedy())
-        else:
-            seed = llama_cpp.LLAMA_DEFAULT_SEED if sampling.seed is None else sampling.seed
-            self._add(llama_cpp.llama_sampler_init_top_p(sampling.top_p, 1))
-            self._add(llama_cpp.llama_sampler_init_temp(sampling.temperature))
-            self._add(llama_cpp.llama_sampler_init_dist(seed & 0xFFFFFFFF))
-
-    def _add(self, sampler: llama_cpp.llama_sampler_p) -> None:
-        llama_cpp.llama_sampler_chain_add(self._chain, sampler)
-
-    def sample(self, context: llama_cpp.llama_context_p, index: int) -> int:
-        """One draw from the logits of batch row `index` of the last decode."""
-        return int(llama_cpp.llama_sampler_sample(self._chain, context, index))
-
-    def close(self) -> None:
-        llama_cpp.llama_sampler_free(self._chain)
-
-
-class Batch:
-    """A reusable llama_batch: tokens at positions in sequences, and which rows need logits."""
-
-    def __init__(self, capacity: int, sequences: int = 1) -> None:
-        self.capacity = capacity
-        self._batch = llama_cpp.llama_batch_init(capacity, 0, sequences)
-        self.size = 0
-
-    def clear(self) -> None:
-        self.size = 0
-        self._batch.n_tokens = 0
-
-    def add(self, token: int, pos: int, seq_id: int, logits: bool) -> int:
-        """Append one token; returns its row, the index of its logits after decoding."""
-        batch, row = self._batch, self.size
-        batch.token[row] = token
-        batch.pos[row] = pos
-        batch.n_seq_id[row] = 1
-        batch.seq_id[row][0] = seq_id
-        batch.logits[row] = logits
-        self.size += 1
-        batch.n_tokens = self.size
-        return row
-
-    def first(self) -> tuple[int, int, int]:
-        """Token, position and sequence of the first row."""
-        batch = self._batch
-        return int(batch.token[0]), int(batch.pos[0]), int(batch.seq_id[0][0])
-
-    def decode(self, context: llama_cpp.llama_context_p) -> None:
-        status = llama_cpp.llama_decode(context, self._batch)
-        if status != 0:
-            raise RuntimeError(f"llama_decode failed with status {status} ({self.size} tokens)")
-        llama_cpp.llama_synchronize(context)
-
-    def close(self) -> None:
-        llama_cpp.llama_batch_free(self._batch)
 
 
 @dataclass(frozen=True)
@@ -173,7 +104,7 @@ class Decoder:
         self._batch = Batch(n_batch, sequences)
         self.engine_seconds = 0.0  # inside llama_decode, all calls together
         self._cached: dict[int, list[int]] = {}  # seq -> tokens at positions 0.. in the cache
-        self._pieces: dict[int, bytes] = {}
+        self._pieces = Pieces(self.vocab)
 
     def close(self) -> None:
         self._batch.close()
@@ -297,24 +228,13 @@ class Decoder:
             llama_cpp.llama_memory_seq_rm(self.memory, seq, pos + 1, -1)
         return seconds
 
-    def _piece(self, token: int) -> bytes:
-        piece = self._pieces.get(token)
-        if piece is None:
-            buffer = ctypes.create_string_buffer(64)
-            n = llama_cpp.llama_token_to_piece(self.vocab, token, buffer, 64, 0, False)
-            if n < 0:  # a piece longer than 64 bytes: -n is its length
-                buffer = ctypes.create_string_buffer(-n)
-                n = llama_cpp.llama_token_to_piece(self.vocab, token, buffer, -n, 0, False)
-            piece = self._pieces[token] = buffer.raw[:n]
-        return piece
-
     def _emit(self, stream: Stream, token: int) -> bool:
         """Take one sampled token; False once the reply is finished."""
         if llama_cpp.llama_vocab_is_eog(self.vocab, token):
             stream.finish = "stop"
             return False
         stream.tokens.append(token)
-        piece = self._piece(token)
+        piece = self._pieces(token)
         stream.text += piece
         if stream.lookup is not None:
             stream.lookup.append(token)

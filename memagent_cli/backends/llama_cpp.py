@@ -7,10 +7,12 @@ import os
 import sys
 import weakref
 from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from memagent_cli.backends import Call, Description, Generation, Sampling
+from memagent_cli.backend import Call, Description, Generation, Sampling
 from memagent_cli.errors import ModelError
 
 if TYPE_CHECKING:  # decoding imports llama_cpp, which loads the library: only when used
@@ -18,12 +20,45 @@ if TYPE_CHECKING:  # decoding imports llama_cpp, which loads the library: only w
 
 
 # Engine settings under llama.cpp's own names (-fa, -ctk/-ctv).
-FLASH_ATTN = ("on", "off", "auto")
+class FlashAttn(StrEnum):
+    """llama.cpp's --flash-attn."""
+
+    on = "on"
+    off = "off"
+    auto = "auto"
+
+
+class CacheType(StrEnum):
+    """llama.cpp's KV cache types (-ctk, -ctv)."""
+
+    f32 = "f32"
+    f16 = "f16"
+    bf16 = "bf16"
+    q8_0 = "q8_0"
+    q4_0 = "q4_0"
+    q4_1 = "q4_1"
+    iq4_nl = "iq4_nl"
+    q5_0 = "q5_0"
+    q5_1 = "q5_1"
+
+
 # Bytes per cached value of each type (block size and bytes per block of ggml's types).
 _TYPE_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "q8_0": 34 / 32, "q4_0": 18 / 32}
 _TYPE_BYTES |= {"q4_1": 20 / 32, "iq4_nl": 18 / 32, "q5_0": 22 / 32, "q5_1": 24 / 32}
 _RESERVE = 1 << 30  # compute buffers and everything else: leave a GiB free
-CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+
+
+def _check_magic(path: Path) -> None:
+    """Fail with a sentence unless `path` can be read and starts like a GGUF file."""
+    if path.exists() and not path.is_file():  # a FIFO would block the read below forever
+        raise ModelError(f"{path} is not a regular file, so not a GGUF model file.")
+    try:
+        with path.open("rb") as file:
+            magic = file.read(4)
+    except OSError as exc:
+        raise ModelError(f"Cannot read model {path}: {exc.strerror or exc}.") from None
+    if magic != b"GGUF":
+        raise ModelError(f"{path} is not a GGUF model file (llama.cpp reads GGUF models only).")
 
 
 def physical_cores() -> int:
@@ -55,6 +90,43 @@ def _route_llama_log(verbose: bool) -> None:
     llama_cpp.llama_log_set(callback, ctypes.c_void_p(0))
 
 
+@dataclass(frozen=True)
+class LlamaOptions:
+    """How llama.cpp runs a model in this process: every engine default, and its check.
+    Names follow llama.cpp's own flags."""
+
+    threads: int | None = None  # None: physical cores
+    gpu_layers: int | None = None  # None: all when llama.cpp can offload, else 0
+    verbose: bool = False  # llama.cpp's own log on stderr
+    speculate: bool = True  # draft from the prompt, verify in one batch
+    exact: bool = True  # every decode on llama.cpp's batched kernels: see decoding.py
+    flash_attn: FlashAttn = FlashAttn.off  # measured faster on CPU: README, Performance
+    cache_type_k: CacheType = CacheType.f16
+    cache_type_v: CacheType = CacheType.f16
+    batch_size: int = 512
+    ubatch_size: int = 512
+
+    def __post_init__(self) -> None:
+        """Refuse settings llama.cpp cannot run, with a sentence instead of a crash."""
+        if self.flash_attn not in list(FlashAttn):
+            raise ModelError(f"Flash attention must be on, off or auto, not {self.flash_attn!r}.")
+        for which, kind in (("K", self.cache_type_k), ("V", self.cache_type_v)):
+            if kind not in list(CacheType):
+                raise ModelError(
+                    f"Unknown {which} cache type {kind!r}; llama.cpp accepts "
+                    f"{', '.join(CacheType)}."
+                )
+        if self.flash_attn == "off" and self.cache_type_v not in ("f32", "f16", "bf16"):
+            raise ModelError(
+                f"A quantized V cache ({self.cache_type_v}) needs flash attention; "
+                "use --flash-attn on or a V cache type of f16."
+            )
+        if self.batch_size < 1 or self.ubatch_size < 1:
+            raise ModelError("Batch and ubatch sizes must be at least 1.")
+        if self.threads is not None and self.threads < 1:
+            raise ModelError("--threads must be at least 1.")
+
+
 class LlamaCppBackend:
     """A GGUF model run in this process.
 
@@ -63,38 +135,25 @@ class LlamaCppBackend:
     """
 
     def __init__(
-        self,
-        path: Path,
-        *,
-        threads: int,
-        gpu_layers: int,
-        verbose: bool = False,
-        name: str | None = None,
-        speculate: bool = True,
-        exact: bool = True,
-        flash_attn: str = "off",  # measured faster here: see README, Performance
-        cache_type_k: str = "f16",
-        cache_type_v: str = "f16",
-        batch_size: int = 512,
-        ubatch_size: int = 512,
+        self, path: Path, options: LlamaOptions = LlamaOptions(), *, name: str | None = None
     ) -> None:
         from llama_cpp import Llama
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-        from memagent_cli.gguf_info import check_magic
-
-        _check_engine(flash_attn, cache_type_k, cache_type_v, batch_size, ubatch_size)
-        self.speculate = speculate
-        self.exact = exact  # every decode on llama.cpp's batched kernels: see decoding.py
-        self.flash_attn = flash_attn
-        self.cache_type_k, self.cache_type_v = cache_type_k, cache_type_v
-        self.batch_size, self.ubatch_size = batch_size, ubatch_size
-        check_magic(path)
+        self.options = options
+        self.speculate, self.exact = options.speculate, options.exact
+        self.flash_attn = str(options.flash_attn)
+        self.cache_type_k, self.cache_type_v = str(options.cache_type_k), str(options.cache_type_v)
+        self.batch_size, self.ubatch_size = options.batch_size, options.ubatch_size
+        _check_magic(path)
+        verbose = options.verbose
         _route_llama_log(verbose)
         self.path = path
         self.name = name or path.stem
-        self.threads = threads
-        self.gpu_layers = gpu_layers
+        self.threads = options.threads or physical_cores()
+        self.gpu_layers = options.gpu_layers
+        if self.gpu_layers is None:
+            self.gpu_layers = -1 if can_offload() else 0
         self._verbose = verbose
         try:
             self._vocab = Llama(model_path=str(path), vocab_only=True, verbose=verbose)
@@ -236,24 +295,6 @@ class LlamaCppBackend:
             )
             for decoded in replies
         ]
-
-
-def _check_engine(flash_attn: str, type_k: str, type_v: str, batch: int, ubatch: int) -> None:
-    """Refuse engine settings llama.cpp cannot run, with a sentence instead of a crash."""
-    if flash_attn not in FLASH_ATTN:
-        raise ModelError(f"Flash attention must be on, off or auto, not {flash_attn!r}.")
-    for which, kind in (("K", type_k), ("V", type_v)):
-        if kind not in CACHE_TYPES:
-            raise ModelError(
-                f"Unknown {which} cache type {kind!r}; llama.cpp accepts {', '.join(CACHE_TYPES)}."
-            )
-    if flash_attn == "off" and type_v not in ("f32", "f16", "bf16"):
-        raise ModelError(
-            f"A quantized V cache ({type_v}) needs flash attention; "
-            "use --flash-attn on or a V cache type of f16."
-        )
-    if batch < 1 or ubatch < 1:
-        raise ModelError("Batch and ubatch sizes must be at least 1.")
 
 
 class _Engine:

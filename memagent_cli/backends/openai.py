@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import tenacity
 
-from memagent_cli.backends import Call, Description, Generation, Sampling
-from memagent_cli.backends.factory import DEFAULT_TIMEOUT
+from memagent_cli.backend import Call, Description, Generation, Sampling
+from memagent_cli.backends.tokenizers import DEFAULT_ENCODING, TiktokenTokenizer
 from memagent_cli.errors import UserError
 
 # Transient failures (the server restarting, overloaded, or dropping a connection) are
@@ -21,6 +22,21 @@ _RETRIES = 4
 _RETRY_STATUS = {408, 429, 500, 502, 503, 504}
 _TRANSIENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.ReadError, httpx.RemoteProtocolError)
 _UNKNOWN_CONTEXT = 10**9
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """How to reach an OpenAI-compatible server: every default, and its check."""
+
+    base_url: str | None = None
+    api_key: str | None = None
+    served_model: str | None = None  # None: the first model the server lists
+    encoding: str = DEFAULT_ENCODING  # tiktoken, where the server cannot tokenize
+    timeout: float = 300.0  # seconds a server may take for one call
+
+    def __post_init__(self) -> None:
+        if self.timeout <= 0:
+            raise UserError("--timeout must be a positive number of seconds.")
 
 
 class BackendError(UserError):
@@ -34,16 +50,13 @@ class OpenAIBackend:
     """
 
     def __init__(
-        self,
-        base_url: str,
-        *,
-        api_key: str | None = None,
-        served_model: str | None = None,
-        encoding: str = "cl100k_base",
-        timeout: float = DEFAULT_TIMEOUT,
-        note: Callable[[str], None] = lambda message: None,
+        self, options: ServerOptions, note: Callable[[str], None] = lambda message: None
     ) -> None:
-        self.base_url = base_url.rstrip("/")
+        if not options.base_url:
+            raise UserError("--backend openai needs --base-url (or $MEMAGENT_BASE_URL).")
+        api_key, served_model, timeout = options.api_key, options.served_model, options.timeout
+        encoding = options.encoding
+        self.base_url = options.base_url.rstrip("/")
         if not self.base_url.endswith("/v1"):
             self.base_url += "/v1"
         self._root = self.base_url[: -len("/v1")]
@@ -141,8 +154,6 @@ class OpenAIBackend:
             "The server has no tokenize endpoint: chunks are cut with tiktoken "
             f"{encoding}, so their sizes in the model's tokens are approximate."
         )
-        from memagent_cli.tokenizers import TiktokenTokenizer
-
         return TiktokenTokenizer(encoding)
 
     def tokenize(self, text: str) -> list[int]:

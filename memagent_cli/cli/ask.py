@@ -10,10 +10,12 @@ from typing import Annotated
 
 import typer
 
-from memagent_cli import display, protocol
-from memagent_cli.backends.factory import DEFAULT_TIMEOUT
+from memagent_cli import protocol
 from memagent_cli.cli import options
 from memagent_cli.cli.options import (
+    LLAMA,
+    SAMPLING,
+    SERVER,
     ApiKeyOpt,
     BackendOpt,
     BaseUrlOpt,
@@ -47,7 +49,10 @@ from memagent_cli.cli.options import (
     WatchOpt,
     user_errors,
 )
+from memagent_cli.run.engine import BackendKind
 from memagent_cli.trace import check_new, read_trace
+from memagent_cli.views import console
+from memagent_cli.views.progress import reporter
 
 
 @user_errors
@@ -77,8 +82,8 @@ def ask(
     model: ModelOpt = None,
     chunk_tokens: ChunkTokensOpt = protocol.DEFAULT_CHUNK_TOKENS,
     memory_tokens: MemoryTokensOpt = protocol.DEFAULT_MEMORY_TOKENS,
-    temperature: TemperatureOpt = 0.7,
-    top_p: TopPOpt = 0.95,
+    temperature: TemperatureOpt = SAMPLING.temperature,
+    top_p: TopPOpt = SAMPLING.top_p,
     seed: SeedOpt = None,
     password: PasswordOpt = None,
     format: FormatOpt = None,
@@ -111,29 +116,31 @@ def ask(
         ),
     ] = False,
     no_cache: NoCacheOpt = False,
-    backend: BackendOpt = "llama",
+    backend: BackendOpt = BackendKind.llama,
     base_url: BaseUrlOpt = None,
     api_key: ApiKeyOpt = None,
     served_model: ServedModelOpt = None,
-    encoding: EncodingOpt = "cl100k_base",
+    encoding: EncodingOpt = SERVER.encoding,
     parallel: TogetherOpt = None,
     watch: WatchOpt = 1,
-    timeout: TimeoutOpt = DEFAULT_TIMEOUT,
+    timeout: TimeoutOpt = SERVER.timeout,
     gpu_layers: GpuLayersOpt = None,
     threads: ThreadsOpt = None,
-    speculate: SpeculateOpt = True,
-    exact: ExactOpt = True,
-    flash_attn: FlashAttnOpt = "off",
-    cache_type_k: CacheTypeKOpt = "f16",
-    cache_type_v: CacheTypeVOpt = "f16",
-    batch_size: BatchSizeOpt = 512,
-    ubatch_size: UbatchSizeOpt = 512,
+    speculate: SpeculateOpt = LLAMA.speculate,
+    exact: ExactOpt = LLAMA.exact,
+    flash_attn: FlashAttnOpt = LLAMA.flash_attn,
+    cache_type_k: CacheTypeKOpt = LLAMA.cache_type_k,
+    cache_type_v: CacheTypeVOpt = LLAMA.cache_type_v,
+    batch_size: BatchSizeOpt = LLAMA.batch_size,
+    ubatch_size: UbatchSizeOpt = LLAMA.ubatch_size,
     verbose: VerboseOpt = False,
 ) -> None:
     """Read DOCUMENT chunk by chunk into a memory and answer each QUESTION from it."""
-    from memagent_cli import batch, inputs, modelview, run, session
-    from memagent_cli.backends import Sampling
+    from memagent_cli.backend import Sampling
+    from memagent_cli.documents import inputs
     from memagent_cli.reader import Settings
+    from memagent_cli.run import ask as run
+    from memagent_cli.run import batch, engine
 
     asked = [q.strip() for q in questions or [] if q.strip()]
     if questions_file is not None:
@@ -154,7 +161,7 @@ def ask(
     chosen = [name for name, on in {**named, "--resume-latest": resume_latest}.items() if on]
     if len(chosen) > 1:
         raise typer.BadParameter(f"give one of {' and '.join(chosen)}.", param_hint=chosen[0])
-    in_process = backend != "openai"  # reads several questions together in one pass
+    in_process = backend != BackendKind.openai  # reads several questions together in one pass
     backend_options = options.backend_options(
         backend,
         1 if in_process else parallel or 1,
@@ -188,14 +195,14 @@ def ask(
         read_trace(resume)
     options.stop_on_sigterm()
     settings = Settings(chunk_tokens, memory_tokens, Sampling(temperature, top_p, seed))
-    note = (lambda message: None) if quiet else display.note
+    report = reporter(quiet)
     how = batch.Options(
         run=run.RunOptions(
             trace=trace,
             resume=resume,
             resume_latest=resume_latest,
             use_cache=not no_cache,
-            quiet=quiet,
+            report=report,
         ),
         write_traces=not no_trace,
         password=password,
@@ -213,7 +220,7 @@ def ask(
         else:
             print(result.stdout_line(), flush=True)
         if result.answer.answer is None and not warned:
-            display.warn(
+            console.warn(
                 "the model put no answer in \\boxed{}; printed its raw final reply instead."
             )
             warned = True
@@ -222,15 +229,15 @@ def ask(
 
     def stopped(stop: run.Stopped) -> None:
         nonlocal hinted
-        display.error(stop.message)
+        console.error(stop.message)
         if stop.trace_path is not None and not hinted:
             one_run = len(paths) == 1 and len(asked) == 1
-            display.note("resume with: " + _resume_command(stop.trace_path if one_run else None))
+            console.note("resume with: " + _resume_command(stop.trace_path if one_run else None))
             hinted = True
 
-    def open_engine() -> session.Engine:
-        with modelview.transfer_progress(quiet) as progress:  # an hf: model may be pulled
-            return session.open_engine(backend_options, settings, asked, note, progress)
+    def open_engine() -> engine.Engine:
+        with report.progress("bytes") as progress:  # an hf: model may be pulled
+            return engine.open_engine(backend_options, settings, asked, report.note, progress)
 
     code = batch.ask_all(paths, asked, open_engine, how, emit, stopped)
     if code:

@@ -8,9 +8,10 @@ from typing import Annotated, Any
 import typer
 
 from memagent_cli import protocol
-from memagent_cli.backends.factory import DEFAULT_TIMEOUT
 from memagent_cli.cli import options
 from memagent_cli.cli.options import (
+    SAMPLING,
+    SERVER,
     ApiKeyOpt,
     BackendOpt,
     BaseUrlOpt,
@@ -33,6 +34,8 @@ from memagent_cli.cli.options import (
     VerboseOpt,
     user_errors,
 )
+from memagent_cli.run.engine import BackendKind
+from memagent_cli.views.progress import reporter
 
 
 class _EvalGroup(typer.core.TyperGroup):
@@ -80,13 +83,18 @@ def _eval_options(
     *, backend: str, parallel: int, settings: tuple[int, int, float, float, int | None], **kw: Any
 ) -> Any:
     """The options every eval run shares, checked as `ask` checks them."""
-    from memagent_cli.backends import Sampling
-    from memagent_cli.evaluation.command import EvalOptions
+    from memagent_cli.backend import Sampling
+    from memagent_cli.evaluation import plot
+    from memagent_cli.evaluation.evaluate import EvalOptions
     from memagent_cli.reader import Settings
 
     fields = {k: kw.pop(k) for k in list(kw) if k in _BACKEND_FIELDS}
     backend_options = options.backend_options(backend, parallel, "cases", **fields)
     chunk_tokens, memory_tokens, temperature, top_p, seed = settings
+    if kw.pop("plot") is not None:
+        plot.require()  # fails in seconds, before any model loads
+    kw["report"] = reporter(kw.pop("quiet"))
+    kw.pop("as_json")
     options.stop_on_sigterm()
     return EvalOptions(
         backend=backend_options,
@@ -124,16 +132,16 @@ def eval_run(
     model: ModelOpt = None,
     chunk_tokens: ChunkTokensOpt = protocol.DEFAULT_CHUNK_TOKENS,
     memory_tokens: MemoryTokensOpt = protocol.DEFAULT_MEMORY_TOKENS,
-    temperature: TemperatureOpt = 0.7,
-    top_p: TopPOpt = 0.95,
+    temperature: TemperatureOpt = SAMPLING.temperature,
+    top_p: TopPOpt = SAMPLING.top_p,
     seed: SeedOpt = None,
-    backend: BackendOpt = "llama",
+    backend: BackendOpt = BackendKind.llama,
     base_url: BaseUrlOpt = None,
     api_key: ApiKeyOpt = None,
     served_model: ServedModelOpt = None,
-    encoding: EncodingOpt = "cl100k_base",
+    encoding: EncodingOpt = SERVER.encoding,
     parallel: ParallelOpt = 1,
-    timeout: TimeoutOpt = DEFAULT_TIMEOUT,
+    timeout: TimeoutOpt = SERVER.timeout,
     gpu_layers: GpuLayersOpt = None,
     threads: ThreadsOpt = None,
     no_trace: NoTraceOpt = False,
@@ -142,7 +150,8 @@ def eval_run(
     verbose: VerboseOpt = False,
 ) -> None:
     """Run every case of the authors' files as an ordinary ask, scored as their ruler_hqa.py."""
-    from memagent_cli.evaluation import command
+    from memagent_cli.evaluation import evaluate
+    from memagent_cli.views import evaluation as views
 
     options = _eval_options(
         backend=backend,
@@ -153,9 +162,11 @@ def eval_run(
         verbose=verbose, output=output, write_traces=not no_trace, use_cache=not no_cache,
         quiet=quiet, as_json=as_json, plot=plot,
     )  # fmt: skip
-    code = command.eval_files(data, limit, options)
-    if code:
-        raise typer.Exit(code)
+    try:
+        finished = evaluate.eval_files(data, limit, options)
+    except evaluate.Stopped as stop:
+        raise typer.Exit(views.stopped(stop)) from None
+    views.show(finished, as_json=as_json, plot_path=plot, note=options.report)
 
 
 @app.command("niah")
@@ -188,15 +199,15 @@ def eval_niah(
     model: ModelOpt = None,
     chunk_tokens: ChunkTokensOpt = protocol.DEFAULT_CHUNK_TOKENS,
     memory_tokens: MemoryTokensOpt = protocol.DEFAULT_MEMORY_TOKENS,
-    temperature: TemperatureOpt = 0.7,
-    top_p: TopPOpt = 0.95,
-    backend: BackendOpt = "llama",
+    temperature: TemperatureOpt = SAMPLING.temperature,
+    top_p: TopPOpt = SAMPLING.top_p,
+    backend: BackendOpt = BackendKind.llama,
     base_url: BaseUrlOpt = None,
     api_key: ApiKeyOpt = None,
     served_model: ServedModelOpt = None,
-    encoding: EncodingOpt = "cl100k_base",
+    encoding: EncodingOpt = SERVER.encoding,
     parallel: ParallelOpt = 1,
-    timeout: TimeoutOpt = DEFAULT_TIMEOUT,
+    timeout: TimeoutOpt = SERVER.timeout,
     gpu_layers: GpuLayersOpt = None,
     threads: ThreadsOpt = None,
     no_trace: NoTraceOpt = False,
@@ -205,7 +216,8 @@ def eval_niah(
     verbose: VerboseOpt = False,
 ) -> None:
     """Hide RULER key-value needles in a document at each depth and length, and ask for them."""
-    from memagent_cli.evaluation import command
+    from memagent_cli.evaluation import evaluate
+    from memagent_cli.views import evaluation as views
 
     options = _eval_options(
         backend=backend,
@@ -216,11 +228,13 @@ def eval_niah(
         verbose=verbose, output=output, write_traces=not no_trace, use_cache=not no_cache,
         quiet=quiet, as_json=as_json, plot=plot,
     )  # fmt: skip
-    code = command.eval_niah(
-        haystack, lengths=lengths, depths=depths, variant=needles, seed=seed, options=options
-    )
-    if code:
-        raise typer.Exit(code)
+    try:
+        finished = evaluate.eval_niah(
+            haystack, lengths=lengths, depths=depths, variant=needles, seed=seed, options=options
+        )
+    except evaluate.Stopped as stop:
+        raise typer.Exit(views.stopped(stop)) from None
+    views.show(finished, as_json=as_json, plot_path=plot, note=options.report)
 
 
 @app.command("report")
@@ -234,6 +248,6 @@ def eval_report(
     plot: PlotOpt = None,
 ) -> None:
     """Summarize results files; --plot compares them with the paper's RL-MemAgent rows."""
-    from memagent_cli.evaluation import command
+    from memagent_cli.views import evaluation as views
 
-    command.show_report(runs, as_json=as_json, plot_path=plot)
+    views.show_reports(runs, as_json=as_json, plot_path=plot)

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+from enum import StrEnum
 from typing import Annotated
 
 import typer
 
 from memagent_cli import protocol
-from memagent_cli.backends.factory import BackendOptions
+from memagent_cli.backends.llama_cpp import LlamaOptions
 from memagent_cli.cli.options import (
+    SERVER,
     ChunkTokensOpt,
     DocumentArg,
     EncodingOpt,
@@ -24,6 +26,15 @@ from memagent_cli.cli.options import (
     VerboseOpt,
     user_errors,
 )
+from memagent_cli.run.engine import BackendOptions
+from memagent_cli.views.progress import reporter
+
+
+class Tokenizer(StrEnum):
+    """What counts a document's tokens for `inspect`."""
+
+    model = "model"
+    tiktoken = "tiktoken"
 
 
 @user_errors
@@ -33,9 +44,9 @@ def inspect(
     chunk_tokens: ChunkTokensOpt = protocol.DEFAULT_CHUNK_TOKENS,
     memory_tokens: MemoryTokensOpt = protocol.DEFAULT_MEMORY_TOKENS,
     tokenizer: Annotated[
-        str, typer.Option(help="Count tokens with the model's tokenizer, or with tiktoken.")
-    ] = "model",
-    encoding: EncodingOpt = "cl100k_base",
+        Tokenizer, typer.Option(help="Count tokens with the model's tokenizer, or with tiktoken.")
+    ] = Tokenizer.model,
+    encoding: EncodingOpt = SERVER.encoding,
     estimate: Annotated[
         bool, typer.Option(help="Estimate a question's time from a short model warm-up.")
     ] = True,
@@ -48,24 +59,26 @@ def inspect(
     verbose: VerboseOpt = False,
 ) -> None:
     """Show DOCUMENT's format, pages, tokens and chunks without asking the model anything."""
-    from memagent_cli import inspection
+    from memagent_cli.run import inspect as inspection
+    from memagent_cli.views import inspect as views
 
-    if tokenizer not in ("model", "tiktoken"):
-        raise typer.BadParameter("choose model or tiktoken.", param_hint="--tokenizer")
     report = inspection.inspect_document(
         document,
         password=password,
         format=format,
-        model=BackendOptions(model=model, threads=threads, gpu_layers=gpu_layers, verbose=verbose)
+        model=BackendOptions(
+            model=model,
+            llama=LlamaOptions(threads=threads, gpu_layers=gpu_layers, verbose=verbose),
+        )
         if tokenizer == "model"
         else None,
         encoding=encoding,
         chunk_tokens=chunk_tokens,
         memory_tokens=memory_tokens,
         estimate=estimate and tokenizer == "model",
-        quiet=quiet,
+        report=reporter(quiet),
     )
     if as_json:
         print(json.dumps(report, ensure_ascii=False, indent=2))
     else:
-        inspection.print_report(report)
+        views.print_report(report)

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from memagent_cli.cli.options import JsonOpt, QuietOpt, user_errors
+from memagent_cli.views.progress import reporter
 
 app = typer.Typer(help="List, describe, download and convert GGUF models.", no_args_is_help=True)
 
@@ -17,7 +18,8 @@ app = typer.Typer(help="List, describe, download and convert GGUF models.", no_a
 @user_errors
 def models_list(as_json: JsonOpt = False) -> None:
     """The registry's models and every GGUF found locally, read from their headers."""
-    from memagent_cli import models, modelview
+    from memagent_cli import models
+    from memagent_cli.views import models as modelview
 
     rows = models.catalogue()
     if as_json:
@@ -39,7 +41,8 @@ def models_info(
     as_json: JsonOpt = False,
 ) -> None:
     """One model's architecture, quantization, context and chat template."""
-    from memagent_cli import models, modelview
+    from memagent_cli import models
+    from memagent_cli.views import models as modelview
 
     row = models.describe(model)
     if as_json:
@@ -63,10 +66,11 @@ def models_pull(
 ) -> None:
     """Download a GGUF into the data folder, resuming a partial download; a repository of
     Hugging Face weights is downloaded, converted and quantized. Prints the GGUF's path."""
-    from memagent_cli import models, modelview
+    from memagent_cli import models
 
-    with modelview.transfer_progress(quiet) as progress:
-        print(models.pull(model, note=modelview.note(quiet), progress=progress).path)
+    report = reporter(quiet)
+    with report.progress("bytes") as progress:
+        print(models.pull(model, note=report.note, progress=progress).path)
 
 
 @app.command("convert")
@@ -100,11 +104,11 @@ def models_convert(
     quiet: QuietOpt = False,
 ) -> None:
     """Convert a local Hugging Face model to GGUF and quantize it; prints the GGUF's path."""
-    from memagent_cli import models, modelview
+    from memagent_cli import models
 
-    note = modelview.note(quiet)
-    with modelview.transfer_progress(quiet) as progress:
+    report = reporter(quiet)
+    with report.progress("bytes") as progress:
         model = models.convert(
-            folder, quant=quant, out=out, keep_f16=keep_f16, note=note, progress=progress
+            folder, quant=quant, out=out, keep_f16=keep_f16, note=report.note, progress=progress
         )
     print(model.path)

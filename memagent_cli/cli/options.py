@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import signal
 from collections.abc import Callable
@@ -9,9 +10,16 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from memagent_cli import display
-from memagent_cli.backends.factory import KINDS, BackendOptions
+from memagent_cli.backend import Sampling
+from memagent_cli.backends.llama_cpp import CacheType, FlashAttn, LlamaOptions
+from memagent_cli.backends.openai import ServerOptions
+from memagent_cli.documents.document import DocumentFormat
 from memagent_cli.errors import Interrupted, UserError
+from memagent_cli.run.engine import BackendKind, BackendOptions
+from memagent_cli.views import console
+
+# The defaults of every option below, from the one place that owns each.
+LLAMA, SERVER, SAMPLING = LlamaOptions(), ServerOptions(), Sampling()
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -41,7 +49,7 @@ MemoryTokensOpt = Annotated[
     int, typer.Option(min=1, help="Most tokens the memory (each update) may take.")
 ]
 FormatOpt = Annotated[
-    str | None,
+    DocumentFormat | None,
     typer.Option(
         "--format",
         show_default=False,
@@ -85,7 +93,8 @@ TemperatureOpt = Annotated[
 TopPOpt = Annotated[float, typer.Option(min=0.0, max=1.0, help="Nucleus sampling.")]
 SeedOpt = Annotated[int | None, typer.Option(help="Random seed for sampling.", show_default=False)]
 BackendOpt = Annotated[
-    str, typer.Option(help="llama (in-process GGUF) or openai (an OpenAI-compatible server).")
+    BackendKind,
+    typer.Option(help="llama (in-process GGUF) or openai (an OpenAI-compatible server)."),
 ]
 BaseUrlOpt = Annotated[
     str | None,
@@ -151,14 +160,12 @@ ExactOpt = Annotated[
         "speculation may then change near-tie tokens.",
     ),
 ]
-FlashAttnOpt = Annotated[
-    str, typer.Option("--flash-attn", "-fa", help="Flash attention: on, off or auto.")
-]
+FlashAttnOpt = Annotated[FlashAttn, typer.Option("--flash-attn", "-fa", help="Flash attention.")]
 CacheTypeKOpt = Annotated[
-    str, typer.Option("--cache-type-k", "-ctk", help="KV cache type for K: f16, q8_0, ...")
+    CacheType, typer.Option("--cache-type-k", "-ctk", help="KV cache type for K.")
 ]
 CacheTypeVOpt = Annotated[
-    str,
+    CacheType,
     typer.Option(
         "--cache-type-v", "-ctv", help="KV cache type for V (quantized needs flash attention)."
     ),
@@ -179,7 +186,7 @@ def user_errors(command: F) -> F:
         try:
             return command(*args, **kwargs)
         except UserError as exc:
-            display.error(exc.message)
+            console.error(exc.message)
             raise typer.Exit(exc.exit_code) from None
 
     return wrapper  # type: ignore[return-value]
@@ -194,17 +201,27 @@ def stop_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, _on_sigterm)
 
 
+_LLAMA_FIELDS = {f.name for f in dataclasses.fields(LlamaOptions)}
+_SERVER_FIELDS = {f.name for f in dataclasses.fields(ServerOptions)}
+
+
 def backend_options(
-    backend: str, parallel: int, runs: str = "question runs", **fields: Any
+    backend: BackendKind, parallel: int, runs: str = "question runs", **fields: Any
 ) -> BackendOptions:
-    """The backend options of a command, checked: the kind exists, and several runs in
-    flight need a server (`parallel` 1 where an in-process model reads them together)."""
-    if backend not in KINDS:
-        raise typer.BadParameter("choose llama or openai.", param_hint="--backend")
-    if parallel > 1 and backend != "openai":
+    """The backend options of a command, checked: several runs in flight need a server
+    (`parallel` 1 where an in-process model reads them together). `fields` are the
+    options of either backend, under their own names, and `model`."""
+    if parallel > 1 and backend != BackendKind.openai:
         raise typer.BadParameter(
             f"one in-process model reads one at a time; --parallel (several {runs} at once) "
             "needs --backend openai.",
             param_hint="--parallel",
         )
-    return BackendOptions(kind=backend, **fields)
+    llama = {k: v for k, v in fields.items() if k in _LLAMA_FIELDS}
+    server = {k: v for k, v in fields.items() if k in _SERVER_FIELDS}
+    return BackendOptions(
+        kind=BackendKind(backend),
+        model=fields.get("model"),
+        llama=LlamaOptions(**llama),
+        server=ServerOptions(**server),
+    )

@@ -1,4 +1,4 @@
-"""`memagent trace`: which view of a saved run; the views live in traceview and tracereport."""
+"""`memagent trace`: which view of a saved run; the views live in traceview and traceview."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from typing import Annotated
 
 import typer
 
-from memagent_cli import display
 from memagent_cli.cli.options import user_errors
 from memagent_cli.errors import UserError
-from memagent_cli.trace import default_dir
+from memagent_cli.trace import default_dir, listing, locate
+from memagent_cli.views import console as display
 
 
 @user_errors
@@ -72,7 +72,7 @@ def trace(
     ] = False,
 ) -> None:
     """Show what the model kept, dropped and concluded at every step of a run."""
-    from memagent_cli import tracereport, traceview
+    from memagent_cli.views import traces as traceview
 
     views = {
         "--list": list_traces,
@@ -91,15 +91,16 @@ def trace(
     if list_traces:
         if name is not None:
             raise typer.BadParameter("--list lists the data folder; leave out TRACE.")
-        rows = tracereport.listing()
+        rows = listing()
+        traceview.warn_unreadable(rows)
         if as_json:
             print(json.dumps(rows, ensure_ascii=False, indent=2))
         elif not rows:
             raise UserError(f"There are no traces in {default_dir()} yet.")
         else:
-            tracereport.print_listing(out, rows)
+            traceview.print_listing(out, rows)
         return
-    path = traceview.locate(name)
+    path = locate(name)
     if follow_run:
         try:
             traceview.follow(out, path)
@@ -110,7 +111,7 @@ def trace(
     if as_json:
         print(json.dumps(loaded.to_json(), ensure_ascii=False, indent=2))
     elif markdown:
-        print(tracereport.markdown(loaded), end="")
+        print(traceview.markdown(loaded), end="")
     elif step is not None:
         traceview.step(out, loaded, step)
     elif diff is not None:

@@ -15,7 +15,7 @@ from typing import Any
 
 from platformdirs import user_cache_path
 
-from memagent_cli.documents import Document, Section
+from memagent_cli.documents.document import Document, Section
 
 VERSION = 2  # bump when extraction changes what it produces
 

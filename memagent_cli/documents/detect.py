@@ -8,7 +8,7 @@ import zipfile
 import zlib
 from pathlib import PurePath
 
-from memagent_cli.documents import SUPPORTED
+from memagent_cli.documents.document import SUPPORTED
 from memagent_cli.errors import DocumentError
 
 _PDF_HEADER = re.compile(rb"%PDF-\d\.\d")

@@ -7,14 +7,18 @@ Images, fonts and anything else the manifest lists are never inflated.
 
 from __future__ import annotations
 
+from pathlib import PurePath
+
 import posixpath
 from pathlib import PurePosixPath
 
 from lxml import etree
 
-from memagent_cli.documents import Document, Progress, assemble, package, xhtml
+from memagent_cli.documents import package, xhtml
 from memagent_cli.documents.archive import Archive
+from memagent_cli.documents.document import Document, assemble
 from memagent_cli.errors import DocumentError
+from memagent_cli.progress import Progress
 
 # Kept importable from here: tests and benchmarks convert single XHTML files with it.
 xhtml_to_text = xhtml.to_text
@@ -56,7 +60,7 @@ def parse(
         text, heading = xhtml.to_text(archive.read(member))
         parts.append((titles.get(name) or heading or PurePosixPath(name).name, text))
         if progress is not None:
-            progress(done, len(files))
+            progress(f"extracting {PurePath(where).name}", done, len(files))
     document = assemble(
         parts,
         path=source,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import PurePath
+
 import contextlib
 import io
 import logging
@@ -12,8 +14,9 @@ from collections.abc import Iterator
 from pypdf import PasswordType, PdfReader
 from pypdf.errors import DependencyError, PyPdfError
 
-from memagent_cli.documents import Document, Progress, assemble
+from memagent_cli.documents.document import Document, assemble
 from memagent_cli.errors import DocumentError
+from memagent_cli.progress import Progress
 
 # What pypdf raises on damaged input besides its own errors. Only pypdf calls sit inside
 # these handlers, so a bug of ours is not hidden by them.
@@ -66,7 +69,7 @@ def parse(
                     without_text += 1
             parts.append((labels[index], text))
             if progress is not None:
-                progress(index + 1, total)
+                progress(f"extracting {PurePath(where).name}", index + 1, total)
         title = _title(reader)
     if failed and without_text + len(failed) == total:  # no text at all, and not for OCR
         which = f"any of its {total} pages" if len(failed) == total else _pages(failed)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from memagent_cli.documents import Document
+from memagent_cli.documents.document import Document
 
 
 def parse(data: bytes, source: str) -> Document:

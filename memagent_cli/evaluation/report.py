@@ -11,10 +11,6 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
-
 from memagent_cli.evaluation.results import Results
 
 
@@ -111,29 +107,3 @@ def to_json(run: Results) -> dict[str, Any]:
         "overall": asdict(pooled) if pooled else None,
         "skipped_lines": run.skipped,
     }
-
-
-def print_table(console: Console, run: Results, *, title: bool = False) -> None:
-    """The run's groups as a table; `title` names the run (when several are compared)."""
-    table = Table(title=Text(str(run.path)) if title else None, title_justify="left")
-    for name in ("group", "length", "cases", "sub_em", "em", "f1", "boxed", "s/case", "tok/s"):
-        table.add_column(name, justify="left" if name == "group" else "right")
-    rows = summarize(run.records)
-    pooled = overall(run.records)
-    for row in rows + ([pooled] if pooled and len(rows) > 1 else []):
-        table.add_row(
-            Text(row.group),
-            row.label,
-            str(row.cases),
-            _cell(row.sub_em),
-            _cell(row.em),
-            _cell(row.f1),
-            _cell(row.boxed, "{:.0f}%"),
-            f"{row.seconds_per_case:.1f}",
-            _cell(row.tokens_per_second, "{:,.0f}"),
-        )
-    console.print(table)
-
-
-def _cell(value: float | None, form: str = "{:.2f}") -> str:
-    return "-" if value is None else form.format(value)

@@ -8,9 +8,7 @@ a model, a server) comes in as a function.
 from __future__ import annotations
 
 import threading
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +16,7 @@ from memagent_cli.errors import UserError
 from memagent_cli.evaluation.data import Case
 from memagent_cli.evaluation.results import Results, Writer
 from memagent_cli.evaluation.scoring import score_reply
+from memagent_cli.run import pool
 
 
 @dataclass(frozen=True)
@@ -98,7 +97,7 @@ def evaluate(
 
     An exception from a run (Ctrl-C, a failing server) stops the evaluation: with several
     runs in flight the others are asked to stop, those that finish anyway are kept, and the
-    first exception is raised again.
+    first exception is raised again (run/pool.py).
     """
     outcome = Outcome()
 
@@ -116,40 +115,6 @@ def evaluate(
         outcome.records.append(record)
         on_record(record)
 
-    if parallel <= 1:
-        # In this thread, so that Ctrl-C reaches the model's loop at once.
-        for case in todo():
-            keep(case, answer(case, None))
-        return outcome
-    cancel = threading.Event()
-    pending: deque[tuple[Case, Future[Answered]]] = deque()
-    failure: BaseException | None = None
-
-    def drain(block_until: int) -> None:
-        nonlocal failure
-        while len(pending) > block_until:
-            case, future = pending.popleft()
-            try:
-                answered = future.result()
-            except BaseException as exc:  # re-raised below, once every run has stopped
-                if failure is None:
-                    failure = exc
-                cancel.set()
-                continue
-            keep(case, answered)
-
-    with ThreadPoolExecutor(parallel) as pool:
-        try:
-            for case in todo():
-                if failure is not None:
-                    break
-                pending.append((case, pool.submit(answer, case, cancel)))
-                drain(block_until=2 * parallel)  # a backlog keeps every worker busy
-            drain(block_until=0)
-        except BaseException as exc:  # Ctrl-C while waiting: stop the rest, keep what ends
-            cancel.set()
-            failure = failure or exc
-            drain(block_until=0)
-    if failure is not None:
-        raise failure
+    for case, answered in pool.ordered(todo(), answer, parallel):
+        keep(case, answered)
     return outcome

@@ -19,6 +19,8 @@ from memagent_cli.trace.folder import (
     default_path,
     differences,
     find_run,
+    listing,
+    locate,
     recent_traces,
 )
 from memagent_cli.trace.records import (
@@ -56,6 +58,8 @@ __all__ = [
     "differences",
     "evidence_of",
     "find_run",
+    "listing",
+    "locate",
     "read_trace",
     "recent_traces",
     "records",

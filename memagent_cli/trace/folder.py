@@ -94,3 +94,47 @@ def find_run(header: Header, *, finished: bool) -> Trace | None:
         if trace.finished == finished and not differences(trace.header, header):
             return trace
     return None
+
+
+def locate(name: Path | None) -> Path:
+    """The trace to show: the one named, one of that name in the data folder, or the newest."""
+    if name is None:
+        found = recent_traces()
+        if not found:
+            raise TraceError(
+                f"There are no traces in {default_dir()} yet; `memagent ask` writes one "
+                "for every question."
+            )
+        return found[0]
+    folder = default_dir()
+    if not name.exists() and len(name.parts) == 1 and (folder / name).exists():
+        return folder / name
+    return name
+
+
+def listing() -> list[dict[str, Any]]:
+    """One row per trace in the data folder, newest first. A trace that cannot be read is a
+    row saying so (and why), so one bad file never hides the others."""
+    rows = []
+    for path in recent_traces():
+        try:
+            loaded = read_trace(path)
+        except TraceError as exc:
+            rows.append({"path": str(path), "status": "unreadable", "error": exc.message})
+            continue
+        header, status = loaded.header, loaded.status
+        rows.append(
+            {
+                "path": str(path),
+                "created": header.created,
+                "document": header.document["path"],
+                "question": header.question,
+                "model": header.model["name"],
+                "steps_done": status.done,
+                "steps_total": status.total,
+                "status": status.state,
+                "interrupted": status.reason,
+                "answer": loaded.final.answer if loaded.final else None,
+            }
+        )
+    return rows

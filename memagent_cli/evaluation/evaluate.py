@@ -1,28 +1,32 @@
-"""`memagent eval`, `eval niah` and `eval report`: data in, ordinary runs, results out.
+"""An evaluation: the authors' data files or needle cases in, ordinary runs, a results
+file out.
 
 Each case is an ordinary `ask` run through the run module (same protocol, trace, cache and
-backends); this module only turns cases into runs and runs into results.
+backends); this module only turns cases into runs and runs into results. What a person
+sees of them is views/evaluation.py's.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from memagent_cli import display, run, trace
-from memagent_cli.backends.factory import BackendOptions, open_backend
-from memagent_cli.documents import Document
+from memagent_cli import trace
+from memagent_cli.documents.document import Document
+from memagent_cli.documents.inputs import read_document
 from memagent_cli.errors import UserError
-from memagent_cli.evaluation import data, niah, plot, report, results
+from memagent_cli.evaluation import data, niah, results
 from memagent_cli.evaluation.data import Case
 from memagent_cli.evaluation.runner import Answered, check_resumable, evaluate
+from memagent_cli.progress import SILENT, Reporter
 from memagent_cli.reader import Settings, context_needed
-from memagent_cli.session import Engine, open_engine, open_session
+from memagent_cli.run import ask as run
+from memagent_cli.run.engine import BackendOptions, Engine, open_backend, open_engine
+from memagent_cli.run.session import open_session
 
 _BIG_FILE = 256 << 20  # the authors' eval_6400.json is about 2 GB: say what takes a while
 
@@ -37,13 +41,20 @@ class EvalOptions:
     use_cache: bool = True  # a greedy case already run (same trace header) is not read again
     parallel: int = 1
     write_traces: bool = True
-    quiet: bool = False
-    as_json: bool = False
-    plot: Path | None = None
+    report: Reporter = SILENT  # progress lines and notes
 
 
-def eval_files(paths: Sequence[str], limit: int | None, options: EvalOptions) -> int:
-    """Run the cases of the authors' files (the first `limit` of each); the exit code."""
+class Stopped(UserError):
+    """The evaluation ended before its last case; the results file keeps those finished."""
+
+    def __init__(self, reason: str, exit_code: int, output: Path) -> None:
+        super().__init__(reason)
+        self.exit_code, self.output = exit_code, output
+
+
+def eval_files(paths: Sequence[str], limit: int | None, options: EvalOptions) -> results.Results:
+    """Run the cases of the authors' files (the first `limit` of each); the finished results,
+    or Stopped."""
     files = data.data_files(paths)
     checked = []
     for path in files:
@@ -58,7 +69,7 @@ def eval_files(paths: Sequence[str], limit: int | None, options: EvalOptions) ->
 
     total = sum(len(file.ids) for file in checked)
     output = options.output or results.default_path(files[0])
-    _before_running(output, options)
+    results.read(output, missing_ok=True)  # fails in seconds, before any model loads
     engine = open_engine(options.backend, options.settings, questions, _note(options))
     return _run(cases(), total, output, options, engine)
 
@@ -71,16 +82,15 @@ def eval_niah(
     variant: str,
     seed: int,
     options: EvalOptions,
-) -> int:
-    """Build needle cases from the document at `haystack`, run them, show table and heatmap."""
-    from memagent_cli.inputs import read_document
-
+) -> results.Results:
+    """Build needle cases from the document at `haystack` and run them; the finished
+    results, or Stopped."""
     parsed_lengths, parsed_depths = niah.parse_lengths(lengths), niah.parse_depths(depths)
     if variant not in niah.VARIANTS:
         raise UserError(f"Unknown needle variant {variant}; choose {', '.join(niah.VARIANTS)}.")
-    document = read_document(haystack, password=None, quiet=options.quiet)
+    document = read_document(haystack, password=None, report=options.report)
     output = options.output or results.default_path(Path(f"niah-{variant}"))
-    _before_running(output, options)
+    results.read(output, missing_ok=True)
     # Cases are cut with the model's own tokenizer, so the backend comes first.
     backend = open_backend(options.backend, _note(options))
     _note(options)(f"building {len(parsed_lengths) * len(parsed_depths)} needle cases")
@@ -97,35 +107,13 @@ def eval_niah(
     return _run(cases, len(cases), output, options, engine)
 
 
-def show_report(paths: Sequence[Path], *, as_json: bool, plot_path: Path | None) -> None:
-    """Summaries of finished results files, compared in one plot."""
-    runs = [results.read(path) for path in paths]
-    if plot_path is not None:
-        plot.require()
-    if as_json:
-        print(json.dumps({"runs": [report.to_json(r) for r in runs]}, ensure_ascii=False))
-    else:
-        out = display.results_console()
-        for r in runs:
-            report.print_table(out, r, title=len(runs) > 1)
-    if plot_path is not None:
-        _plot(runs, plot_path)
-
-
-def _before_running(output: Path, options: EvalOptions) -> None:
-    """What can fail in seconds fails before any model loads."""
-    if options.plot is not None:
-        plot.require()
-    results.read(output, missing_ok=True)
-
-
 def _run(
     cases: Iterable[Case], total: int, output: Path, options: EvalOptions, engine: Engine
-) -> int:
+) -> results.Results:
     note = _note(options)
     earlier = results.read(output, missing_ok=True)
     if earlier.skipped:
-        display.warn(f"{output}: skipped {earlier.skipped} damaged lines.")
+        options.report.warn(f"{output}: skipped {earlier.skipped} damaged lines.")
     info = run_info(engine)
     check_resumable(earlier, info)
     left = total - len(earlier.finished)
@@ -155,24 +143,10 @@ def _run(
                 on_record=finished,
             )
         except run.Stopped as stop:
-            return _stopped(stop.message, stop.exit_code, output)
+            raise Stopped(stop.message, stop.exit_code, output) from None
         except KeyboardInterrupt:
-            return _stopped("Interrupted (SIGINT).", 130, output)
-    finished_run = results.read(output)
-    unboxed = sum(r.get("prediction") is None for r in finished_run.records)
-    if unboxed:
-        note(
-            f"{unboxed} of {len(finished_run.records)} final replies put no answer in "
-            "\\boxed{}; they score 0, as in the authors' script (each record keeps the reply)."
-        )
-    _show(finished_run, options)
-    return 0
-
-
-def _stopped(message: str, code: int, output: Path) -> int:
-    display.error(message)
-    display.note(f"finished cases are in {output}; run the same command again to continue")
-    return code
+            raise Stopped("Interrupted (SIGINT).", 130, output) from None
+    return results.read(output)
 
 
 def run_info(engine: Engine) -> dict[str, Any]:
@@ -193,7 +167,7 @@ def run_info(engine: Engine) -> dict[str, Any]:
 def _answerer(
     engine: Engine, options: EvalOptions
 ) -> Callable[[Case, threading.Event | None], Answered]:
-    run_options = run.RunOptions(quiet=options.quiet, use_cache=options.use_cache)
+    run_options = run.RunOptions(report=options.report, use_cache=options.use_cache)
 
     def answer(case: Case, cancel: threading.Event | None) -> Answered:
         text = case.context.strip()
@@ -225,23 +199,5 @@ def _answerer(
     return answer
 
 
-def _show(run_results: results.Results, options: EvalOptions) -> None:
-    if options.as_json:
-        print(json.dumps(report.to_json(run_results), ensure_ascii=False))
-    else:
-        report.print_table(display.results_console(), run_results)
-    if options.plot is not None:
-        _plot([run_results], options.plot)
-
-
-def _plot(runs: list[results.Results], path: Path) -> None:
-    records = [r for run_results in runs for r in run_results.records]
-    if len(runs) == 1 and records and all(r.get("depth") is not None for r in records):
-        plot.plot_heatmap(*report.depth_grid(records), path)
-    else:
-        plot.plot_accuracy([(r.label, report.summarize(r.records)) for r in runs], path)
-    display.note(f"plot: {path}")
-
-
 def _note(options: EvalOptions) -> Callable[[str], None]:
-    return (lambda message: None) if options.quiet else display.note
+    return options.report.note

@@ -1,6 +1,6 @@
 """Models from the Hugging Face Hub: `OWNER/NAME[:QUANT]` picks a GGUF file the way
 llama.cpp's `-hf` does, or, for a repository of Hugging Face weights, has them converted
-(memagent_cli.conversion.pull). Downloads resume where they stopped and are checked against
+(models/pull.py). Downloads resume where they stopped and are checked against
 the Hub's sha256.
 
 Files go through huggingface_hub's public pieces (hf_hub_url, get_session, build_hf_headers,
@@ -18,7 +18,7 @@ import hashlib
 import os
 import re
 import shutil
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +26,8 @@ import platformdirs
 from rich.filesize import decimal
 
 from memagent_cli.errors import ModelError
-from memagent_cli.gguf_info import quant_tag, split_parts
+from memagent_cli.models.gguf import quant_tag, split_parts
+from memagent_cli.progress import Note, Progress, silent
 
 PREFIX = "hf:"
 DEFAULT_QUANTS = ("Q4_K_M", "Q8_0")  # llama.cpp's -hf choice when no tag is given
@@ -34,13 +35,6 @@ _REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 _DEFAULT_ENDPOINT = "https://huggingface.co"
 _RETRIES = 5  # dropped connections in a row, with no byte between them, before giving up
 _TIMEOUT = 60.0  # seconds without a byte from the Hub
-
-Note = Callable[[str], None]  # one line for the user, on stderr
-Progress = Callable[[str, int, int | None], None]  # what, bytes done, bytes in all
-
-
-def _silent(_: str) -> None:
-    return None
 
 
 @dataclass(frozen=True)
@@ -107,7 +101,7 @@ def choose(paths: Iterable[str], quant: str, repo: str = "") -> list[str]:
     model GGUF. A tag ending in .gguf names the file itself.
     """
     paths = sorted(paths)
-    models = [p for p in paths if _is_model(p) and split_parts(Path(p))[0] == 1]
+    models = [p for p in paths if is_model(p) and split_parts(Path(p))[0] == 1]
     if quant.lower().endswith(".gguf"):
         primary = next((p for p in paths if p == quant), None)
     else:
@@ -142,31 +136,12 @@ def find_pulled(spec: Spec) -> Path | None:
     return folder / chosen[0]
 
 
-def pull(spec: Spec, *, note: Note = _silent, progress: Progress | None = None) -> Path:
-    """Fetch the model `spec` names: its GGUF (every part of a split model), or, for a
-    repository of Hugging Face weights, the weights converted and quantized to
-    `spec.quant`. Returns the first GGUF file."""
-    endpoint = _endpoint()
-    commit, files = list_files(spec.repo, endpoint)
-    from memagent_cli.conversion.pull import is_hf_model, pull_and_convert
-
-    if not any(_is_model(p) for p in files) and is_hf_model(files):
-        return pull_and_convert(spec, commit, files, note=note, progress=progress)
-    chosen = choose(files, spec.quant, spec.repo)
-    if not spec.quant.lower().endswith(".gguf"):
-        _note_other_matches(spec, files, chosen[0], note)
-    folder = repo_dir(spec.repo)
-    for path in chosen:
-        download(spec.repo, commit, files[path], folder / path, note=note, progress=progress)
-    return folder / chosen[0]
-
-
-def _endpoint() -> str:
+def endpoint_url() -> str:
     # Read at call time: huggingface_hub reads HF_ENDPOINT once, when first imported.
     return os.environ.get("HF_ENDPOINT", _DEFAULT_ENDPOINT).rstrip("/")
 
 
-def _is_model(path: str) -> bool:
+def is_model(path: str) -> bool:
     name = path.rsplit("/", 1)[-1]
     return name.endswith(".gguf") and "mmproj" not in name and "imatrix" not in name
 
@@ -179,13 +154,13 @@ def _other_parts(primary: str, paths: list[str]) -> list[str]:
     return [f"{prefix}-{i:05d}-of-{count:05d}.gguf" for i in range(2, count + 1)]
 
 
-def _note_other_matches(spec: Spec, files: dict[str, RemoteFile], primary: str, note: Note) -> None:
+def note_other_matches(spec: Spec, files: dict[str, RemoteFile], primary: str, note: Note) -> None:
     tag = spec.quant or quant_tag(primary)
     pattern = re.compile(re.escape(tag) + r"[.-]", re.IGNORECASE)
     others = [
         p
         for p in sorted(files)
-        if p != primary and _is_model(p) and split_parts(Path(p))[0] == 1 and pattern.search(p)
+        if p != primary and is_model(p) and split_parts(Path(p))[0] == 1 and pattern.search(p)
     ]
     if others:
         note(
@@ -198,7 +173,7 @@ def list_files(repo: str, endpoint: str | None = None) -> tuple[str, dict[str, R
     """The commit the Hub serves for `repo` and its files with sizes and checksums."""
     from huggingface_hub import HfApi
 
-    endpoint = endpoint or _endpoint()
+    endpoint = endpoint or endpoint_url()
     try:
         info = HfApi(endpoint=endpoint).model_info(repo, files_metadata=True)
     except Exception as exc:
@@ -227,7 +202,7 @@ def download(
     remote: RemoteFile,
     dest: Path,
     *,
-    note: Note = _silent,
+    note: Note = silent,
     progress: Progress | None = None,
 ) -> None:
     """Fetch `remote` to `dest` through a partial file that survives interruptions: a
@@ -254,7 +229,7 @@ def download(
     else:
         note(f"downloading {remote.path} ({size}) from {repo} to {dest.parent}")
     partial.touch()
-    endpoint = _endpoint()
+    endpoint = endpoint_url()
     url = hf_hub_url(repo, remote.path, revision=commit, endpoint=endpoint)
     try:
         _fetch(url, partial, remote.size, progress, remote.path)

@@ -1,14 +1,15 @@
-"""What `ask` was given to read: documents (a file, stdin, a folder, a list of paths) and
+"""What a run was given to read: documents (a file, stdin, a folder, a list of paths) and
 questions (arguments or a file), found and read with bounds, before any model is touched."""
 
 from __future__ import annotations
 
 from pathlib import Path, PurePath
 
-from memagent_cli import display
-from memagent_cli.documents import Document, load_document
+from memagent_cli.documents.document import Document
+from memagent_cli.documents.load import load_document
 from memagent_cli.errors import DocumentError, UserError
 from memagent_cli.files import open_regular
+from memagent_cli.progress import SILENT, Reporter
 
 SUPPORTED_SUFFIXES = {".txt", ".md", ".markdown", ".text", ".rst", ".pdf", ".epub"}
 MAX_LIST_BYTES = 16 << 20  # a questions or documents file; far more than anyone types
@@ -67,18 +68,17 @@ def _in_folder(folder: Path, pattern: str | None) -> list[str]:
 
 
 def read_document(
-    path: str, *, password: str | None, quiet: bool, format: str | None = None
+    path: str, *, password: str | None, format: str | None = None, report: Reporter = SILENT
 ) -> Document:
-    """Load a document (as `format`, when given, whatever its content looks like), showing
-    extraction progress and what the reader had to work around on stderr."""
-    with display.extraction_progress(quiet, path) as progress:
+    """Load a document (as `format`, when given, whatever its content looks like), telling
+    `report` of extraction progress and of what the reader had to work around."""
+    with report.progress("pages") as progress:
         document = load_document(path, password=password, progress=progress, format=format)
-    if not quiet:
-        for note in document.notes:
-            display.warn(note)
-        if document.pages_without_text:
-            display.note(
-                f"{document.pages_without_text} of {document.pages} pages have no text layer "
-                "(scanned or images) and were skipped."
-            )
+    for note in document.notes:
+        report.warn(note)
+    if document.pages_without_text:
+        report.note(
+            f"{document.pages_without_text} of {document.pages} pages have no text layer "
+            "(scanned or images) and were skipped."
+        )
     return document

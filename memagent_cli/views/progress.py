@@ -1,53 +1,39 @@
-"""Everything shown on stderr: the live view, plain progress lines, notes and errors.
-
-stdout is for results only, so every console here writes to stderr.
-"""
+"""Progress on stderr: the reading view (a live view on a terminal, plain lines in a log or
+a pipe), one throttled bar for extraction and transfers, and `Terminal`, the `Reporter`
+that the commands hand to the library."""
 
 from __future__ import annotations
 
 import contextlib
-import sys
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
-from rich.console import Console, Group
+from rich.console import Group
+from rich.filesize import decimal
 from rich.live import Live
 from rich.markup import escape
 from rich.panel import Panel
 from rich.progress import (
     BarColumn,
+    DownloadColumn,
     MofNCompleteColumn,
     Progress,
+    TaskID,
     TaskProgressColumn,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
+    TransferSpeedColumn,
 )
 from rich.text import Text
 
+from memagent_cli import protocol
+from memagent_cli.progress import SILENT, ReadingView, Reporter, SpanOf
+from memagent_cli.progress import Progress as ProgressCallback
 from memagent_cli.reader import Answering, Event, StepFinished, StepStarted
-
-console = Console(stderr=True, highlight=False)
-
-
-def results_console() -> Console:
-    """A console for results on stdout. In a pipe it is wide, so that a table keeps one line
-    per row however narrow the pipe claims to be."""
-    return Console(file=sys.stdout, highlight=False, width=None if sys.stdout.isatty() else 200)
-
-
-def note(message: str) -> None:
-    console.print(escape(message), style="dim", soft_wrap=True)
-
-
-def warn(message: str) -> None:
-    console.print(f"[yellow]warning:[/] {escape(message)}", soft_wrap=True)
-
-
-def error(message: str) -> None:
-    console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
+from memagent_cli.views import console as display
+from memagent_cli.views.console import console
 
 
 class _Rates:
@@ -138,7 +124,7 @@ class LiveView:
         ]
         self._total_tokens = total_tokens
         self._watch = min(max(watch, 0), len(self._labels) - 1)
-        self._memory = Panel(Text("No previous memory", style="dim"), title=self._panel_title())
+        self._memory = Panel(Text(protocol.INITIAL_MEMORY, style="dim"), title=self._panel_title())
         self._title = title
         self._live = Live(self._render(), console=console, refresh_per_second=4, transient=False)
 
@@ -155,9 +141,6 @@ class LiveView:
 
     def __exit__(self, *exc: Any) -> None:
         self._live.__exit__(*exc)
-
-    def __call__(self, event: Event) -> None:
-        self.listener(0)(event)
 
     def listener(self, question: int) -> Callable[[Event], None]:
         """What shows the events of the question at `question` (0-based)."""
@@ -196,22 +179,6 @@ class LiveView:
         return show
 
 
-class Silent:
-    """--quiet: show nothing."""
-
-    def __enter__(self) -> Silent:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
-
-    def __call__(self, event: Event) -> None:
-        return None
-
-    def listener(self, question: int) -> Callable[[Event], None]:
-        return self
-
-
 class _PlainLines:
     """Plain progress lines for several questions read together, each line labelled."""
 
@@ -228,72 +195,92 @@ class _PlainLines:
         return self._views[question]
 
 
-def progress_view(
-    quiet: bool,
-    span_of: Callable[[int, int], str],
-    total_tokens: int,
-    title: str,
-    labels: list[str],
-    *,
-    plain: bool = False,
-    watch: int = 0,
-) -> LiveView | _PlainLines | Silent:
-    """The right view for where stderr goes, with `listener(i)` for the run labelled
-    `labels[i]`: plain lines for a log or a pipe, or when other runs share stderr at the
-    same time (`plain`); else the live view, one row per run and one run's memory."""
-    if quiet:
-        return Silent()
-    if console.is_terminal and not plain:
-        return LiveView(span_of, total_tokens, title, labels, watch)
-    return _PlainLines([PlainProgress(span_of, label) for label in labels])
+class Bar:
+    """Work counted in `unit` ("bytes", "pages", ...) as progress(what, done, total): a bar per
+    `what` on a terminal once the work has taken more than a moment, else a plain line every
+    few seconds and at the end."""
 
+    _DELAY = 1.0  # seconds before a bar appears: quick work shows nothing
+    _PLAIN_EVERY = 10.0  # seconds between plain lines
 
-class _ExtractionProgress:
-    """Pages extracted so far, shown only once extraction has taken more than a moment."""
-
-    _DELAY = 1.0  # seconds before anything is shown
-    _PLAIN_EVERY = 5.0  # seconds between plain lines
-
-    def __init__(self, name: str) -> None:
-        self._name = name
-        self._start = self._last = time.perf_counter()
+    def __init__(self, unit: str) -> None:
+        self._unit = unit
+        self._start = time.monotonic()
+        self._last: dict[str, float] = {}
         self._bar: Progress | None = None
-        self._task = None
+        self._tasks: dict[str, TaskID] = {}
 
-    def __call__(self, done: int, total: int) -> None:
-        now = time.perf_counter()
+    def _amount(self, done: int, total: int | None) -> str:
+        if self._unit == "bytes":
+            return decimal(done) + (f" of {decimal(total)}" if total else "")
+        return f"{done}" + (f"/{total}" if total else "") + f" {self._unit}"
+
+    def __call__(self, what: str, done: int, total: int | None) -> None:
+        now = time.monotonic()
         if now - self._start < self._DELAY:
             return
         if console.is_terminal:
             if self._bar is None:
+                counts = (
+                    [DownloadColumn(), TransferSpeedColumn()]
+                    if self._unit == "bytes"
+                    else [MofNCompleteColumn()]
+                )
                 self._bar = Progress(
-                    TextColumn(f"extracting {escape(self._name)}"),
+                    TextColumn("{task.description}"),
                     BarColumn(),
-                    MofNCompleteColumn(),
+                    *counts,
                     TimeElapsedColumn(),
+                    TimeRemainingColumn(),
                     console=console,
                     transient=True,
                 )
                 self._bar.start()
-                self._task = self._bar.add_task("extract", total=total)
-            self._bar.update(self._task, completed=done)
-        elif now - self._last >= self._PLAIN_EVERY or done == total:
-            self._last = now
-            console.print(f"extracting {self._name}: {done}/{total}", highlight=False)
+            if what not in self._tasks:
+                self._tasks[what] = self._bar.add_task(escape(what), total=total)
+            self._bar.update(self._tasks[what], completed=done, total=total)
+        elif now - self._last.get(what, self._start) >= self._PLAIN_EVERY or done == total:
+            self._last[what] = now
+            console.print(f"{what}: {self._amount(done, total)}", highlight=False, markup=False)
 
     def close(self) -> None:
         if self._bar is not None:
             self._bar.stop()
 
 
-@contextlib.contextmanager
-def extraction_progress(quiet: bool, path: str) -> Iterator[Callable[[int, int], None] | None]:
-    """A progress(done, total) callback for document extraction, or None with --quiet."""
-    if quiet:
-        yield None
-        return
-    progress = _ExtractionProgress(Path(path).name if path != "-" else "stdin")
-    try:
-        yield progress
-    finally:
-        progress.close()
+class Terminal:
+    """The `Reporter` for stderr: notes, warnings, bars, and the reading view that suits
+    where stderr goes."""
+
+    note = staticmethod(display.note)
+    warn = staticmethod(display.warn)
+    error = staticmethod(display.error)
+
+    @contextlib.contextmanager
+    def progress(self, unit: str) -> Iterator[ProgressCallback]:
+        bar = Bar(unit)
+        try:
+            yield bar
+        finally:
+            bar.close()
+
+    def reading(
+        self,
+        span_of: SpanOf,
+        total_tokens: int,
+        title: str,
+        labels: list[str],
+        *,
+        plain: bool = False,
+        watch: int = 0,
+    ) -> ReadingView:
+        """Plain lines for a log or a pipe, or when other runs share stderr at the same time
+        (`plain`); else the live view, one row per reading and one reading's memory."""
+        if console.is_terminal and not plain:
+            return LiveView(span_of, total_tokens, title, labels, watch)
+        return _PlainLines([PlainProgress(span_of, label) for label in labels])
+
+
+def reporter(quiet: bool) -> Reporter:
+    """What a command reports through: stderr, or nothing with --quiet."""
+    return SILENT if quiet else Terminal()

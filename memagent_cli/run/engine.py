@@ -1,21 +1,49 @@
-"""A model ready to read (`Engine`) and one document cut into chunks for it (`Session`)."""
+"""A model ready to read: the backend a user asked for (an in-process GGUF model or a
+server), opened with its options, and the settings and context it reads by (`Engine`)."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
-from memagent_cli import __version__, protocol
-from memagent_cli.backends import Backend
-from memagent_cli.backends.factory import BackendOptions, open_backend
-from memagent_cli.chunking import Chunk, chunk_text
-from memagent_cli.documents import Document
+from memagent_cli.backend import Backend
+from memagent_cli.backends.llama_cpp import LlamaCppBackend, LlamaOptions
+from memagent_cli.backends.openai import OpenAIBackend, ServerOptions
 from memagent_cli.errors import BudgetError
+from memagent_cli.models import resolve
+from memagent_cli.progress import Note, Progress, silent
 from memagent_cli.reader import Settings, context_needed
-from memagent_cli.trace import Header
+
+
+class BackendKind(StrEnum):
+    """Where tokens come from."""
+
+    llama = "llama"  # a GGUF model in this process
+    openai = "openai"  # an OpenAI-compatible server
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    """Which backend, its model, and that backend's own options."""
+
+    kind: BackendKind = BackendKind.llama
+    model: str | None = None  # --model: a path, registry name or hf: spec
+    llama: LlamaOptions = field(default_factory=LlamaOptions)
+    server: ServerOptions = field(default_factory=ServerOptions)
+
+
+def open_backend(
+    options: BackendOptions, note: Note = silent, progress: Progress | None = None
+) -> Backend:
+    """The backend `options` name, its vocabulary ready; a model's weights load later, when
+    the run calls `prepare`. An `hf:` model not pulled yet is pulled first, told through
+    `note` and `progress(what, done, total)`."""
+    if options.kind == BackendKind.openai:
+        return OpenAIBackend(options.server, note=note)
+    found = resolve(options.model, note=note, progress=progress)
+    return LlamaCppBackend(found.path, options.llama, name=found.name)
 
 
 class Engine:
@@ -71,63 +99,10 @@ def open_engine(
     options: BackendOptions,
     settings: Settings,
     questions: list[str],
-    note: Callable[[str], None],
-    progress: Callable[[str, int, int | None], None] | None = None,
+    note: Note = silent,
+    progress: Progress | None = None,
 ) -> Engine:
     """The backend, with its context sized for the longest question; fails with a sentence
     when one step cannot fit. `note` and `progress` tell of a model being pulled."""
     backend = open_backend(options, note, progress)
     return Engine(backend, settings, context_needed(backend, questions, settings))
-
-
-def describe_document(document: Document) -> dict[str, Any]:
-    """What a document is, as `inspect`, the trace header and `--json` report it."""
-    return {
-        "path": document.path,
-        "sha256": document.sha256,
-        "format": document.format,
-        "title": document.title,
-        "unit": document.unit,
-        "pages": document.pages,
-        "pages_without_text": document.pages_without_text,
-        "sections": len(document.sections),
-        "characters": len(document.text),
-    }
-
-
-@dataclass
-class Session:
-    """A document cut into chunks with the engine's tokenizer, and the engine that reads it."""
-
-    document: Document
-    tokens: list[int]
-    chunks: list[Chunk]
-    engine: Engine
-
-    def span_of(self, start: int, end: int) -> str:
-        return self.document.span(start, end)
-
-    def document_record(self) -> dict[str, Any]:
-        return {
-            **describe_document(self.document),
-            "tokens": len(self.tokens),
-            "chunks": len(self.chunks),
-        }
-
-    def header(self, question: str) -> Header:
-        """The trace header of a run of `question` over this document."""
-        return Header(
-            question=question,
-            document=self.document_record(),
-            model=self.engine.model_record,
-            settings=self.engine.settings_record(),
-            templates_sha256=protocol.templates_sha256(),
-            created=datetime.now(UTC).isoformat(timespec="seconds"),
-            memagent=__version__,
-        )
-
-
-def open_session(document: Document, engine: Engine) -> Session:
-    """`document` tokenized and chunked for `engine`."""
-    tokens, chunks = chunk_text(document.text, engine.backend, engine.settings.chunk_tokens)
-    return Session(document, tokens, chunks, engine)

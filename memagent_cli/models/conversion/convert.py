@@ -8,7 +8,6 @@ renamed when complete: an interrupted conversion never leaves a file that looks 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,18 +15,13 @@ import gguf
 import numpy as np
 from rich.filesize import decimal
 
-from memagent_cli.conversion import architecture, quantize, vocabulary
-from memagent_cli.conversion.safetensors import Tensor, read_tensors
 from memagent_cli.errors import ModelError
-from memagent_cli.hub import check_space
+from memagent_cli.models.conversion import architecture, quantize, vocabulary
+from memagent_cli.models.conversion.safetensors import Tensor, read_tensors
+from memagent_cli.models.hub import check_space
+from memagent_cli.progress import Note, Progress, silent
 
-Note = Callable[[str], None]
-Progress = Callable[[str, int, int | None], None]  # what, bytes done, bytes in all
 DEFAULT_QUANT = "Q4_K_M"
-
-
-def _silent(_: str) -> None:
-    return None
 
 
 @dataclass(frozen=True)
@@ -127,7 +121,7 @@ def convert(
     *,
     keep_f16: bool = False,
     name: str = "",
-    note: Note = _silent,
+    note: Note = silent,
     progress: Progress | None = None,
 ) -> Path:
     """Convert the model in `folder` into the GGUF `dest`, quantized to `quant`."""
@@ -160,7 +154,7 @@ def write_gguf(
     kind: str,
     name: str,
     progress: Progress | None = None,
-    note: Note = _silent,
+    note: Note = silent,
 ) -> None:
     """Write `source` as an unquantized GGUF (`kind` F16 or F32) at `dest`, via a .part file."""
     writer = gguf.GGUFWriter(None, source.arch.gguf_name)

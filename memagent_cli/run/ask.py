@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memagent_cli import display, trace
+from memagent_cli import trace
 from memagent_cli.errors import Interrupted, UserError
+from memagent_cli.progress import SILENT, Reporter
 from memagent_cli.reader import (
     Answer,
     Event,
@@ -23,7 +24,7 @@ from memagent_cli.reader import (
     StepStarted,
     read_together,
 )
-from memagent_cli.session import Session
+from memagent_cli.run.session import Session
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,7 @@ class RunOptions:
     resume: Path | None = None  # continue this interrupted trace
     resume_latest: bool = False  # continue the newest unfinished trace of the same run
     use_cache: bool = True  # answer an identical greedy run from its finished trace
-    quiet: bool = False
+    report: Reporter = SILENT  # where notes and the reading view go
     label: str = ""  # names the run in progress lines and rows when there are several
     plain: bool = False  # other runs share stderr at the same time: plain lines, no live view
     cancel: threading.Event | None = None  # set: stop before the next step
@@ -169,8 +170,7 @@ def _read(session: Session, runs: list[_Run], watch: int, start: float) -> list[
     title = f"{name} · {engine.model_record['name']} · {first.question}"
     if len(runs) > 1:
         title = f"{name} · {engine.model_record['name']} · {len(runs)} questions"
-    view = display.progress_view(
-        first.options.quiet,
+    view = first.options.report.reading(
         session.span_of,
         len(session.tokens),
         title,
@@ -240,7 +240,7 @@ def _listener(run: _Run, show: Callable[[Event], None]) -> Callable[[Event], Non
 
 
 def _note(options: RunOptions) -> Callable[[str], None]:
-    return (lambda message: None) if options.quiet else display.note
+    return options.report.note
 
 
 def _earlier_run(header: trace.Header, options: RunOptions) -> trace.Trace | None:

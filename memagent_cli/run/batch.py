@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from memagent_cli import display, run, trace
+from memagent_cli import trace
+from memagent_cli.documents.inputs import read_document
 from memagent_cli.errors import DocumentError
-from memagent_cli.inputs import read_document
-from memagent_cli.session import Engine, Session, open_session
+from memagent_cli.run import ask as run
+from memagent_cli.run import pool
+from memagent_cli.run.engine import Engine
+from memagent_cli.run.session import Session, open_session
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,13 @@ def ask_all(
     document or run failed, 130 interrupted). `open_engine` is called once, after the first
     document was read."""
     outcome = {"code": 0}
+    report = options.run.report
     groups = _groups(paths, questions, _once(open_engine), options, outcome)
+
+    def run_group(
+        group: list[Job], cancel: threading.Event | None
+    ) -> list[run.Result | run.Stopped]:
+        return _run(group, options, cancel)
 
     def finish(result: run.Result | run.Stopped) -> None:
         if isinstance(result, run.Stopped):
@@ -63,33 +70,17 @@ def ask_all(
         else:
             emit(result)
 
-    if options.parallel <= 1:
-        # In this thread, so that Ctrl-C reaches the model's loop at once.
-        for group in groups:
-            for result in _run(group, options, None):
-                finish(result)
-            if outcome["code"] == 130:
-                break
-        return outcome["code"]
-    cancel = threading.Event()
-    pending: deque[Future[list[run.Result | run.Stopped]]] = deque()
+    def stopping() -> None:
+        report.note("stopping: the steps in flight finish first (Ctrl-C again to quit)")
 
-    def drain(keep: int) -> None:
-        while len(pending) > keep:
-            for result in pending.popleft().result():
+    try:
+        for _, results in pool.ordered(groups, run_group, options.parallel, on_stop=stopping):
+            for result in results:
                 finish(result)
-
-    with ThreadPoolExecutor(options.parallel) as pool:
-        try:
-            for group in groups:
-                pending.append(pool.submit(_run, group, options, cancel))
-                drain(4 * options.parallel)  # a backlog keeps every worker busy, in order
-            drain(0)
-        except KeyboardInterrupt:
-            cancel.set()
-            display.note("stopping: the steps in flight finish first (Ctrl-C again to quit)")
-            drain(0)
-            outcome["code"] = 130
+            if outcome["code"] == 130 and options.parallel <= 1:
+                break  # in this thread: read no further group (in flight ones all report)
+    except KeyboardInterrupt:
+        outcome["code"] = 130
     return outcome["code"]
 
 
@@ -113,17 +104,17 @@ def _groups(
 ) -> Iterator[list[Job]]:
     """The runs, in groups read together: questions of one document, in order."""
     several = len(paths) > 1
-    quiet = options.run.quiet
+    report = options.run.report
     size: int | None = None  # questions read together, decided once the model is open
     for number, path in enumerate(paths, start=1):
         try:
             document = read_document(
-                path, password=options.password, quiet=quiet, format=options.format
+                path, password=options.password, format=options.format, report=report
             )
         except DocumentError as exc:
             if not several:
                 raise
-            display.error(f"{exc.message} Skipped; the other documents go on.")
+            report.error(f"{exc.message} Skipped; the other documents go on.")
             outcome["code"] = max(outcome["code"], 1)
             continue
         session = open_session(document, engine())

@@ -1,29 +1,15 @@
-"""`memagent models list` and `info` as a person reads them, on stdout; the progress of
-pulls and conversions on stderr."""
+"""`memagent models list` and `info` as a person reads them, on stdout."""
 
 from __future__ import annotations
 
-import contextlib
-import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from rich.filesize import decimal
 from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
 from rich.table import Table
 
-from memagent_cli import display
-from memagent_cli.hub import Progress as ProgressCallback
 from memagent_cli.models import Listed
+from memagent_cli.views import console as display
 
 
 def _short(path: Path | None) -> str:
@@ -94,61 +80,3 @@ def print_info(row: Listed) -> None:
         out.print()
         out.print("chat template:", style="bold")
         out.print(escape(info.chat_template), soft_wrap=True)
-
-
-class _Transfer:
-    """Bytes downloaded or written, on stderr: a bar on a terminal, else a line every 10 s."""
-
-    _PLAIN_EVERY = 10.0
-
-    def __init__(self) -> None:
-        self._bar: Progress | None = None
-        self._tasks: dict[str, TaskID] = {}
-        self._last = time.monotonic()
-
-    def __call__(self, what: str, done: int, total: int | None) -> None:
-        if display.console.is_terminal:
-            if self._bar is None:
-                self._bar = Progress(
-                    TextColumn("{task.description}"),
-                    BarColumn(),
-                    DownloadColumn(),
-                    TransferSpeedColumn(),
-                    TimeRemainingColumn(),
-                    console=display.console,
-                    transient=True,
-                )
-                self._bar.start()
-            if what not in self._tasks:
-                self._tasks[what] = self._bar.add_task(escape(what), total=total)
-            self._bar.update(self._tasks[what], completed=done, total=total)
-        elif time.monotonic() - self._last >= self._PLAIN_EVERY or done == total:
-            self._last = time.monotonic()
-            of = f" of {decimal(total)}" if total else ""
-            display.console.print(f"{what}: {decimal(done)}{of}", highlight=False, markup=False)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.stop()
-
-
-@contextlib.contextmanager
-def transfer_progress(quiet: bool) -> Iterator[ProgressCallback | None]:
-    """A progress(what, done, total) callback for pulls and conversions; None with --quiet."""
-    if quiet:
-        yield None
-        return
-    progress = _Transfer()
-    try:
-        yield progress
-    finally:
-        progress.close()
-
-
-def note(quiet: bool) -> Callable[[str], None]:
-    """The note callback for pulls and conversions: the display's, or silence."""
-    return _quiet_note if quiet else display.note
-
-
-def _quiet_note(_: str) -> None:
-    return None

@@ -1,0 +1,92 @@
+"""Backends: how tokens are produced. They know about chat messages, never documents."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How the next token is picked; temperature 0 is greedy and reproducible."""
+
+    temperature: float = 0.7
+    top_p: float = 0.95
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One reply and what it cost."""
+
+    text: str
+    prompt_tokens: int  # tokens in the rendered chat prompt
+    completion_tokens: int
+    prompt_seconds: float  # time to read the prompt (first token out)
+    seconds: float  # whole call
+    finish_reason: str  # "stop" or "length"
+    drafted: int = 0  # tokens proposed by speculative decoding
+    accepted: int = 0  # of those, the ones the model itself would have produced
+
+    @property
+    def generation_seconds(self) -> float:
+        return max(self.seconds - self.prompt_seconds, 0.0)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One message to reply to, in one of several sequences read together."""
+
+    message: str
+    max_tokens: int
+    sequence: int = 0  # the slot whose cache holds this question's earlier prompt
+
+
+@dataclass(frozen=True)
+class Description:
+    """What a backend says about itself in the trace header and in `--json`."""
+
+    model: dict[str, Any]  # path, name, size: the weights (resuming needs the same)
+    engine: dict[str, Any]  # how they run: backend kind, threads, offload
+
+
+class Backend(Protocol):
+    """The narrow interface the reading loop needs from a model."""
+
+    name: str
+    context_limit: int  # tokens the model was trained on
+
+    def tokenize(self, text: str) -> list[int]:
+        """Model tokens of plain text, without BOS or special tokens."""
+        ...
+
+    def detokenize(self, tokens: Sequence[int]) -> bytes:
+        """The bytes of `tokens` (a window may end inside a UTF-8 character)."""
+        ...
+
+    def chat_overhead(self) -> int:
+        """Tokens the chat template adds around one user message, generation prompt included."""
+        ...
+
+    def describe(self) -> Description:
+        """The model and engine, for the trace header and `--json`."""
+        ...
+
+    def sequences_that_fit(self, context_tokens: int) -> int:
+        """How many sequences of `context_tokens` one prepare() can hold in the memory free
+        now; 1 for a backend that replies to one call at a time."""
+        ...
+
+    def prepare(self, context_tokens: int, sequences: int = 1) -> None:
+        """Make ready to serve `sequences` prompts plus replies of up to `context_tokens`
+        tokens each at once."""
+        ...
+
+    def generate(self, message: str, *, max_tokens: int, sampling: Sampling) -> Generation:
+        """Reply to one user message sent through the model's chat template."""
+        ...
+
+    def generate_many(self, calls: Sequence[Call], *, sampling: Sampling) -> list[Generation]:
+        """Reply to each call, in its own sequence; an in-process model decodes them together."""
+        ...

@@ -1,0 +1,77 @@
+"""The registry of known models (models/registry.toml) and where their files are found:
+the checkout's models/ folder, the user's models folder, or inside a Python package."""
+
+from __future__ import annotations
+
+import importlib.util
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from memagent_cli.models import hub
+
+_PACKAGE_DIR = Path(__file__).resolve().parents[1]  # memagent_cli/
+_CHECKOUT_MODELS = _PACKAGE_DIR.parent / "models"
+
+
+@dataclass(frozen=True)
+class Model:
+    """A GGUF file on disk and the name a user knows it by."""
+
+    path: Path
+    name: str
+
+
+def registry() -> dict[str, dict[str, object]]:
+    """The registry of known models: the checkout's models/registry.toml, or the installed copy."""
+    for candidate in (_CHECKOUT_MODELS / "registry.toml", _PACKAGE_DIR / "registry.toml"):
+        if candidate.is_file():
+            with candidate.open("rb") as file:
+                return tomllib.load(file)
+    return {}
+
+
+def model_dirs() -> list[Path]:
+    """Folders searched for registry models' files."""
+    return [_CHECKOUT_MODELS, hub.models_dir()]
+
+
+def default_name() -> str:
+    return next((name for name, entry in registry().items() if entry.get("default")), "")
+
+
+def hub_name(path: Path) -> str:
+    spec = hub.spec_of(path)
+    return f"{hub.PREFIX}{spec}" if spec else path.stem
+
+
+def find_file(name: str) -> Path | None:
+    entry = registry()[name]
+    if entry.get("hf") and (pulled := hub.find_pulled(hub.parse(str(entry["hf"])))):
+        return pulled
+    file = str(entry.get("file", ""))
+    if not file:
+        return None
+    folders = list(model_dirs())
+    if package := entry.get("package"):
+        spec = importlib.util.find_spec(str(package))  # locates without importing it
+        if spec and spec.submodule_search_locations:
+            folders.extend(Path(p) for p in spec.submodule_search_locations)
+    return next((f / file for f in folders if (f / file).is_file()), None)
+
+
+def how_to_get(name: str, entry: dict[str, object]) -> str:
+    if entry.get("hf"):
+        return f"pull it with `memagent models pull {name}`"
+    if entry.get("how"):
+        return str(entry["how"])
+    return f"pip install {entry['pip']}" if entry.get("pip") else ""
+
+
+def missing_file(name: str, entry: dict[str, object]) -> str:
+    where = " or ".join(str(d) for d in model_dirs())
+    how = how_to_get(name, entry)
+    file = entry.get("file") or entry.get("hf")
+    return f"Model {name} is known but its file {file} is not in {where}" + (
+        f"; {how}." if how else "."
+    )

@@ -1,0 +1,95 @@
+"""Inspecting a document: what it is and what reading it will take, before asking."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memagent_cli import protocol
+from memagent_cli.backend import Sampling
+from memagent_cli.backends.llama_cpp import LlamaCppBackend
+from memagent_cli.backends.tokenizers import DEFAULT_ENCODING, TiktokenTokenizer
+from memagent_cli.chunking import Chunk, chunk_text
+from memagent_cli.documents.inputs import read_document
+from memagent_cli.errors import BudgetError
+from memagent_cli.progress import SILENT, Reporter
+from memagent_cli.reader import Settings, context_needed
+from memagent_cli.run.engine import BackendOptions, open_backend
+from memagent_cli.run.session import describe_document
+
+_WARMUP_QUESTION = "What is this document about?"
+_WARMUP_PROMPT_TOKENS = 256
+_WARMUP_REPLY_TOKENS = 32
+
+
+def inspect_document(
+    path: str,
+    *,
+    password: str | None,
+    format: str | None = None,
+    model: BackendOptions | None,
+    encoding: str | None,
+    chunk_tokens: int,
+    memory_tokens: int,
+    estimate: bool,
+    report: Reporter = SILENT,
+) -> dict[str, Any]:
+    """Everything `inspect` reports, as plain data (the JSON output). Tokens are counted with
+    the `model`'s tokenizer, or with tiktoken's `encoding` when no model is given."""
+    document = read_document(path, password=password, format=format, report=report)
+    backend = None
+    if model is None:
+        tokenizer = TiktokenTokenizer(encoding or DEFAULT_ENCODING)
+        about = {"kind": "tiktoken", "encoding": tokenizer.name, "exact": False}
+    else:
+        tokenizer = backend = open_backend(model, report.note)
+        described = backend.describe().model
+        about = {"kind": "model", "model": described["name"], "path": described["path"]}
+        about["exact"] = True
+    tokens, chunks = chunk_text(document.text, tokenizer, chunk_tokens)
+    found: dict[str, Any] = {
+        "document": describe_document(document),
+        "tokenizer": about,
+        "tokens": len(tokens),
+        "chunk_tokens": chunk_tokens,
+        "chunks": [c.where(document.span(c.char_start, c.char_end)) for c in chunks],
+        "estimate": None,
+    }
+    if estimate and isinstance(backend, LlamaCppBackend):
+        found["estimate"] = estimate_seconds(backend, chunks, chunk_tokens, memory_tokens, report)
+    return found
+
+
+def estimate_seconds(
+    backend: LlamaCppBackend,
+    chunks: list[Chunk],
+    chunk_tokens: int,
+    memory_tokens: int,
+    report: Reporter = SILENT,
+) -> dict[str, Any]:
+    """Seconds one question will take, from a short measured warm-up of the model."""
+    settings = Settings(chunk_tokens, memory_tokens, Sampling(temperature=0.0))
+    try:
+        context = context_needed(backend, [_WARMUP_QUESTION], settings)
+    except BudgetError as exc:
+        return {"error": exc.message}
+    report.note("measuring the model's speed with a short warm-up...")
+    backend.prepare(context)
+    sample = backend.detokenize(backend.tokenize(chunks[0].text)[:_WARMUP_PROMPT_TOKENS])
+    message = protocol.render_update(
+        _WARMUP_QUESTION, protocol.INITIAL_MEMORY, sample.decode("utf-8", errors="replace")
+    )
+    warm = backend.generate(message, max_tokens=_WARMUP_REPLY_TOKENS, sampling=settings.sampling)
+    prompt_rate = warm.prompt_tokens / max(warm.prompt_seconds, 1e-6)
+    gen_rate = max(warm.completion_tokens, 1) / max(warm.generation_seconds, 1e-6)
+    fixed = warm.prompt_tokens - _WARMUP_PROMPT_TOKENS  # chat + template + question
+    seconds = sum(
+        (fixed + memory_tokens + c.tokens) / prompt_rate + memory_tokens / gen_rate for c in chunks
+    )
+    seconds += (fixed + memory_tokens) / prompt_rate + memory_tokens / gen_rate  # the answer
+    return {
+        "seconds_per_question": round(seconds, 1),
+        "prompt_tokens_per_second": round(prompt_rate, 1),
+        "generation_tokens_per_second": round(gen_rate, 1),
+        "assumes": "each memory update writes --memory-tokens tokens; speeds from a "
+        f"{warm.prompt_tokens}-token warm-up, so long prompts may read slower",
+    }

@@ -1,0 +1,66 @@
+"""One document cut into chunks for an engine (`Session`), and what it says of itself."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from memagent_cli import __version__, protocol
+from memagent_cli.chunking import Chunk, chunk_text
+from memagent_cli.documents import Document
+from memagent_cli.run.engine import Engine
+from memagent_cli.trace import Header
+
+
+def describe_document(document: Document) -> dict[str, Any]:
+    """What a document is, as `inspect`, the trace header and `--json` report it."""
+    return {
+        "path": document.path,
+        "sha256": document.sha256,
+        "format": document.format,
+        "title": document.title,
+        "unit": document.unit,
+        "pages": document.pages,
+        "pages_without_text": document.pages_without_text,
+        "sections": len(document.sections),
+        "characters": len(document.text),
+    }
+
+
+@dataclass
+class Session:
+    """A document cut into chunks with the engine's tokenizer, and the engine that reads it."""
+
+    document: Document
+    tokens: list[int]
+    chunks: list[Chunk]
+    engine: Engine
+
+    def span_of(self, start: int, end: int) -> str:
+        return self.document.span(start, end)
+
+    def document_record(self) -> dict[str, Any]:
+        return {
+            **describe_document(self.document),
+            "tokens": len(self.tokens),
+            "chunks": len(self.chunks),
+        }
+
+    def header(self, question: str) -> Header:
+        """The trace header of a run of `question` over this document."""
+        return Header(
+            question=question,
+            document=self.document_record(),
+            model=self.engine.model_record,
+            settings=self.engine.settings_record(),
+            templates_sha256=protocol.templates_sha256(),
+            created=datetime.now(UTC).isoformat(timespec="seconds"),
+            memagent=__version__,
+        )
+
+
+def open_session(document: Document, engine: Engine) -> Session:
+    """`document` tokenized and chunked for `engine`."""
+    tokens, chunks = chunk_text(document.text, engine.backend, engine.settings.chunk_tokens)
+    return Session(document, tokens, chunks, engine)

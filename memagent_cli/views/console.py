@@ -1,0 +1,28 @@
+"""The consoles: stderr for everything shown to a person, stdout for results only."""
+
+from __future__ import annotations
+
+import sys
+
+from rich.console import Console
+from rich.markup import escape
+
+console = Console(stderr=True, highlight=False)
+
+
+def results_console() -> Console:
+    """A console for results on stdout. In a pipe it is wide, so that a table keeps one line
+    per row however narrow the pipe claims to be."""
+    return Console(file=sys.stdout, highlight=False, width=None if sys.stdout.isatty() else 200)
+
+
+def note(message: str) -> None:
+    console.print(escape(message), style="dim", soft_wrap=True)
+
+
+def warn(message: str) -> None:
+    console.print(f"[yellow]warning:[/] {escape(message)}", soft_wrap=True)
+
+
+def error(message: str) -> None:
+    console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)

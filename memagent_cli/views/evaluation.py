@@ -1,0 +1,92 @@
+"""Evaluations as a person reads them: the score table on stdout, the plot, and what an
+interrupted run left."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from memagent_cli.evaluation import plot, report, results
+from memagent_cli.evaluation.evaluate import Stopped
+from memagent_cli.evaluation.results import Results
+from memagent_cli.progress import Reporter
+from memagent_cli.views import console as display
+
+
+def show(run: Results, *, as_json: bool, plot_path: Path | None, note: Reporter) -> None:
+    """A finished run: what scored 0 for want of \\boxed{}, the table (or JSON), the plot."""
+    unboxed = sum(r.get("prediction") is None for r in run.records)
+    if unboxed:
+        note.note(
+            f"{unboxed} of {len(run.records)} final replies put no answer in "
+            "\\boxed{}; they score 0, as in the authors' script (each record keeps the reply)."
+        )
+    if as_json:
+        print(json.dumps(report.to_json(run), ensure_ascii=False))
+    else:
+        print_table(display.results_console(), run)
+    if plot_path is not None:
+        draw([run], plot_path)
+
+
+def show_reports(paths: Sequence[Path], *, as_json: bool, plot_path: Path | None) -> None:
+    """Summaries of finished results files, compared in one plot."""
+    runs = [results.read(path) for path in paths]
+    if plot_path is not None:
+        plot.require()
+    if as_json:
+        print(json.dumps({"runs": [report.to_json(r) for r in runs]}, ensure_ascii=False))
+    else:
+        out = display.results_console()
+        for r in runs:
+            print_table(out, r, title=len(runs) > 1)
+    if plot_path is not None:
+        draw(runs, plot_path)
+
+
+def stopped(stop: Stopped) -> int:
+    """Say why an evaluation stopped and where its finished cases are; the exit code."""
+    display.error(stop.message)
+    display.note(f"finished cases are in {stop.output}; run the same command again to continue")
+    return stop.exit_code
+
+
+def draw(runs: list[Results], path: Path) -> None:
+    """Accuracy by length, or for one needle run the depth x length heatmap."""
+    records = [r for run_results in runs for r in run_results.records]
+    if len(runs) == 1 and records and all(r.get("depth") is not None for r in records):
+        plot.plot_heatmap(*report.depth_grid(records), path)
+    else:
+        plot.plot_accuracy([(r.label, report.summarize(r.records)) for r in runs], path)
+    display.note(f"plot: {path}")
+
+
+def print_table(console: Console, run: Results, *, title: bool = False) -> None:
+    """The run's groups as a table; `title` names the run (when several are compared)."""
+    table = Table(title=Text(str(run.path)) if title else None, title_justify="left")
+    for name in ("group", "length", "cases", "sub_em", "em", "f1", "boxed", "s/case", "tok/s"):
+        table.add_column(name, justify="left" if name == "group" else "right")
+    rows = report.summarize(run.records)
+    pooled = report.overall(run.records)
+    for row in rows + ([pooled] if pooled and len(rows) > 1 else []):
+        table.add_row(
+            Text(row.group),
+            row.label,
+            str(row.cases),
+            _cell(row.sub_em),
+            _cell(row.em),
+            _cell(row.f1),
+            _cell(row.boxed, "{:.0f}%"),
+            f"{row.seconds_per_case:.1f}",
+            _cell(row.tokens_per_second, "{:,.0f}"),
+        )
+    console.print(table)
+
+
+def _cell(value: float | None, form: str = "{:.2f}") -> str:
+    return "-" if value is None else form.format(value)

@@ -1,0 +1,71 @@
+"""`memagent inspect`'s report as a person reads it: tables on stdout."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+
+from memagent_cli.views import console as display
+
+
+def print_report(report: dict[str, Any]) -> None:
+    """The report as tables on stdout. Every cell is plain text, never Rich markup: paths,
+    titles and chapter names come from the user's files and may contain "[/bold]"."""
+    from rich.table import Table
+
+    def row(table: Table, *cells: str) -> None:
+        table.add_row(*(Text(cell) for cell in cells))
+
+    out = display.results_console()
+    doc = report["document"]
+    summary = Table.grid(padding=(0, 2))
+    row(summary, "document", doc["path"])
+    row(summary, "format", doc["format"] + (f" ({doc['title']})" if doc["title"] else ""))
+    if doc["unit"] == "page":
+        without = doc["pages_without_text"]
+        pages = f"{doc['pages']:,}" + (f" ({without} without text)" if without else "")
+        row(summary, "pages", pages)
+    elif doc["unit"] == "chapter":
+        row(summary, "chapters", f"{doc['sections']:,}")
+    row(summary, "characters", f"{doc['characters']:,}")
+    tok = report["tokenizer"]
+    how = (
+        f"{tok['model']} tokenizer"
+        if tok["kind"] == "model"
+        else (f"tiktoken {tok['encoding']}, approximate for the model")
+    )
+    row(summary, "tokens", f"{report['tokens']:,} ({how})")
+    row(summary, "chunks", f"{len(report['chunks']):,} of {report['chunk_tokens']:,} tokens")
+    est = report["estimate"]
+    if est and "error" in est:
+        row(summary, "estimate", est["error"])
+    elif est:
+        row(
+            summary,
+            "estimate",
+            f"about {_duration(est['seconds_per_question'])} per question on this machine "
+            f"(an estimate: prompt {est['prompt_tokens_per_second']:,.0f} tok/s, generation "
+            f"{est['generation_tokens_per_second']:,.0f} tok/s measured; {est['assumes']})",
+        )
+    out.print(summary)
+    table = Table("chunk", "tokens", "characters", "span", box=None, pad_edge=False)
+    for c in report["chunks"]:
+        row(
+            table,
+            str(c["index"] + 1),
+            f"{c['tokens'][0]:,}–{c['tokens'][1]:,}",
+            f"{c['chars'][0]:,}–{c['chars'][1]:,}",
+            c["span"],
+        )
+    out.print()
+    out.print(table)
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    if hours:
+        return f"{hours}h {minutes:02d}m"
+    return f"{minutes}m {secs:02d}s" if minutes else f"{secs}s"
