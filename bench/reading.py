@@ -108,10 +108,9 @@ def read_paired(backend: LlamaCppBackend, text: str, settings: reader.Settings) 
             decoder.reset()
             decoder.exact, decoder.speculate = VARIANTS[name]
             decoder.policy = policies[name]
-            reply = backend.generate(message, max_tokens=max_tokens, sampling=settings.sampling)
-            assert backend.last_decoded is not None
-            calls[name].append(backend.last_decoded)
-            texts[name].append(reply.text)
+            decoded = backend.decode(message, max_tokens=max_tokens, sampling=settings.sampling)
+            calls[name].append(decoded)
+            texts[name].append(decoded.text)
         depth = calls[names[0]][-1].prompt_tokens  # the last call's prompt is cached
         now.append((depth, single_decode_seconds(decoder, depth)))
         memory = protocol.strip_think(texts["plain"][-1])
@@ -233,11 +232,8 @@ def without_copies(backend: LlamaCppBackend, args: argparse.Namespace, result: d
             decoder.reset()
             decoder.exact, decoder.speculate = True, name == "speculative"
             decoder.policy = policy
-            texts[name] = backend.generate(
-                message, max_tokens=args.memory_tokens, sampling=sampling
-            )
-            decoded = backend.last_decoded
-            assert decoded is not None
+            decoded = backend.decode(message, max_tokens=args.memory_tokens, sampling=sampling)
+            texts[name] = decoded
             seconds[name] += decoded.seconds
             if name == "speculative":
                 drafted, accepted = drafted + decoded.drafted, accepted + decoded.accepted

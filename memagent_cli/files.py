@@ -9,7 +9,7 @@ import stat
 from pathlib import Path
 from typing import BinaryIO
 
-from memagent_cli.errors import UserError
+from memagent_cli.errors import ModelError, UserError
 
 MAX_LINE_BYTES = 16 << 20  # longer than any record memagent writes
 
@@ -47,3 +47,17 @@ def drop_partial_line(path: Path) -> None:
         end = size - back + tail.rfind(b"\n") + 1
         if end < size:
             file.truncate(end)
+
+
+def check_gguf(path: Path) -> None:
+    """Fail with a sentence (ModelError) unless `path` can be read and starts like a GGUF
+    file: llama.cpp would crash or abort on anything else."""
+    if path.exists() and not path.is_file():  # a FIFO would block the read below forever
+        raise ModelError(f"{path} is not a regular file, so not a GGUF model file.")
+    try:
+        with path.open("rb") as file:
+            magic = file.read(4)
+    except OSError as exc:
+        raise ModelError(f"Cannot read model {path}: {exc.strerror or exc}.") from None
+    if magic != b"GGUF":
+        raise ModelError(f"{path} is not a GGUF model file (llama.cpp reads GGUF models only).")

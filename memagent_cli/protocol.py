@@ -1,7 +1,8 @@
 """The MemAgent protocol: templates, initial memory, reply handling and scoring.
 
-These strings are an interface the released models were trained on (see
-shared/spec/memagent-protocol.md); they must stay byte-exact.
+These strings are an interface the released models were trained on (arXiv 2507.02259 and
+the authors' code); they must stay byte-exact, as tests/test_protocol.py checks against a
+copy made by hand.
 """
 
 from __future__ import annotations
@@ -80,14 +81,6 @@ def normalize_answer(text: str) -> str:
     text = "".join(ch for ch in text if ch not in set(string.punctuation))
     text = re.sub(r"\b(a|an|the)\b", " ", text)
     return " ".join(text.split())
-
-
-def sub_em(prediction: str, gold: str) -> bool:
-    """The paper's RULER-HQA accuracy: either normalized string contains the other."""
-    pred, ref = normalize_answer(prediction), normalize_answer(gold)
-    if not pred or not ref:
-        return False  # "" is a substring of everything; an empty answer is never right.
-    return ref in pred or pred in ref
 
 
 def needle_recall(prediction: str, expected: list[str]) -> float:

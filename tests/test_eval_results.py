@@ -12,8 +12,8 @@ import pytest
 from rich.console import Console
 
 from memagent_cli.evaluation import plot, report, results
-from memagent_cli.views import evaluation as views
 from memagent_cli.evaluation.results import ResultsError
+from memagent_cli.views import evaluation as views
 
 
 def record(group: str, i: int, sub_em: float, tokens: int = 7168, seconds: float = 2.0, **kw):
@@ -119,12 +119,16 @@ def test_the_table_and_the_json_object(tmp_path):
     json.dumps(summary)
 
 
+# The paper's rows as the protocol spec prints them, copied by hand (not from the code).
+PAPER_ROWS = """
+| RL-MemAgent-14B | 83.59 | 82.03 | 84.38 | 80.47 | 76.56 | 81.25 | 75.00 | 77.34 | 76.56 | 78.12 |
+| RL-MemAgent-7B | 82.03 | 79.69 | 78.91 | 77.34 | 79.69 | 72.66 | 74.22 | 76.56 | 75.78 | 71.09 |
+"""
+
+
 def test_the_paper_rows_are_the_specs():
-    spec = Path("/work/shared/spec/memagent-protocol.md")
-    if not spec.exists():
-        pytest.skip("the protocol spec is not in this checkout")
     for name, values in plot.REFERENCE.items():
-        line = next(x for x in spec.read_text().splitlines() if x.startswith(f"| {name} |"))
+        line = next(x for x in PAPER_ROWS.splitlines() if x.startswith(f"| {name} |"))
         cells = [c.strip() for c in line.strip("|").split("|")[1:]]
         assert [float(c) for c in cells] == list(values)
 

@@ -11,6 +11,7 @@ from memagent_cli.evaluation.scoring import (
     f1_score,
     prediction_of,
     score_reply,
+    sub_em,
 )
 
 
@@ -107,3 +108,11 @@ def test_needle_cases_score_the_fraction_of_values_found():
     # Values are matched ignoring case; no box scores nothing.
     assert score_reply("\\boxed{ABC-def}", ["abc-DEF"], "needle").sub_em == 1.0
     assert score_reply("1234567", values, "needle").sub_em == 0.0
+
+
+def test_sub_em_normalizes_both_ways_and_an_empty_box_scores_zero():
+    assert sub_em("The Eiffel Tower, in Paris.", "eiffel tower")
+    assert sub_em("Paris", "paris france")
+    assert not sub_em("London", "Paris")
+    assert score_reply("\\boxed{}", ["Paris"], "qa").sub_em == 0.0
+    assert score_reply("no box at all", ["Paris"], "qa").sub_em == 0.0

@@ -2,7 +2,8 @@
 
 from memagent_cli import protocol
 
-# Copied by hand from shared/spec/memagent-protocol.md, not from the code under test.
+# Copied by hand from the authors' templates (the project's protocol spec), not from the code
+# under test.
 SPEC_UPDATE = "You are presented with a problem, a section of an article that may contain the answer to the problem, and a previous memory. Please read the provided section carefully and update the memory with the new information that helps to answer the problem. Be sure to retain all relevant details from the previous memory while adding any new, useful information.\n\n<problem> \n{prompt}\n</problem>\n\n<memory>\n{memory}\n</memory>\n\n<section>\n{chunk}\n</section>\n\nUpdated memory:\n"  # noqa: E501
 SPEC_FINAL = "You are presented with a problem and a previous memory. Please answer the problem based on the previous memory and put the answer in \\boxed{{}}.\n\n<problem> \n{prompt}\n</problem>\n\n<memory>\n{memory}\n</memory>\n\nYour answer:\n"  # noqa: E501
 
@@ -59,13 +60,6 @@ def test_boxed_absent_or_unclosed():
 def test_think_is_stripped_to_after_the_last_marker():
     assert protocol.strip_think("<think>a</think>b</think>memory") == "memory"
     assert protocol.strip_think("no thinking") == "no thinking"
-
-
-def test_sub_em_normalizes_both_ways():
-    assert protocol.sub_em("The Eiffel Tower, in Paris.", "eiffel tower")
-    assert protocol.sub_em("Paris", "paris france")
-    assert not protocol.sub_em("London", "Paris")
-    assert not protocol.sub_em("", "Paris")
 
 
 def test_needle_recall():

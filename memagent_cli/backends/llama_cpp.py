@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from memagent_cli.backend import Call, Description, Generation, Sampling
 from memagent_cli.errors import ModelError
+from memagent_cli.files import check_gguf
 
 if TYPE_CHECKING:  # decoding imports llama_cpp, which loads the library: only when used
     from memagent_cli.backends.decoding import Decoded, Decoder
@@ -46,19 +47,6 @@ class CacheType(StrEnum):
 _TYPE_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "q8_0": 34 / 32, "q4_0": 18 / 32}
 _TYPE_BYTES |= {"q4_1": 20 / 32, "iq4_nl": 18 / 32, "q5_0": 22 / 32, "q5_1": 24 / 32}
 _RESERVE = 1 << 30  # compute buffers and everything else: leave a GiB free
-
-
-def _check_magic(path: Path) -> None:
-    """Fail with a sentence unless `path` can be read and starts like a GGUF file."""
-    if path.exists() and not path.is_file():  # a FIFO would block the read below forever
-        raise ModelError(f"{path} is not a regular file, so not a GGUF model file.")
-    try:
-        with path.open("rb") as file:
-            magic = file.read(4)
-    except OSError as exc:
-        raise ModelError(f"Cannot read model {path}: {exc.strerror or exc}.") from None
-    if magic != b"GGUF":
-        raise ModelError(f"{path} is not a GGUF model file (llama.cpp reads GGUF models only).")
 
 
 def physical_cores() -> int:
@@ -145,7 +133,7 @@ class LlamaCppBackend:
         self.flash_attn = str(options.flash_attn)
         self.cache_type_k, self.cache_type_v = str(options.cache_type_k), str(options.cache_type_v)
         self.batch_size, self.ubatch_size = options.batch_size, options.ubatch_size
-        _check_magic(path)
+        check_gguf(path)
         verbose = options.verbose
         _route_llama_log(verbose)
         self.path = path
@@ -177,7 +165,6 @@ class LlamaCppBackend:
             stop_token_ids=[eos_id] if eos_id >= 0 else None,
         )
         self._engine: _Engine | None = None
-        self.last_decoded: Decoded | None = None  # the last reply's decoding record (bench)
         self.context_tokens = 0  # per sequence
         self.sequences = 1
 
@@ -264,7 +251,27 @@ class LlamaCppBackend:
     def generate(self, message: str, *, max_tokens: int, sampling: Sampling) -> Generation:
         return self.generate_many([Call(message, max_tokens)], sampling=sampling)[0]
 
+    def decode(self, message: str, *, max_tokens: int, sampling: Sampling) -> Decoded:
+        """One reply with its whole decoding record: rounds, drafts, time in llama_decode."""
+        return self.decode_many([Call(message, max_tokens)], sampling=sampling)[0]
+
     def generate_many(self, calls: Sequence[Call], *, sampling: Sampling) -> list[Generation]:
+        return [
+            Generation(
+                text=decoded.text,
+                prompt_tokens=decoded.prompt_tokens,
+                completion_tokens=len(decoded.tokens),
+                prompt_seconds=decoded.prompt_seconds,
+                seconds=decoded.seconds,
+                finish_reason=decoded.finish_reason,
+                drafted=decoded.drafted,
+                accepted=decoded.accepted,
+            )
+            for decoded in self.decode_many(calls, sampling=sampling)
+        ]
+
+    def decode_many(self, calls: Sequence[Call], *, sampling: Sampling) -> list[Decoded]:
+        """Each call's reply with its decoding record, decoded together."""
         from memagent_cli.backends.decoding import Request
 
         if self._engine is None:
@@ -280,21 +287,7 @@ class LlamaCppBackend:
                     f"{self.context_tokens}"
                 )
             requests.append(Request(prompt, call.max_tokens, sampling, stop, call.sequence))
-        replies = self._engine.decoder.generate_many(requests)
-        self.last_decoded = replies[-1]
-        return [
-            Generation(
-                text=decoded.text,
-                prompt_tokens=decoded.prompt_tokens,
-                completion_tokens=len(decoded.tokens),
-                prompt_seconds=decoded.prompt_seconds,
-                seconds=decoded.seconds,
-                finish_reason=decoded.finish_reason,
-                drafted=decoded.drafted,
-                accepted=decoded.accepted,
-            )
-            for decoded in replies
-        ]
+        return self._engine.decoder.generate_many(requests)
 
 
 class _Engine:

@@ -7,10 +7,8 @@ Images, fonts and anything else the manifest lists are never inflated.
 
 from __future__ import annotations
 
-from pathlib import PurePath
-
 import posixpath
-from pathlib import PurePosixPath
+from pathlib import PurePath, PurePosixPath
 
 from lxml import etree
 

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import PurePath
-
 import contextlib
 import io
 import logging
 import warnings
 import zlib
 from collections.abc import Iterator
+from pathlib import PurePath
 
 from pypdf import PasswordType, PdfReader
 from pypdf.errors import DependencyError, PyPdfError

@@ -14,7 +14,8 @@ from typing import Any
 from memagent_cli.errors import UserError
 from memagent_cli.evaluation.report import GroupRow, length_label
 
-# The paper's RULER-HQA accuracy (%), from shared/spec/memagent-protocol.md (arXiv 2507.02259).
+# The paper's RULER-HQA accuracy (%) (arXiv 2507.02259, 128 questions per length); a copy
+# made by hand is checked in tests/test_eval_results.py.
 REFERENCE_LENGTHS = ("7K", "14K", "28K", "56K", "112K", "224K", "448K", "896K", "1.75M", "3.5M")
 REFERENCE = {
     "RL-MemAgent-14B": (83.59, 82.03, 84.38, 80.47, 76.56, 81.25, 75.00, 77.34, 76.56, 78.12),

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from memagent_cli.errors import ModelError
+from memagent_cli.files import check_gguf
 
-_MAGIC = b"GGUF"
 _MAX_DIMS = 4  # GGML_MAX_DIMS
 _SPLIT = re.compile(r"^(.+)-(\d{5})-of-(\d{5})$", re.IGNORECASE)
 _TAG = re.compile(r"[-.]([A-Z0-9_]+)$", re.IGNORECASE)
@@ -89,24 +89,11 @@ def quant_tag(filename: str) -> str:
     return found[1].upper() if found else ""
 
 
-def check_magic(path: Path) -> None:
-    """Fail with a sentence unless `path` can be read and starts like a GGUF file."""
-    if path.exists() and not path.is_file():  # a FIFO would block the read below forever
-        raise ModelError(f"{path} is not a regular file, so not a GGUF model file.")
-    try:
-        with path.open("rb") as file:
-            magic = file.read(4)
-    except OSError as exc:
-        raise ModelError(f"Cannot read model {path}: {exc.strerror or exc}.") from None
-    if magic != _MAGIC:
-        raise ModelError(f"{path} is not a GGUF model file (llama.cpp reads GGUF models only).")
-
-
 def read(path: Path) -> GGUFInfo:
     """The header facts of the GGUF file at `path`; ModelError if it is not one. Every count
     and length in the header is checked against the file's size before it is used, so a
     damaged or hostile file costs no more memory than its own size."""
-    check_magic(path)
+    check_gguf(path)
     try:
         # mmap only maps: the pages of the header are the only ones read from disk.
         with path.open("rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:

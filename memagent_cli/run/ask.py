@@ -56,14 +56,20 @@ class Result:
             return " ".join(self.answer.answer.split())
         return self.answer.reply.strip()
 
+    def records(self) -> list[dict[str, Any]]:
+        """The run as the records its trace holds: the header, one per step, the final."""
+        s, a = self.session, self.answer
+        steps = [trace.StepRecord.of(step, _span(s, step)).to_json() for step in a.steps]
+        final = trace.FinalRecord.of(a, s.span_of).to_json()
+        return [s.header(a.question).to_json(), *steps, final]
+
     def to_json(self) -> dict[str, Any]:
         """The answer with the same records the trace holds, and the run's speeds."""
         s, a = self.session, self.answer
         calls = [step.generation for step in a.steps] + [a.final]
         prompt_seconds = sum(g.prompt_seconds for g in calls)
         generation_seconds = sum(g.generation_seconds for g in calls)
-        steps = [trace.StepRecord.of(step, _span(s, step)).to_json() for step in a.steps]
-        final = trace.FinalRecord.of(a, s.span_of).to_json()
+        _, *steps, final = self.records()
         return {
             "answer": a.answer,
             "reply": a.reply,

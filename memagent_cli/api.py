@@ -1,0 +1,200 @@
+"""memagent from Python: load a document, open a model, ask. The CLI's `ask` is these calls
+plus options and a view on stderr.
+
+    from memagent_cli.api import ask, load_document, open_model
+
+    book = load_document("book.pdf")
+    model = open_model()  # the default model; or open_model("model.gguf"), open_model("hf:...")
+    result = ask(model, book, "Who betrayed the captain?")
+    print(result.text, result.evidence)
+
+Nothing here prints: notes go to `note`, the reading's events (reader.py: StepStarted,
+StepFinished, Answering, Finished) to `progress`, both silent by default.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from memagent_cli import protocol
+from memagent_cli.backend import Backend, Sampling
+from memagent_cli.backends.llama_cpp import LlamaOptions
+from memagent_cli.backends.openai import ServerOptions
+from memagent_cli.documents import Document
+from memagent_cli.documents.inputs import read_document
+from memagent_cli.progress import Listener, Note, Progress, ReadingView, SpanOf, silent
+from memagent_cli.reader import Settings, context_needed
+from memagent_cli.run import ask as run
+from memagent_cli.run.engine import BackendKind, BackendOptions, Engine, open_backend
+from memagent_cli.run.session import open_session
+
+__all__ = ["Model", "Result", "ask", "ask_many", "load_document", "open_model"]
+
+
+def load_document(
+    path: str | Path,
+    *,
+    password: str | None = None,
+    format: str | None = None,
+    progress: Progress | None = None,
+) -> Document:
+    """The text of a text, Markdown, PDF or EPUB file (`-` is stdin) and where each
+    character came from. `progress(what, done, total)` hears of pages extracted."""
+    return read_document(str(path), password=password, format=format, report=_Callbacks(progress))
+
+
+@dataclass
+class Model:
+    """A backend and the settings it reads by; the weights load on the first `ask`."""
+
+    backend: Backend
+    settings: Settings = field(default_factory=Settings)
+    _engine: Engine | None = field(default=None, init=False, repr=False)
+
+    def engine(self, questions: Sequence[str]) -> Engine:
+        """An engine whose context holds one step of the longest of `questions`."""
+        needed = context_needed(self.backend, list(questions), self.settings)
+        if self._engine is None or self._engine.context < needed:
+            self._engine = Engine(self.backend, self.settings, needed)
+        return self._engine
+
+
+def open_model(
+    model: str | Path | None = None,
+    *,
+    chunk_tokens: int = protocol.DEFAULT_CHUNK_TOKENS,
+    memory_tokens: int = protocol.DEFAULT_MEMORY_TOKENS,
+    sampling: Sampling | None = None,
+    llama: LlamaOptions | None = None,
+    server: ServerOptions | None = None,
+    note: Note = silent,
+    progress: Progress | None = None,
+) -> Model:
+    """A model as `--model` names it (a GGUF path, a registry name, `hf:OWNER/NAME[:QUANT]`,
+    None for $MEMAGENT_MODEL or the default model), run by llama.cpp with `llama`'s options;
+    or, given `server`, the model an OpenAI-compatible server serves. An `hf:` model not
+    pulled yet is pulled first, told through `note` and `progress`."""
+    options = BackendOptions(
+        kind=BackendKind.openai if server is not None else BackendKind.llama,
+        model=None if model is None else str(model),
+        llama=llama or LlamaOptions(),
+        server=server or ServerOptions(),
+    )
+    settings = Settings(chunk_tokens, memory_tokens, sampling or Sampling())
+    return Model(open_backend(options, note, progress), settings)
+
+
+@dataclass
+class Result:
+    """One answered question: the answer, every memory, and the records its trace holds."""
+
+    run: run.Result
+
+    @property
+    def text(self) -> str:
+        """The answer (the last \\boxed{}), else the raw final reply, on one line."""
+        return self.run.stdout_line()
+
+    @property
+    def answer(self) -> str | None:
+        """The content of the final reply's last \\boxed{}; None when it has none."""
+        return self.run.answer.answer
+
+    @property
+    def memories(self) -> list[str]:
+        """The memory after each step, in reading order."""
+        return [step.memory for step in self.run.answer.steps]
+
+    @property
+    def evidence(self) -> dict[str, Any] | None:
+        """Where the answer entered the memory (step, span, tokens), or None."""
+        return self.run.to_json()["evidence"]
+
+    @property
+    def trace_path(self) -> Path | None:
+        return self.run.trace_path
+
+    def records(self) -> list[dict[str, Any]]:
+        """The run as trace records: the header, one per step, the final one."""
+        return self.run.records()
+
+    def to_json(self) -> dict[str, Any]:
+        """What `memagent ask --json` prints."""
+        return self.run.to_json()
+
+
+def ask(
+    model: Model,
+    document: Document | str | Path,
+    question: str,
+    *,
+    trace_path: Path | None = None,
+    progress: Listener | None = None,
+    note: Note = silent,
+) -> Result:
+    """Read `document` for `question` and answer from the final memory. With `trace_path`
+    the trace is written there step by step. `progress(event)` hears of every step."""
+    return ask_many(model, document, [question], traces=[trace_path], progress=progress, note=note)[
+        0
+    ]
+
+
+def ask_many(
+    model: Model,
+    document: Document | str | Path,
+    questions: Sequence[str],
+    *,
+    traces: Sequence[Path | None] | None = None,
+    progress: Listener | None = None,
+    note: Note = silent,
+) -> list[Result]:
+    """Answer several questions about one document in one pass: an in-process model reads
+    them together, one sequence each, and each answers as it would alone. Raises
+    run.Stopped (with the finished steps in its trace) when a reading ends early."""
+    if not isinstance(document, Document):
+        document = load_document(document)
+    session = open_session(document, model.engine(questions))
+    report = _Callbacks(None, progress, note)
+    paths = list(traces) if traces is not None else [None] * len(questions)
+    options = [run.RunOptions(trace=path, use_cache=False, report=report) for path in paths]
+    outcomes = run.ask_together(session, list(questions), options)
+    for outcome in outcomes:
+        if isinstance(outcome, run.Stopped):
+            raise outcome
+    return [Result(outcome) for outcome in outcomes if isinstance(outcome, run.Result)]
+
+
+class _Callbacks:
+    """A Reporter made of the API's callbacks: progress bars and reading events go to the
+    caller's functions, warnings and errors to `note`."""
+
+    def __init__(
+        self, progress: Progress | None, events: Listener | None = None, note: Note = silent
+    ) -> None:
+        self._progress, self._events = progress or silent, events or silent
+        self.note = self.warn = self.error = note
+
+    @contextlib.contextmanager
+    def progress(self, unit: str) -> Iterator[Progress]:
+        yield self._progress
+
+    def reading(self, span_of: SpanOf, total_tokens: int, *args: Any, **kw: Any) -> ReadingView:
+        return _EventView(self._events)
+
+
+class _EventView:
+    def __init__(self, events: Listener) -> None:
+        self._events = events
+
+    def __enter__(self) -> _EventView:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+    def listener(self, reading: int) -> Listener:
+        return self._events

@@ -1,0 +1,96 @@
+"""memagent from Python: the README's example, and the library against the command."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+from pathlib import Path
+
+import pytest
+from conftest import FACT_QUESTION, ScriptedBackend, story
+
+from memagent_cli import api
+from memagent_cli.backend import Sampling
+from memagent_cli.reader import Finished, StepFinished, StepStarted
+from memagent_cli.run import ask as run
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def readme_example() -> str:
+    section = README.read_text().split("## From Python", 1)[1].split("\n## ", 1)[0]
+    found = re.search(r"```python\n(.*?)```", section, re.S)
+    assert found, "the README's From Python section has no python example"
+    return found[1]
+
+
+def test_the_readme_example_runs_as_written(tmp_path, monkeypatch):
+    """The example as printed, with a stand-in backend for the default model."""
+    (tmp_path / "book.txt").write_text("The vault is in the old tower. " * 3)
+    stand_in = ScriptedBackend(["The vault is in the tower.", "It is \\boxed{the tower}."])
+    monkeypatch.setattr(api, "open_backend", lambda options, note, progress: stand_in)
+    monkeypatch.chdir(tmp_path)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(readme_example(), "README.md", "exec"), {})
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "the tower"
+    assert lines[1] == "1 The vault is in the tower."
+    assert "'step': 0" in lines[2]  # the first step's memory holds the answer (JSON counts from 0)
+    assert stand_in.messages[0][1] == 256  # memory_tokens reached the loop
+    assert not (tmp_path / "data").exists()  # no trace unless one is asked for
+
+
+def test_ask_many_reads_together_and_each_answers_as_alone(tmp_path):
+    document = tmp_path / "notes.txt"
+    document.write_text("alpha beta gamma delta " * 4)
+    replies = ["m1", "m2", "\\boxed{one}", "\\boxed{two}"]
+    model = api.Model(ScriptedBackend(replies))
+    events: list[object] = []
+    first, second = api.ask_many(model, document, ["q1?", "q2?"], progress=events.append)
+    assert (first.answer, second.answer) == ("one", "two")
+    assert (first.memories, second.memories) == (["m1"], ["m2"])
+    assert model.backend.rounds[0] == [0, 1]  # one round, a sequence each
+    kinds = {type(event) for event in events}
+    assert {StepStarted, StepFinished, Finished} <= kinds
+    records = first.records()
+    assert [r["type"] for r in records] == ["header", "step", "final"]
+    assert records[0]["question"] == "q1?" and records[-1]["answer"] == "one"
+
+
+def test_a_trace_is_written_only_where_asked(tmp_path):
+    model = api.Model(ScriptedBackend(["memory", "\\boxed{x}"]))
+    book = api.load_document(_write(tmp_path / "a.txt", "some text to read"))
+    result = api.ask(model, book, "q?", trace_path=tmp_path / "run.jsonl")
+    assert result.trace_path == tmp_path / "run.jsonl"
+    lines = [json.loads(line) for line in (tmp_path / "run.jsonl").read_text().splitlines()]
+    assert [line["type"] for line in lines] == [r["type"] for r in result.records()]
+
+
+def test_a_reading_that_stops_raises_with_its_steps_kept(tmp_path):
+    model = api.Model(ScriptedBackend([]))  # no reply: the stand-in raises Ctrl-C
+    with pytest.raises(run.Stopped) as stopped:
+        api.ask(model, _write(tmp_path / "a.txt", "text"), "q?")
+    assert stopped.value.exit_code == 130
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.model
+def test_the_library_answers_as_the_command_does(memagent, tmp_path):
+    """The real default model, greedy: the library's answer and memories are the command's."""
+    book = tmp_path / "village.txt"
+    book.write_text(story(120))
+    args = ["--chunk-tokens", "1000", "--memory-tokens", "96", "--temperature", "0"]
+    cli = memagent("ask", str(book), FACT_QUESTION, *args, "--json", "--no-trace", "--no-cache")
+    assert cli.returncode == 0, cli.stderr
+    expected = json.loads(cli.stdout)
+    model = api.open_model(memory_tokens=96, chunk_tokens=1000, sampling=Sampling(0.0))
+    result = api.ask(model, book, FACT_QUESTION)
+    assert result.to_json()["reply"] == expected["reply"]
+    assert result.memories == [step["memory"] for step in expected["steps"]]
