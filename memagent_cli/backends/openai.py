@@ -4,7 +4,7 @@ llama-cpp-python's server): the same protocol over `/v1/chat/completions`."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +14,7 @@ import tenacity
 from memagent_cli.backend import Call, Description, Generation, Sampling
 from memagent_cli.backends.tokenizers import DEFAULT_ENCODING, TiktokenTokenizer
 from memagent_cli.errors import UserError
+from memagent_cli.progress import Note, silent
 
 # Transient failures (the server restarting, overloaded, or dropping a connection) are
 # retried after 1, 2, 4 and 8 seconds, then reported. A call that times out is not: a server
@@ -49,9 +50,7 @@ class OpenAIBackend:
     Safe to share between threads: every call is one independent HTTP request.
     """
 
-    def __init__(
-        self, options: ServerOptions, note: Callable[[str], None] = lambda message: None
-    ) -> None:
+    def __init__(self, options: ServerOptions, note: Note = silent) -> None:
         if not options.base_url:
             raise UserError("--backend openai needs --base-url (or $MEMAGENT_BASE_URL).")
         api_key, served_model, timeout = options.api_key, options.served_model, options.timeout
@@ -142,7 +141,7 @@ class OpenAIBackend:
             return _UNKNOWN_CONTEXT
 
     # -- tokens -----------------------------------------------------------------------
-    def _find_tokenizer(self, encoding: str, note: Callable[[str], None]) -> _Tokenizer:
+    def _find_tokenizer(self, encoding: str, note: Note) -> _Tokenizer:
         for candidate in (_LlamaServerTokenizer, _VllmTokenizer, _LlamaCppPythonTokenizer):
             tokenizer = candidate(self)
             try:

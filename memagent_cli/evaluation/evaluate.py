@@ -22,7 +22,7 @@ from memagent_cli.errors import UserError
 from memagent_cli.evaluation import data, niah, results
 from memagent_cli.evaluation.data import Case
 from memagent_cli.evaluation.runner import Answered, check_resumable, evaluate
-from memagent_cli.progress import SILENT, Reporter
+from memagent_cli.progress import SILENT, Note, Reporter
 from memagent_cli.reader import Settings, context_needed
 from memagent_cli.run import ask as run
 from memagent_cli.run.engine import BackendOptions, Engine, open_backend, open_engine
@@ -199,5 +199,5 @@ def _answerer(
     return answer
 
 
-def _note(options: EvalOptions) -> Callable[[str], None]:
+def _note(options: EvalOptions) -> Note:
     return options.report.note

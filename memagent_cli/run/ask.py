@@ -13,7 +13,7 @@ from typing import Any
 
 from memagent_cli import trace
 from memagent_cli.errors import Interrupted, UserError
-from memagent_cli.progress import SILENT, Reporter
+from memagent_cli.progress import SILENT, Note, Reporter
 from memagent_cli.reader import (
     Answer,
     Event,
@@ -245,7 +245,7 @@ def _listener(run: _Run, show: Callable[[Event], None]) -> Callable[[Event], Non
     return listener
 
 
-def _note(options: RunOptions) -> Callable[[str], None]:
+def _note(options: RunOptions) -> Note:
     return options.report.note
 
 

@@ -5,13 +5,13 @@ list with its types, the merges, the special token ids, add_bos and the chat tem
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import gguf
 
 from memagent_cli.errors import ModelError
+from memagent_cli.progress import Note
 
 # The split pattern of Qwen2's tokenizer (Qwen2.5 and Qwen3 use it too): llama.cpp's
 # pre-tokenizer "qwen2" implements exactly this one.
@@ -27,7 +27,7 @@ def write(
     folder: Path,
     arch: gguf.MODEL_ARCH,
     vocab_size: int | None,
-    note: Callable[[str], None],
+    note: Note,
 ) -> int:
     """Add the tokenizer of the model in `folder` to `writer`; returns the vocabulary size."""
     data = _load(folder / "tokenizer.json")
