@@ -19,7 +19,10 @@ from memagent_cli.trace import read_trace
 pytestmark = pytest.mark.model
 
 QUESTIONS = [FACT_QUESTION, "Who lives in the village?", "What happened at the mill?"]
-STEPS = ["--chunk-tokens", "700", "--memory-tokens", "80", "--temperature", "0", "--no-cache"]
+STEPS = [
+    *("--chunk-tokens", "700", "--memory-tokens", "80", "--temperature", "0", "--no-cache"),
+    "--exact",  # byte-identical together and alone: the promise of --exact
+]
 
 
 def kept(step: dict) -> dict:

@@ -262,6 +262,6 @@ def test_a_run_with_other_engine_arithmetic_is_another_run():
     there.settings.update(cache_type_k="q8_0", exact=False)
     assert differences(there, here) == [
         "--cache-type-k differs (q8_0 there, None here)",
-        "--no-exact differs (False there, None here)",
+        "--exact differs (False there, None here)",
     ]
     assert differences(header(), header()) == []

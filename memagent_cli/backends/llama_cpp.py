@@ -87,7 +87,10 @@ class LlamaOptions:
     gpu_layers: int | None = None  # None: all when llama.cpp can offload, else 0
     verbose: bool = False  # llama.cpp's own log on stderr
     speculate: bool = True  # draft from the prompt, verify in one batch
-    exact: bool = True  # every decode on llama.cpp's batched kernels: see decoding.py
+    # Every decode on llama.cpp's batched kernels (decoding.py): byte-identical output across
+    # speculation and sequences read together, at a cost. Off: single-row kernels where no
+    # draft is verified, the path llama.cpp's server and every peer take (README, Performance).
+    exact: bool = False
     flash_attn: FlashAttn = FlashAttn.off  # measured faster on CPU: README, Performance
     cache_type_k: CacheType = CacheType.f16
     cache_type_v: CacheType = CacheType.f16

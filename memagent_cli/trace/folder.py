@@ -56,7 +56,7 @@ _IDENTITY = {
     "--flash-attn": ("settings", "flash_attn"),
     "--cache-type-k": ("settings", "cache_type_k"),
     "--cache-type-v": ("settings", "cache_type_v"),
-    "--no-exact": ("settings", "exact"),
+    "--exact": ("settings", "exact"),
 }
 
 
