@@ -98,8 +98,13 @@ def models_convert(
             show_default=False,
         ),
     ] = None,
-    keep_f16: Annotated[
-        bool, typer.Option("--keep-f16", help="Keep the F16 GGUF quantized from.")
+    keep_intermediate: Annotated[
+        bool,
+        typer.Option(
+            "--keep-intermediate",
+            help="Keep the unquantized intermediate (BF16 or F16) quantized from, so that "
+            "another type quantizes from it without converting again.",
+        ),
     ] = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -109,6 +114,11 @@ def models_convert(
     report = reporter(quiet)
     with report.progress("bytes") as progress:
         model = models.convert(
-            folder, quant=quant, out=out, keep_f16=keep_f16, note=report.note, progress=progress
+            folder,
+            quant=quant,
+            out=out,
+            keep_intermediate=keep_intermediate,
+            note=report.note,
+            progress=progress,
         )
     print(model.path)

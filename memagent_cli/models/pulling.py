@@ -152,7 +152,7 @@ def convert(
     *,
     quant: str = "Q4_K_M",
     out: Path | None = None,
-    keep_f16: bool = False,
+    keep_intermediate: bool = False,
     note: Note = silent,
     progress: Progress | None = None,
 ) -> Model:
@@ -179,7 +179,14 @@ def convert(
     out = out.expanduser()
     if out.suffix != ".gguf":
         raise ModelError(f"--out {out} must end in .gguf, as llama.cpp's model files do.")
-    convert_folder(folder, out, tag, keep_f16=keep_f16, name=name, note=note, progress=progress)
+    convert_folder(
+        folder,
+        out,
+        tag,
+        keep_intermediate=keep_intermediate,
+        note=note,
+        progress=progress,
+    )
     if registered and registered[1].quant.upper() == tag:
         return Model(out, registered[0])
     return Model(out, registry.hub_name(out))

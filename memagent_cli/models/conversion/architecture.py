@@ -63,17 +63,43 @@ class Architecture:
         writer.add_feed_forward_length(int(c["intermediate_size"]))
         writer.add_head_count(int(c["num_attention_heads"]))
         writer.add_head_count_kv(int(c.get("num_key_value_heads", c["num_attention_heads"])))
-        if "rope_theta" in c:
-            writer.add_rope_freq_base(float(c["rope_theta"]))
+        rope = self.rope
+        if "rope_theta" in rope:
+            writer.add_rope_freq_base(float(rope["rope_theta"]))
         writer.add_layer_norm_rms_eps(float(c["rms_norm_eps"]))
         if "head_dim" in c:
             writer.add_key_length(int(c["head_dim"]))
             writer.add_value_length(int(c["head_dim"]))
-        scaling = c.get("rope_scaling") or {}
-        if scaling.get("rope_type", scaling.get("type")) == "yarn" and "factor" in scaling:
+        kind = rope.get("rope_type", rope.get("type")) or "default"
+        if kind == "linear":
+            writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            writer.add_rope_scaling_factor(float(rope["factor"]))
+        elif kind == "yarn":
             writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
-            writer.add_rope_scaling_factor(float(scaling["factor"]))
-            writer.add_rope_scaling_orig_ctx_len(int(scaling["original_max_position_embeddings"]))
+            writer.add_rope_scaling_factor(float(rope["factor"]))
+            writer.add_rope_scaling_orig_ctx_len(int(rope["original_max_position_embeddings"]))
+            for key, add in (
+                ("extrapolation_factor", writer.add_rope_scaling_yarn_ext_factor),
+                ("attention_factor", writer.add_rope_scaling_yarn_attn_factor),
+                ("attn_factor", writer.add_rope_scaling_yarn_attn_factor),
+                ("beta_fast", writer.add_rope_scaling_yarn_beta_fast),
+                ("beta_slow", writer.add_rope_scaling_yarn_beta_slow),
+            ):
+                if isinstance(rope.get(key), int | float):
+                    add(float(rope[key]))
+
+    @property
+    def rope(self) -> dict[str, Any]:
+        """The rotary embedding's settings, wherever the config keeps them: `rope_theta`
+        and `rope_scaling` at the top level (transformers 4), or `rope_parameters`
+        (transformers 5), as llama.cpp's converter reads them."""
+        c = self.config
+        rope = {k: c[k] for k in ("rope_theta", "original_max_position_embeddings") if k in c}
+        for key in ("rope_scaling", "rope_parameters"):
+            if isinstance(c.get(key), dict):
+                rope.update(c[key])
+        full = rope.get("full_attention")  # per-layer-type settings: the global layers'
+        return {**rope, **full} if isinstance(full, dict) else rope
 
 
 def read(folder: Path) -> Architecture:
@@ -108,7 +134,28 @@ def read(folder: Path) -> Architecture:
     ]
     if missing:
         raise ModelError(f"{path} lacks {', '.join(missing)}, which a {hf_name} must have.")
-    return Architecture(hf_name, SUPPORTED[hf_name], config)
+    found = Architecture(hf_name, SUPPORTED[hf_name], config)
+    _check_rope(found.rope, path)
+    return found
+
+
+_ROPE_NEEDS = {"linear": ("factor",), "yarn": ("factor", "original_max_position_embeddings")}
+
+
+def _check_rope(rope: dict[str, Any], path: Path) -> None:
+    """Refuse a rotary embedding the GGUF could not describe: llama.cpp would run it as
+    plain rope, a model that loads and answers wrongly past its trained context."""
+    kind = rope.get("rope_type", rope.get("type")) or "default"
+    if kind != "default" and kind not in _ROPE_NEEDS:
+        raise ModelError(
+            f"{path} asks for {kind} rope scaling; memagent converts default, linear and yarn."
+        )
+    missing = [k for k in _ROPE_NEEDS.get(kind, ()) if not isinstance(rope.get(k), int | float)]
+    if missing:
+        raise ModelError(f"{path} asks for {kind} rope scaling without {', '.join(missing)}.")
+    theta = rope.get("rope_theta")
+    if theta is not None and (not isinstance(theta, int | float) or theta <= 0):
+        raise ModelError(f"{path} has a rope_theta of {theta!r}; it must be a positive number.")
 
 
 _MAPS: dict[tuple[gguf.MODEL_ARCH, int], gguf.TensorNameMap] = {}

@@ -4,14 +4,21 @@ file that llama.cpp runs, quantized by llama.cpp itself; no torch, no transforme
 Tensors stream one block at a time from the memory-mapped safetensors into the GGUF, so
 memory stays flat whatever the model's size. Every file is written under a `.part` name and
 renamed when complete: an interrupted conversion never leaves a file that looks finished.
+
+A quantized model is quantized from an unquantized intermediate, as llama.cpp's converter
+and quantizer do: BF16 when the weights are bf16 (F16 would turn values above 65504 into
+inf), else F16, every block checked for range. The intermediate never shares a name with a
+model file (it does not end in .gguf), and only an intermediate this run wrote is removed.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
+import gguf.quants
 import numpy as np
 from rich.filesize import decimal
 
@@ -22,6 +29,8 @@ from memagent_cli.models.hub import check_space
 from memagent_cli.progress import Note, Progress, silent
 
 DEFAULT_QUANT = "Q4_K_M"
+WRITTEN_HERE = ("F32", "F16", "BF16")  # types the converter writes itself, unquantized
+_F16_MAX = 65504.0  # the largest finite float16
 
 
 @dataclass(frozen=True)
@@ -31,14 +40,20 @@ class Source:
     folder: Path
     arch: architecture.Architecture
     tensors: list[tuple[str, Tensor]]
+    pre: str  # llama.cpp's pre-tokenizer for the tokenizer (vocabulary.check)
 
     @property
     def parameters(self) -> int:
         return sum(t.elements for _, t in self.tensors)
 
+    @property
+    def intermediate_kind(self) -> str:
+        """What to quantize from: BF16 when any weight is bf16 (exact, never inf), else F16."""
+        return "BF16" if any(t.dtype == "BF16" for _, t in self.tensors) else "F16"
+
     def unquantized_size(self, kind: str) -> int:
-        """Bytes of the GGUF written as F16 (2-D weights) or F32 (everything)."""
-        weights = sum(_padded(t.elements * _dtype(n, t, kind).itemsize) for n, t in self.tensors)
+        """Bytes of the GGUF written as F16 or BF16 (2-D weights) or F32 (everything)."""
+        weights = sum(_padded(_nbytes(t, _out_type(n, t, kind))) for n, t in self.tensors)
         # The tokens and merges in the GGUF take less room than tokenizer.json's JSON.
         return weights + (self.folder / "tokenizer.json").stat().st_size
 
@@ -50,11 +65,12 @@ def read_source(folder: Path) -> Source:
     arch = architecture.read(folder)
     if not (folder / "tokenizer.json").is_file():
         raise vocabulary.no_tokenizer(str(folder))
+    pre = vocabulary.check(folder, arch.config.get("vocab_size"))
     mapped = [(arch.tensor_name(name), t) for name, t in read_tensors(folder).items()]
     tensors = [(name, t) for name, t in mapped if name is not None]
     if not any(name == "token_embd.weight" for name, _ in tensors):
         raise ModelError(f"The model in {folder} has no token embedding tensor.")
-    return Source(folder, arch, tensors)
+    return Source(folder, arch, tensors, pre)
 
 
 @dataclass(frozen=True)
@@ -64,16 +80,18 @@ class Plan:
     source: Source
     dest: Path
     quant: str
-    intermediate: Path | None  # the F16 file llama.cpp quantizes from; None for F16/F32
-    reuse_intermediate: bool  # a complete F16 from an earlier run is there
+    intermediate: Path | None  # the file llama.cpp quantizes from; None for F32/F16/BF16
+    reuse_intermediate: bool  # a complete intermediate from an earlier run is there
 
     @property
     def intermediate_size(self) -> int:
-        return self.source.unquantized_size("F16") if self.intermediate else 0
+        if self.intermediate is None:
+            return 0
+        return self.source.unquantized_size(self.source.intermediate_kind)
 
     @property
     def dest_size(self) -> int:
-        if self.quant in quantize.UNQUANTIZED:
+        if self.quant in WRITTEN_HERE:
             return self.source.unquantized_size(self.quant)
         return quantize.estimated_size(self.source.parameters, self.quant)
 
@@ -91,7 +109,8 @@ class Plan:
         source = self.source
         text = f"converting {source.arch.hf_name} ({params} parameters) from {source.folder}: "
         if self.intermediate and not self.reuse_intermediate:
-            text += f"F16 {decimal(self.intermediate_size)} (temporary), then "
+            kind = source.intermediate_kind
+            text += f"{kind} {decimal(self.intermediate_size)} (temporary), then "
         elif self.intermediate:
             text += f"reusing {self.intermediate.name}, then "
         return text + f"{self.quant} about {decimal(self.dest_size)} -> {self.dest}"
@@ -100,18 +119,22 @@ class Plan:
 def plan(folder: Path, dest: Path, quant: str = DEFAULT_QUANT) -> Plan:
     quant = quantize.file_type(quant).name.removeprefix("MOSTLY_").removeprefix("ALL_")
     source = read_source(folder)
-    intermediate = None if quant in quantize.UNQUANTIZED else f16_path(dest, quant)
+    intermediate = None
+    if quant not in WRITTEN_HERE:
+        intermediate = intermediate_path(dest, quant, source.intermediate_kind)
     newest = max(t.file.stat().st_mtime for _, t in source.tensors)
     reuse = bool(intermediate and intermediate.is_file() and intermediate.stat().st_mtime >= newest)
     return Plan(source, dest, quant, intermediate, reuse)
 
 
-def f16_path(dest: Path, quant: str) -> Path:
-    """Where the F16 intermediate of `dest` goes: NAME.F16.gguf beside NAME.QUANT.gguf."""
+def intermediate_path(dest: Path, quant: str, kind: str) -> Path:
+    """Where the unquantized intermediate of `dest` goes: NAME.intermediate.BF16 beside
+    NAME.QUANT.gguf. Not a .gguf name, so never the path of a pulled or converted model
+    (NAME.BF16.gguf is one), and every quantization of NAME finds it."""
     stem = dest.name.removesuffix(".gguf")
     if stem.upper().endswith("." + quant.upper()):
         stem = stem[: -len(quant) - 1]
-    return dest.with_name(f"{stem}.F16.gguf")
+    return dest.with_name(f"{stem}.intermediate.{kind}")
 
 
 def convert(
@@ -119,23 +142,28 @@ def convert(
     dest: Path,
     quant: str = DEFAULT_QUANT,
     *,
-    keep_f16: bool = False,
+    keep_intermediate: bool = False,
     name: str = "",
     note: Note = silent,
     progress: Progress | None = None,
+    release: Callable[[Path], None] | None = None,
 ) -> Path:
-    """Convert the model in `folder` into the GGUF `dest`, quantized to `quant`."""
+    """Convert the model in `folder` into the GGUF `dest`, quantized to `quant`.
+
+    `release(file)` is called with each source .safetensors file once all its tensors are
+    written (a pull may delete it there, to lower its disk peak)."""
     work = plan(folder, dest, quant)
     note(work.describe())
     check_space(dest.parent, work.needed, "the conversion")
     label = name or folder.name
     if work.intermediate is None:
-        write_gguf(work.source, dest, work.quant, label, progress, note)
+        write_gguf(work.source, dest, work.quant, name, progress, note, release)
         return dest
     if work.reuse_intermediate:
         note(f"using {work.intermediate} from an earlier run")
     else:
-        write_gguf(work.source, work.intermediate, "F16", label, progress, note)
+        kind = work.source.intermediate_kind
+        write_gguf(work.source, work.intermediate, kind, name, progress, note, release)
     note(f"quantizing to {work.quant} with llama.cpp")
     part = _part(dest)
     try:
@@ -143,7 +171,9 @@ def convert(
         part.replace(dest)
     finally:
         part.unlink(missing_ok=True)
-    if not keep_f16:
+    if keep_intermediate:
+        note(f"kept {work.intermediate}: quantizing {label} to another type starts from it")
+    elif not work.reuse_intermediate:  # one kept by an earlier run stays
         work.intermediate.unlink()
     return dest
 
@@ -155,40 +185,57 @@ def write_gguf(
     name: str,
     progress: Progress | None = None,
     note: Note = silent,
+    release: Callable[[Path], None] | None = None,
 ) -> None:
-    """Write `source` as an unquantized GGUF (`kind` F16 or F32) at `dest`, via a .part file."""
+    """Write `source` as an unquantized GGUF (`kind` F32, F16 or BF16) at `dest`, via a
+    .part file, named `name` (else as llama.cpp names it, from the folder). F16 made from wider values is checked block by block: a value beyond F16's
+    range is refused with a sentence, never written as inf."""
     writer = gguf.GGUFWriter(None, source.arch.gguf_name)
     writer.add_type(gguf.GGUFType.MODEL)
-    writer.add_name(name)
-    total_params, shared, expert, experts = source.parameters, source.parameters, 0, 0
-    writer.add_size_label(gguf.size_label(total_params, shared, expert, experts))
+    # As llama.cpp's converter: name, basename, finetune, size label and sampling defaults
+    # from the folder's name, model card and generation_config.json, unless `name` is given.
+    meta = gguf.Metadata.load(None, source.folder, name or None, source.parameters)
+    meta.name = meta.name or source.folder.name
+    if meta.size_label is None:
+        meta.size_label = gguf.size_label(source.parameters, source.parameters, 0, 0)
+    meta.set_gguf_meta_model(writer)
     source.arch.write_parameters(writer)
     writer.add_file_type(quantize.file_type(kind))
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    vocabulary.write(
-        writer, source.folder, source.arch.arch, source.arch.config.get("vocab_size"), note
-    )
+    vocabulary.write(writer, source.folder, source.pre, source.arch.config.get("vocab_size"))
     for tensor_name, tensor in source.tensors:
-        dtype = _dtype(tensor_name, tensor, kind)
-        writer.add_tensor_info(tensor_name, tensor.shape, dtype, tensor.elements * dtype.itemsize)
-    total = sum(tensor.elements * _dtype(n, tensor, kind).itemsize for n, tensor in source.tensors)
+        out = _out_type(tensor_name, tensor, kind)
+        writer.add_tensor_info(
+            tensor_name,
+            tensor.shape,
+            np.dtype(np.float32 if out == "F32" else np.float16),
+            _nbytes(tensor, out),
+            raw_dtype=gguf.GGMLQuantizationType[out],
+        )
+    total = sum(_nbytes(t, _out_type(n, t, kind)) for n, t in source.tensors)
+    left: dict[Path, int] = {}  # source file -> its tensors not written yet
+    for _, tensor in source.tensors:
+        left[tensor.file] = left.get(tensor.file, 0) + 1
     part = _part(dest)
     try:
         writer.write_header_to_file(path=part)
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
         assert writer.fout is not None
-        out = writer.fout[0]
-        writer.write_padding(out, out.tell())
+        out_file = writer.fout[0]
+        writer.write_padding(out_file, out_file.tell())
         done = 0
         for tensor_name, tensor in source.tensors:
-            dtype = _dtype(tensor_name, tensor, kind)
-            for block in tensor.blocks(dtype.type):
-                out.write(memoryview(np.ascontiguousarray(block)).cast("B"))
+            out = _out_type(tensor_name, tensor, kind)
+            for block in _blocks(tensor_name, tensor, out):
+                out_file.write(block)
                 done += block.nbytes
                 if progress:
                     progress(f"writing {dest.name}", done, total)
-            writer.write_padding(out, tensor.elements * dtype.itemsize)
+            writer.write_padding(out_file, _nbytes(tensor, out))
+            left[tensor.file] -= 1
+            if release is not None and left[tensor.file] == 0:
+                release(tensor.file)
         writer.close()
         part.replace(dest)
     except OSError as exc:
@@ -198,11 +245,38 @@ def write_gguf(
         part.unlink(missing_ok=True)
 
 
-def _dtype(gguf_name: str, tensor: Tensor, kind: str) -> np.dtype:
-    # As llama.cpp's converter: 1-D tensors and norms stay F32 in an F16 file.
+def _out_type(gguf_name: str, tensor: Tensor, kind: str) -> str:
+    # As llama.cpp's converter: 1-D tensors and norms stay F32 in an F16 or BF16 file.
     if kind == "F32" or len(tensor.shape) <= 1 or gguf_name.endswith("_norm.weight"):
-        return np.dtype(np.float32)
-    return np.dtype(np.float16)
+        return "F32"
+    return kind
+
+
+def _nbytes(tensor: Tensor, out: str) -> int:
+    return tensor.elements * (4 if out == "F32" else 2)
+
+
+def _blocks(gguf_name: str, tensor: Tensor, out: str) -> Iterator[memoryview]:
+    """The tensor's bytes as `out`, a block of rows at a time."""
+    if out == "BF16" and tensor.dtype == "BF16":
+        for raw in tensor.raw_blocks():  # bf16 to bf16: the bits as they are
+            yield memoryview(np.ascontiguousarray(raw)).cast("B")
+        return
+    for block in tensor.blocks(np.float32):
+        if out == "F32":
+            data = block
+        elif out == "BF16":
+            data = gguf.quants.quantize(block, gguf.GGMLQuantizationType.BF16)
+        else:
+            finite = block[np.isfinite(block)]
+            if finite.size and float(np.abs(finite).max()) > _F16_MAX:
+                raise ModelError(
+                    f"Tensor {gguf_name} holds values beyond F16's range (±65504), which F16 "
+                    "would store as inf; convert to BF16 or F32, or to a quantized type "
+                    "(quantized from a BF16 intermediate)."
+                )
+            data = block.astype(np.float16)
+        yield memoryview(np.ascontiguousarray(data)).cast("B")
 
 
 def _padded(size: int) -> int:

@@ -41,8 +41,8 @@ class Tensor:
             count *= dim
         return count
 
-    def blocks(self, out: type[np.floating]) -> Iterator[np.ndarray]:
-        """The tensor's values as `out` (float16 or float32), a block of rows at a time.
+    def raw_blocks(self) -> Iterator[np.ndarray]:
+        """The tensor's values as stored (bf16 as uint16 bits), a block of rows at a time.
         Each block is mapped on its own and unmapped after use, so that the pages of the
         file read so far do not pile up in this process's memory."""
         storage, width = _DTYPES[self.dtype]
@@ -55,6 +55,11 @@ class Tensor:
             )
             block = np.array(mapped)  # a copy: the mapping closes with `mapped`
             del mapped
+            yield block
+
+    def blocks(self, out: type[np.floating]) -> Iterator[np.ndarray]:
+        """The tensor's values as `out` (float16 or float32), a block of rows at a time."""
+        for block in self.raw_blocks():
             if self.dtype == "BF16":  # bf16 is the top half of a float32
                 block = (block.astype(np.uint32) << 16).view(np.float32)
             yield block.astype(out, copy=False)

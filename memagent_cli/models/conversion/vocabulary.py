@@ -1,9 +1,16 @@
 """A Hugging Face byte-level BPE tokenizer (tokenizer.json) as GGUF metadata, the way
 llama.cpp's converter writes it (`_set_vocab_gpt2`), read without transformers: the token
-list with its types, the merges, the special token ids, add_bos and the chat template."""
+list with its types, the merges, the special token ids, add_bos and the chat template.
+
+llama.cpp splits text before BPE with one of its built-in pre-tokenizers, named in the
+GGUF. Its converter names it by the sha256 of the token ids of a fixed check text
+(`get_vocab_base_pre`) and refuses a tokenizer whose hash it does not know: a wrong name
+makes a model that loads and then tokenizes some texts differently from its training. The
+same check is done here, with the `tokenizers` library reading tokenizer.json."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -11,26 +18,29 @@ from typing import Any
 import gguf
 
 from memagent_cli.errors import ModelError
-from memagent_cli.progress import Note
 
-# The split pattern of Qwen2's tokenizer (Qwen2.5 and Qwen3 use it too): llama.cpp's
-# pre-tokenizer "qwen2" implements exactly this one.
-QWEN2_PATTERN = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+# llama.cpp's check text and the hashes of its known pre-tokenizers that memagent's
+# architectures use, from convert_hf_to_gguf.py's get_vocab_base_pre.
+CHECK_TEXT = (
+    "\n \n\n \n\n\n \t \t\t \t\n  \n   \n    \n     \n"
+    "🚀 (normal) 😶\u200d🌫️ (multiple emojis concatenated) ✅ 🦙🦙 3 33 333 3333 33333 333333 "
+    "3333333 33333333 3.3 3..3 3...3 កាន់តែពិសេសអាច😁 ?我想在apple工作1314151天～ "
+    "------======= нещо на Български " + "'" * 6 + "`" * 7 + '"' * 4 + "......!!!!!!?????? "
+    "I've been "
+    "'told he's there, 'RE you sure? 'M not sure I'll make it, 'D you like some tea? We'Ve a'lL"
 )
-PRE_TOKENIZERS = {gguf.MODEL_ARCH.QWEN2: "qwen2", gguf.MODEL_ARCH.QWEN3: "qwen2"}
+PRE_TOKENIZERS = {
+    "e636dc30a262dcc0d8c323492e32ae2b70728f4df7dfe9737d9f920a282b8aea": "qwen2",  # Qwen1.5-2.5, 3
+    "d4540891389ea895b53b399da6ac824becc30f2fba0e9ddbb98f92e55ca0e97c": "qwen2",  # Qwen3-Embedding
+}
 
 
-def write(
-    writer: gguf.GGUFWriter,
-    folder: Path,
-    arch: gguf.MODEL_ARCH,
-    vocab_size: int | None,
-    note: Note,
-) -> int:
-    """Add the tokenizer of the model in `folder` to `writer`; returns the vocabulary size."""
-    data = _load(folder / "tokenizer.json")
+def check(folder: Path, vocab_size: int | None) -> str:
+    """Check the tokenizer in `folder` before anything is written: every token id fits the
+    model's `vocab_size` (the embedding's rows), and llama.cpp knows its pre-tokenizer.
+    Returns the pre-tokenizer's name; ModelError with a sentence otherwise."""
+    path = folder / "tokenizer.json"
+    data = _load(path)
     model = data.get("model")
     if (
         not isinstance(model, dict)
@@ -38,19 +48,50 @@ def write(
         or not isinstance(model.get("vocab"), dict)
     ):
         raise ModelError(
-            f"{folder / 'tokenizer.json'} is not a BPE tokenizer; memagent converts byte-level "
-            "BPE tokenizers only."
+            f"{path} is not a BPE tokenizer; memagent converts byte-level BPE tokenizers only."
         )
-    if QWEN2_PATTERN not in json.dumps(data.get("pre_tokenizer"), ensure_ascii=False).replace(
-        "\\\\", "\\"
-    ):
-        note(
-            "warning: the tokenizer's split pattern is not Qwen2's; llama.cpp will split text "
-            "as Qwen2 does, so some texts may tokenize differently"
+    ids = [int(i) for i in model["vocab"].values()]
+    ids += [int(entry["id"]) for entry in data.get("added_tokens") or []]
+    if vocab_size and ids and max(ids) >= vocab_size:
+        raise ModelError(
+            f"{path} has token id {max(ids)}, but config.json's vocab_size is {vocab_size}: "
+            "the model has no embedding row for it, so llama.cpp could not load the result."
         )
-    tokens, types = token_list(model["vocab"], data.get("added_tokens") or [], vocab_size)
+    return pre_tokenizer(path)
+
+
+def pre_tokenizer(path: Path) -> str:
+    """llama.cpp's name for the pre-tokenizer of tokenizer.json at `path`, found as its
+    converter finds it; ModelError for one llama.cpp does not know."""
+    from tokenizers import Tokenizer
+
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as exc:  # the library raises its own Exception for any bad file
+        raise ModelError(f"{path} cannot be read as a tokenizer: {exc}.") from None
+    ids = tokenizer.encode(CHECK_TEXT).ids
+    digest = hashlib.sha256(str(ids).encode()).hexdigest()
+    if digest not in PRE_TOKENIZERS:
+        raise ModelError(
+            f"llama.cpp does not know the pre-tokenizer of {path} (check hash {digest[:16]}...): "
+            "a GGUF naming another one would split some texts differently from the model's "
+            "training, so memagent converts Qwen2's tokenizer (Qwen2, Qwen2.5, Qwen3) only."
+        )
+    return PRE_TOKENIZERS[digest]
+
+
+def write(
+    writer: gguf.GGUFWriter,
+    folder: Path,
+    pre: str,
+    vocab_size: int | None,
+) -> int:
+    """Add the tokenizer of the model in `folder` (checked by `check`, whose pre-tokenizer
+    name is `pre`) to `writer`; returns the vocabulary size."""
+    data = _load(folder / "tokenizer.json")
+    tokens, types = token_list(data["model"]["vocab"], data.get("added_tokens") or [], vocab_size)
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre(PRE_TOKENIZERS[arch])
+    writer.add_tokenizer_pre(pre)
     writer.add_token_list(tokens)
     writer.add_token_types(types)
     # gguf's reader of tokenizer.json, tokenizer_config.json and config.json: merges,
