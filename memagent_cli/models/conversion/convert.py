@@ -188,8 +188,9 @@ def write_gguf(
     release: Callable[[Path], None] | None = None,
 ) -> None:
     """Write `source` as an unquantized GGUF (`kind` F32, F16 or BF16) at `dest`, via a
-    .part file, named `name` (else as llama.cpp names it, from the folder). F16 made from wider values is checked block by block: a value beyond F16's
-    range is refused with a sentence, never written as inf."""
+    .part file, named `name` (else as llama.cpp names it, from the folder). F16 made from
+    wider values is checked block by block: a value beyond F16's range is refused with a
+    sentence, never written as inf."""
     writer = gguf.GGUFWriter(None, source.arch.gguf_name)
     writer.add_type(gguf.GGUFType.MODEL)
     # As llama.cpp's converter: name, basename, finetune, size label and sampling defaults
