@@ -70,13 +70,15 @@ def evidence_line(found: list[dict[str, Any]] | None, total: int) -> str | None:
     if not found:
         return "no source in the document: the final memory does not hold the answer's words"
     several = len(found) > 1
-    parts = []
-    for source in found:
-        part = f"{source_place(source)}, step {source['step']} of {total}"
-        if several and source.get("words"):
-            part += f" ({' '.join(source['words'])})"
-        parts.append(part)
-    return "from " + "; ".join(parts)
+    return "from " + "; ".join(source_text(source, total, several) for source in found)
+
+
+def source_text(source: dict[str, Any], total: int, several: bool = False) -> str:
+    """ "pp. 131–150, step 7 of 30", with the words it brought in when there are `several`."""
+    text = f"{source_place(source)}, step {source['step']} of {total}"
+    if several and source.get("words"):
+        text += f" ({' '.join(source['words'])})"
+    return text
 
 
 def source_place(source: dict[str, Any]) -> str:
