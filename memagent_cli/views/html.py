@@ -527,7 +527,7 @@ def _eval_run(run: Results) -> str:
         facts.append(("Skipped", f"{run.skipped} damaged lines"))
     cells = "".join(f"<dt>{escape(k)}</dt><dd>{escape(v)}</dd>" for k, v in facts)
     head = "".join(
-        f'<th class="{"" if name == "group" else "num"}">{escape(name)}</th>'
+        f"<th>{name}</th>" if name == "group" else f'<th class="num">{escape(name)}</th>'
         for name in report.COLUMNS
     )
     rows = report.summarize(run.records)
@@ -536,9 +536,10 @@ def _eval_run(run: Results) -> str:
     for row in rows + ([pooled] if pooled and len(rows) > 1 else []):
         values = report.cells(row)
         tds = "".join(
-            f'<td class="{"" if i == 0 else "num"}">{escape(v)}</td>' for i, v in enumerate(values)
+            f"<td>{escape(v)}</td>" if i == 0 else f'<td class="num">{escape(v)}</td>'
+            for i, v in enumerate(values)
         )
-        body.append(f'<tr class="{"overall" if row is pooled else ""}">{tds}</tr>')
+        body.append(f'<tr class="overall">{tds}</tr>' if row is pooled else f"<tr>{tds}</tr>")
     cases = "".join(_case(r) for r in run.records)
     return (
         f'<section><h2>{escape(str(run.path))}</h2><dl class="facts">{cells}</dl>'
