@@ -39,7 +39,9 @@ MEMORIES = [
 REPLY = "The password is \\boxed{PELICAN}."
 
 
-def write_trace(path: Path, memories: list[str], question: str = QUESTION) -> Path:
+def write_trace(
+    path: Path, memories: list[str], question: str = QUESTION, reply: str = REPLY
+) -> Path:
     """A finished trace of the real loop over a four-page PDF's text, scripted memories."""
     book = assemble(PAGES, path="/books/tower.pdf", format="pdf", sha256="ab" * 32, unit="page")
     chunks = make_chunks(list(book.text.encode()), 60, bytes)
@@ -57,7 +59,7 @@ def write_trace(path: Path, memories: list[str], question: str = QUESTION) -> Pa
     )  # fmt: skip
     writer = TraceWriter(path, header, span_of=book.span)
     try:
-        read(ScriptedBackend([*memories, REPLY]), question, chunks, Settings(60, 64), writer)
+        read(ScriptedBackend([*memories, reply]), question, chunks, Settings(60, 64), writer)
     finally:
         writer.close()
     return path
@@ -180,6 +182,18 @@ def test_hostile_text_is_escaped_everywhere(memagent, tmp_path):
     assert "<script" not in text and 'href="javascript' not in text
     assert "&lt;script&gt;document.title=&#x27;pwned&#x27;&lt;/script&gt;" in text
     assert "<title>memagent: Who? &lt;script&gt;" in text
+
+
+def test_a_runaway_reply_is_cut_on_top_and_whole_below(memagent, tmp_path):
+    reply = "The password is PELICAN. " * 100  # no box, as small models answer
+    path = write_trace(tmp_path / "long.jsonl", MEMORIES, reply=reply)
+    page = tmp_path / "long.html"
+    ok(memagent("trace", str(path), "--html", str(page)))
+    text = page.read_text()
+    top = re.search(r'<div class="answer">(.*?)</div>', text, re.S)[1]
+    assert len(top) < 500 and top.endswith(" …")
+    assert "raw final reply, cut here" in text and reply.strip() in text
+    assert "pp. i–1, step 2 of 5</a>" in text  # the reply's content word, "pelican"
 
 
 # ---------------------------------------------------------------- eval report --html

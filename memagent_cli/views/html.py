@@ -232,10 +232,13 @@ def _run(number: int, loaded: Trace, runs: int) -> str:
         for record, previous, change in zip(loaded.steps, before, changes, strict=False):
             parts.append(_step(loaded, record, previous, change, ident, sources, held))
     if final is not None:
-        parts.append("<h3>Final reply</h3>")
+        parts.append(f'<h3 id="{ident}-reply">Final reply</h3>')
         parts.append(f'<pre class="memory">{escape(final.reply)}</pre>')
     parts.append("</section>")
     return "".join(parts)
+
+
+_ANSWER_SHOWN = 400  # characters of the answer shown on top
 
 
 def _answer_box(loaded: Trace, ident: str) -> str:
@@ -243,9 +246,14 @@ def _answer_box(loaded: Trace, ident: str) -> str:
     if final is None:
         status = escape(str(loaded.status))
         return f'<div class="answer-box"><div class="answer">No answer yet</div>{status}</div>'
-    note = ""
+    note, text = "", _answer_text(loaded)
     if final.answer is None:
-        note = '<div class="note">No answer in \\boxed{}: this is the raw final reply.</div>'
+        note = "No answer in \\boxed{}: this is the raw final reply"
+    if len(text) > _ANSWER_SHOWN:  # a runaway reply: all of it is under "Final reply"
+        text = text[:_ANSWER_SHOWN].rstrip() + " …"
+        note = (note or "A long answer") + f', cut here; <a href="#{ident}-reply">all of it</a>'
+    if note:
+        note = f'<div class="note">{note}.</div>'
     where = ""
     total = loaded.header.total_steps
     if not final.evidence and (line := traces.evidence(loaded)):
@@ -260,7 +268,7 @@ def _answer_box(loaded: Trace, ident: str) -> str:
         where = f'<div class="evidence">From {links}.</div>'
     return (
         '<div class="answer-box"><div class="sub">Answer</div>'
-        f'<div class="answer">{escape(_answer_text(loaded))}</div>{note}{where}</div>'
+        f'<div class="answer">{escape(text)}</div>{note}{where}</div>'
     )
 
 
