@@ -42,7 +42,8 @@ REPLY = "The password is \\boxed{PELICAN}."
 def write_trace(
     path: Path, memories: list[str], question: str = QUESTION, reply: str = REPLY
 ) -> Path:
-    """A finished trace of the real loop over a four-page PDF's text, scripted memories."""
+    """A trace of the real loop over a four-page PDF's text with scripted memories: finished,
+    or interrupted after as many steps as there are memories."""
     book = assemble(PAGES, path="/books/tower.pdf", format="pdf", sha256="ab" * 32, unit="page")
     chunks = make_chunks(list(book.text.encode()), 60, bytes)
     header = Header(
@@ -58,8 +59,11 @@ def write_trace(
         memagent="0.1.0",
     )  # fmt: skip
     writer = TraceWriter(path, header, span_of=book.span)
+    replies = [*memories, reply] if len(memories) == len(chunks) else memories
     try:
-        read(ScriptedBackend([*memories, reply]), question, chunks, Settings(60, 64), writer)
+        read(ScriptedBackend(replies), question, chunks, Settings(60, 64), writer)
+    except KeyboardInterrupt:  # fewer memories than chunks: stopped as Ctrl-C stops a run
+        writer.interrupted("SIGINT")
     finally:
         writer.close()
     return path
@@ -172,6 +176,18 @@ def test_several_traces_need_html_and_a_missing_one_is_one_sentence(memagent, tm
     assert_clean_failure(memagent("trace", str(path), str(path)), 2, "only in an --html report")
     missing = memagent("trace", str(path), str(tmp_path / "nope.jsonl"), "--html", "r.html")
     assert missing.returncode == 1 and "Traceback" not in missing.stderr
+
+
+def test_runs_stopped_early_or_before_any_step_show_as_far_as_they_go(memagent, tmp_path):
+    stopped = write_trace(tmp_path / "stopped.jsonl", MEMORIES[:2])
+    never = write_trace(tmp_path / "never.jsonl", [])
+    page = tmp_path / "stopped.html"
+    ok(memagent("trace", str(stopped), str(never), "--html", str(page)))
+    text = page.read_text()
+    assert text.count("No answer yet") == 2
+    assert "interrupted (SIGINT) after 2 of 5 steps" in text and "after 0 of 5 steps" in text
+    assert text.count('id="run-1-step-') == 2 and 'id="run-2-step-' not in text
+    assert ">token 288</text>" in text  # the strip ends where the document does, unread
 
 
 def test_hostile_text_is_escaped_everywhere(memagent, tmp_path):

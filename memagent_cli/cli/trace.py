@@ -23,7 +23,7 @@ def trace(
             # The backslash keeps Typer's Rich help from reading "[default: ...]" as markup.
             help="Trace file, or the name of one in the data folder; several go with --html "
             "\\[default: the most recent trace].",
-            metavar="TRACE...",
+            metavar="TRACE",
             show_default=False,
         ),
     ] = None,

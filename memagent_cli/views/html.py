@@ -336,7 +336,8 @@ def _strip(loaded: Trace, ident: str, sources: dict[int, dict[str, Any]]) -> str
         )
     first, last = loaded.steps[:1], loaded.steps[-1:]
     left = first[0].span.split("–")[0] if first and first[0].span else "token 0"
-    right = last[0].span if last and last[0].span else f"token {total:,}"
+    read_all = bool(last) and last[0].tokens[1] >= total  # else the end was never read
+    right = last[0].span if read_all and last[0].span else f"token {total:,}"
     out.append(f'<text class="dim" x="0" y="{top + height + 18}">{escape(left)}</text>')
     out.append(
         f'<text class="dim" x="{width:.0f}" y="{top + height + 18}" text-anchor="end">'
