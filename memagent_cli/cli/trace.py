@@ -62,7 +62,7 @@ def trace(
         typer.Option(
             "--json",
             help="Print the trace (or --list) as JSON: the records as written, where a step's "
-            '"index" counts from 0.',
+            '"index" counts from 0 (and an evidence "step" from 1).',
         ),
     ] = False,
     markdown: Annotated[

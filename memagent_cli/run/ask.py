@@ -79,7 +79,7 @@ class Result:
             if written.finished:
                 return written
         header, steps, final = self._records()
-        path = self.trace_path or Path(Path(self.session.document.path).name + ".jsonl")
+        path = self.trace_path or Path("(none written: --no-trace)")
         return trace.Trace(path, header, steps=steps, final=final)
 
     def to_json(self) -> dict[str, Any]:

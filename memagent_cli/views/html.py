@@ -200,7 +200,7 @@ def _index(runs: Sequence[Trace]) -> str:
         )
     return (
         '<table class="index"><tr><th class="num">#</th><th>question</th><th>answer</th>'
-        '<th>from</th><th class="num">steps</th></tr>' + "".join(rows) + "</table>"
+        '<th>source</th><th class="num">steps</th></tr>' + "".join(rows) + "</table>"
     )
 
 
