@@ -314,3 +314,22 @@ def test_the_report_renders_in_a_browser_and_a_hostile_trace_stays_inert(memagen
     printed = "".join(p.extract_text() for p in PdfReader(pdf).pages)
     # Printed, every question's tab is there, one after the other.
     assert "Question 1: What is the password" in printed and "Question 2: Who?" in printed
+
+
+@needs_browser
+def test_the_eval_report_renders_its_plot_in_a_browser(memagent, tmp_path):
+    pytest.importorskip("matplotlib")
+    page = tmp_path / "eval.html"
+    ok(
+        memagent(
+            "eval", "report", str(eval_results(tmp_path / "q4.jsonl", "x")), "--html", str(page)
+        )
+    )
+    shown = browse(page, tmp_path / "profile", "--dump-dom")
+    assert shown.returncode == 0, shown.stderr
+    # The plot is a data: image the page's policy allows: nothing blocked, nothing logged.
+    assert [line for line in shown.stderr.splitlines() if ":CONSOLE" in line] == []
+    assert (
+        '<img src="data:image/svg+xml;base64,' in shown.stdout
+        and "<td>eval_100</td>" in shown.stdout
+    )
