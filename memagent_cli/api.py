@@ -110,9 +110,10 @@ class Result:
         return [step.memory for step in self.run.answer.steps]
 
     @property
-    def evidence(self) -> dict[str, Any] | None:
-        """Where the answer entered the memory (step, span, tokens), or None."""
-        return self.run.to_json()["evidence"]
+    def evidence(self) -> list[dict[str, Any]] | None:
+        """The steps the answer's words came from (step from 1, words, tokens, chars, pages
+        or chapters); [] when the final memory does not hold them, None with no answer."""
+        return self.run.evidence()
 
     @property
     def trace_path(self) -> Path | None:

@@ -9,6 +9,7 @@ from memagent_cli import protocol
 from memagent_cli.backend import Backend, Call, Generation, Sampling
 from memagent_cli.chunking import Chunk
 from memagent_cli.errors import BudgetError
+from memagent_cli.provenance import Provenance, trace_answer
 
 
 @dataclass(frozen=True)
@@ -129,12 +130,11 @@ def read_together(
     return [a for a in answers if a is not None]
 
 
-def evidence(answer: Answer) -> Step | None:
-    """The step whose update first brought the answer's text into memory, if any."""
-    target = protocol.normalize_answer(answer.answer or "")
-    if not target:
-        return None
-    return next((s for s in answer.steps if target in protocol.normalize_answer(s.memory)), None)
+def evidence(answer: Answer) -> Provenance | None:
+    """The steps whose updates brought the answer's words into the memory for good
+    (provenance.py has the rule); None when there is no answer to trace."""
+    said = answer.answer if answer.answer is not None else answer.reply
+    return trace_answer(said, answer.question, [step.memory for step in answer.steps])
 
 
 # Detokenized windows can re-tokenize a little longer inside the prompt.

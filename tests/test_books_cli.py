@@ -133,8 +133,8 @@ def test_ask_a_pdf_records_page_spans(memagent, tmp_path):
     spans = [s["span"] for s in answer["steps"]]
     assert spans[0].startswith("p. i") and spans[-1].endswith("4")
     assert [s.span for s in read_trace(trace_path).steps] == spans
-    if answer["evidence"] is not None:  # where the answer entered the memory, if it did
-        assert answer["evidence"]["span"] in spans
+    for source in answer["evidence"] or []:  # the steps the answer came from, if any
+        assert "p. " + source["pages"] == spans[source["step"] - 1]
     assert "p. i" in result.stderr  # the progress lines name the pages being read
 
 

@@ -51,8 +51,9 @@ from memagent_cli.cli.options import (
 )
 from memagent_cli.run.engine import BackendKind
 from memagent_cli.trace import check_new, read_trace
-from memagent_cli.views import console
+from memagent_cli.views import console, html
 from memagent_cli.views.progress import reporter
+from memagent_cli.views.traces import evidence_line
 
 
 @user_errors
@@ -134,6 +135,16 @@ def ask(
     batch_size: BatchSizeOpt = LLAMA.batch_size,
     ubatch_size: UbatchSizeOpt = LLAMA.ubatch_size,
     verbose: VerboseOpt = False,
+    report_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--report",
+            metavar="FILE",
+            dir_okay=False,
+            show_default=False,
+            help="Also write an HTML report of the runs to FILE: a tab per question.",
+        ),
+    ] = None,
 ) -> None:
     """Read DOCUMENT chunk by chunk into a memory and answer each QUESTION from it."""
     from memagent_cli.backend import Sampling
@@ -193,6 +204,8 @@ def ask(
         check_new(trace)
     if resume is not None:
         read_trace(resume)
+    if report_file is not None:
+        html.check_writable(report_file)
     options.stop_on_sigterm()
     settings = Settings(chunk_tokens, memory_tokens, Sampling(temperature, top_p, seed))
     report = reporter(quiet)
@@ -212,6 +225,7 @@ def ask(
         watch=watch - 1,
     )
     warned = False
+    reported: list = []  # the runs an --report shows: answered, or stopped with a trace
 
     def emit(result: run.Result) -> None:
         nonlocal warned
@@ -219,6 +233,10 @@ def ask(
             print(json.dumps(result.to_json(), ensure_ascii=False), flush=True)
         else:
             print(result.stdout_line(), flush=True)
+        if where := evidence_line(result.evidence(), len(result.session.chunks)):
+            report.note(where)
+        if report_file is not None:
+            reported.append(result.to_trace())
         if result.answer.answer is None and not warned:
             console.warn(
                 "the model put no answer in \\boxed{}; printed its raw final reply instead."
@@ -230,6 +248,8 @@ def ask(
     def stopped(stop: run.Stopped) -> None:
         nonlocal hinted
         console.error(stop.message)
+        if report_file is not None and stop.trace_path is not None and stop.trace_path.is_file():
+            reported.append(read_trace(stop.trace_path))
         if stop.trace_path is not None and not hinted:
             one_run = len(paths) == 1 and len(asked) == 1
             console.note("resume with: " + _resume_command(stop.trace_path if one_run else None))
@@ -240,6 +260,11 @@ def ask(
             return engine.open_engine(backend_options, settings, asked, report.note, progress)
 
     code = batch.ask_all(paths, asked, open_engine, how, emit, stopped)
+    if report_file is not None and reported:
+        html.write(report_file, html.trace_report(reported))
+        report.note(f"report: {report_file}")
+    elif report_file is not None:
+        console.warn(f"no report written to {report_file}: no question was read.")
     if code:
         raise typer.Exit(code)
 

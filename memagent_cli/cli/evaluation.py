@@ -246,8 +246,18 @@ def eval_report(
     ],
     as_json: JsonOpt = False,
     plot: PlotOpt = None,
+    html: Annotated[
+        Path | None,
+        typer.Option(
+            "--html",
+            metavar="FILE",
+            dir_okay=False,
+            show_default=False,
+            help="Also write an HTML report to FILE: the tables, every case and the plot.",
+        ),
+    ] = None,
 ) -> None:
     """Summarize results files; --plot compares them with the paper's RL-MemAgent rows."""
     from memagent_cli.views import evaluation as views
 
-    views.show_reports(runs, as_json=as_json, plot_path=plot)
+    views.show_reports(runs, as_json=as_json, plot_path=plot, html_path=html)

@@ -1,4 +1,5 @@
-"""`memagent trace`: which view of a saved run; the views live in traceview and traceview."""
+"""`memagent trace`: which view of a saved run; the views live in views/traces.py and
+views/html.py."""
 
 from __future__ import annotations
 
@@ -16,11 +17,11 @@ from memagent_cli.views import console as display
 
 @user_errors
 def trace(
-    name: Annotated[
-        Path | None,
+    names: Annotated[
+        list[Path] | None,
         typer.Argument(
             # The backslash keeps Typer's Rich help from reading "[default: ...]" as markup.
-            help="Trace file, or the name of one in the data folder "
+            help="Trace file, or the name of one in the data folder; several go with --html "
             "\\[default: the most recent trace].",
             metavar="TRACE",
             show_default=False,
@@ -61,7 +62,7 @@ def trace(
         typer.Option(
             "--json",
             help="Print the trace (or --list) as JSON: the records as written, where a step's "
-            '"index" counts from 0.',
+            '"index" counts from 0 (and an evidence "step" from 1).',
         ),
     ] = False,
     markdown: Annotated[
@@ -70,6 +71,16 @@ def trace(
     follow_run: Annotated[
         bool, typer.Option("--follow", "-f", help="Show steps as a running `ask` writes them.")
     ] = False,
+    html: Annotated[
+        Path | None,
+        typer.Option(
+            "--html",
+            metavar="FILE",
+            dir_okay=False,
+            show_default=False,
+            help="Write an HTML report of the run(s) to FILE: one page, a tab per trace.",
+        ),
+    ] = None,
 ) -> None:
     """Show what the model kept, dropped and concluded at every step of a run."""
     from memagent_cli.views import traces as traceview
@@ -81,15 +92,19 @@ def trace(
         "--grep": grep is not None,
         "--markdown": markdown,
         "--follow": follow_run,
+        "--html": html is not None,
     }
     chosen = [name for name, on in views.items() if on]
     if len(chosen) > 1:
         raise typer.BadParameter(f"{' and '.join(chosen)} are different views; pick one.")
     if as_json and chosen and chosen != ["--list"]:
         raise typer.BadParameter(f"--json goes with the whole trace or --list, not {chosen[0]}.")
+    if len(names or []) > 1 and html is None:
+        raise typer.BadParameter("several traces go together only in an --html report.")
+    name = names[0] if names else None
     out = display.results_console()
     if list_traces:
-        if name is not None:
+        if names:
             raise typer.BadParameter("--list lists the data folder; leave out TRACE.")
         rows = listing()
         traceview.warn_unreadable(rows)
@@ -99,6 +114,13 @@ def trace(
             raise UserError(f"There are no traces in {default_dir()} yet.")
         else:
             traceview.print_listing(out, rows)
+        return
+    if html is not None:
+        from memagent_cli.views import html as report
+
+        runs = [traceview.load(locate(n)) for n in names or [None]]
+        report.write(html, report.trace_report(runs))
+        display.note(f"report: {html}")
         return
     path = locate(name)
     if follow_run:

@@ -7,6 +7,7 @@ display is needed.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,11 @@ class PlotError(UserError):
 
 
 def plot_accuracy(runs: Sequence[tuple[str, Sequence[GroupRow]]], path: Path) -> None:
+    """Accuracy versus length (`accuracy_figure`), saved to `path`."""
+    save(accuracy_figure(runs), path)
+
+
+def accuracy_figure(runs: Sequence[tuple[str, Sequence[GroupRow]]]) -> Any:
     """Accuracy (sub_em) versus document length, log scale: one line per run, with the
     paper's RL-MemAgent rows drawn dashed for reference."""
     figure = _figure()
@@ -50,12 +56,19 @@ def plot_accuracy(runs: Sequence[tuple[str, Sequence[GroupRow]]], path: Path) ->
     axes.set_title("memagent eval: accuracy versus length")
     axes.grid(True, alpha=0.3)
     axes.legend(fontsize="small")
-    _save(figure, path)
+    return figure
 
 
 def plot_heatmap(
     lengths: Sequence[str], depths: Sequence[float], grid: Sequence[Sequence[Any]], path: Path
 ) -> None:
+    """The needle heatmap (`heatmap_figure`), saved to `path`."""
+    save(heatmap_figure(lengths, depths, grid), path)
+
+
+def heatmap_figure(
+    lengths: Sequence[str], depths: Sequence[float], grid: Sequence[Sequence[Any]]
+) -> Any:
     """Needle recall (%) by depth (rows) and length (columns), blank where nothing ran."""
     figure = _figure()
     axes = figure.add_subplot()
@@ -71,7 +84,14 @@ def plot_heatmap(
     axes.set_ylabel("needle depth")
     axes.set_title("memagent eval niah: recall by depth and length")
     figure.colorbar(image, ax=axes, label="recall (%)")
-    _save(figure, path)
+    return figure
+
+
+def svg_of(figure: Any) -> bytes:
+    """A figure as SVG, for a report that holds its pictures inline."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="svg", metadata={"Date": None})
+    return buffer.getvalue()
 
 
 def require() -> None:
@@ -90,7 +110,8 @@ def _figure() -> Any:
     return Figure(figsize=(8, 5), layout="constrained")
 
 
-def _save(figure: Any, path: Path) -> None:
+def save(figure: Any, path: Path) -> None:
+    """Write a figure to `path`, in the format its extension names."""
     try:
         figure.savefig(path, dpi=120)
     except ValueError as exc:  # an extension matplotlib cannot write

@@ -30,6 +30,28 @@ class GroupRow:
     boxed: float  # percent of final replies with a \boxed{} answer; the others score 0
 
 
+COLUMNS = ("group", "length", "cases", "sub_em", "em", "f1", "boxed", "s/case", "tok/s")
+
+
+def cells(row: GroupRow) -> list[str]:
+    """One row as the score tables print it (the terminal's and the HTML report's)."""
+    return [
+        row.group,
+        row.label,
+        str(row.cases),
+        _cell(row.sub_em),
+        _cell(row.em),
+        _cell(row.f1),
+        _cell(row.boxed, "{:.0f}%"),
+        f"{row.seconds_per_case:.1f}",
+        _cell(row.tokens_per_second, "{:,.0f}"),
+    ]
+
+
+def _cell(value: float | None, form: str = "{:.2f}") -> str:
+    return "-" if value is None else form.format(value)
+
+
 def length_label(tokens: float) -> str:
     """Tokens as the paper labels lengths: K = 1024, M = 1024 K (7K, 896K, 1.75M)."""
     if tokens < 1024:

@@ -58,10 +58,29 @@ class Result:
 
     def records(self) -> list[dict[str, Any]]:
         """The run as the records its trace holds: the header, one per step, the final."""
+        header, steps, final = self._records()
+        return [header.to_json(), *(step.to_json() for step in steps), final.to_json()]
+
+    def _records(self) -> tuple[trace.Header, list[trace.StepRecord], trace.FinalRecord]:
         s, a = self.session, self.answer
-        steps = [trace.StepRecord.of(step, _span(s, step)).to_json() for step in a.steps]
-        final = trace.FinalRecord.of(a, s.span_of).to_json()
-        return [s.header(a.question).to_json(), *steps, final]
+        steps = [trace.StepRecord.of(step, _span(s, step)) for step in a.steps]
+        final = trace.FinalRecord.of(a, s.span_of, s.document.unit)
+        return s.header(a.question), steps, final
+
+    def evidence(self) -> list[dict[str, Any]] | None:
+        """The steps the answer came from, as its trace records them (trace.evidence_of)."""
+        return trace.evidence_of(self.answer, self.session.span_of, self.session.document.unit)
+
+    def to_trace(self) -> trace.Trace:
+        """The run as a trace: its trace file when it holds the finished run, else the
+        records it would hold (--no-trace)."""
+        if self.trace_path is not None and self.trace_path.is_file():
+            written = trace.read_trace(self.trace_path)
+            if written.finished:
+                return written
+        header, steps, final = self._records()
+        path = self.trace_path or Path("(none written: --no-trace)")
+        return trace.Trace(path, header, steps=steps, final=final)
 
     def to_json(self) -> dict[str, Any]:
         """The answer with the same records the trace holds, and the run's speeds."""

@@ -247,6 +247,7 @@ class TraceWriter:
         that many finished steps."""
         self.path = path
         self._span_of = span_of
+        self._unit = str(header.document.get("unit") or "")  # pages or chapters in evidence
         try:
             if resume_from is None:
                 check_new(path)
@@ -272,7 +273,7 @@ class TraceWriter:
                 self._steps_done += 1
         elif isinstance(event, Finished):
             with _signals_held():
-                self._write(FinalRecord.of(event.answer, self._span_of).to_json())
+                self._write(FinalRecord.of(event.answer, self._span_of, self._unit).to_json())
 
     def interrupted(self, reason: str) -> None:
         """Record where an interrupted run stopped, so a reader knows it is unfinished."""

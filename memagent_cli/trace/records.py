@@ -189,11 +189,15 @@ class StepRecord:
 
 @dataclass(frozen=True)
 class FinalRecord:
-    """The answer and the reply it was cut from."""
+    """The answer, the reply it was cut from, and where the answer came from."""
 
     reply: str
     answer: str | None  # the last \boxed{} content; None when the reply has none
-    evidence: dict[str, Any] | None  # step, span, tokens, chars: where the answer entered
+    # The steps the answer's words came from (provenance.py), each {"step" (from 1), "words",
+    # "tokens", "chars", and "pages" or "chapters" where the document has them}; [] when the
+    # final memory does not hold the answer's words; None when there is no boxed answer and
+    # the reply has no words to trace.
+    evidence: list[dict[str, Any]] | None
     prompt_tokens: int
     completion_tokens: int
     finish_reason: str
@@ -203,29 +207,52 @@ class FinalRecord:
     _CHECKS = {
         "reply": str,
         "answer": (str, type(None)),
-        "evidence": (dict, type(None)),
+        "evidence": (list, dict, type(None)),
         "prompt_tokens": int,
         "completion_tokens": int,
         "finish_reason": str,
         "seconds": _NUMBER,
         "prompt_seconds": _NUMBER,
     }
-    _EVIDENCE = {"step": int, "span": str, "tokens": "pair", "chars": "pair"}
+    _SOURCE = {
+        "step": int,
+        "words": list,
+        "tokens": "pair",
+        "chars": "pair",
+        "pages": str,
+        "chapters": str,
+    }
+    # What traces of memagent 0.1 recorded: the one step (from 0) where the answer's text
+    # first appeared in the memory, with its span label.
+    _OLD_EVIDENCE = {"step": int, "span": str, "tokens": "pair", "chars": "pair"}
 
     @classmethod
     def parse(cls, record: dict[str, Any], where: str) -> FinalRecord:
         values = _fields(record, cls._CHECKS, where, frozenset({"prompt_seconds"}))
-        if values["evidence"] is not None:
-            _fields(values["evidence"], cls._EVIDENCE, f"{where}'s evidence")
+        found = values["evidence"]
+        if isinstance(found, dict):
+            old = _fields(found, cls._OLD_EVIDENCE, f"{where}'s evidence")
+            found = [_source(old["step"], [], old["tokens"], old["chars"], old["span"], "")]
+        elif found is None and values["answer"] is not None:
+            found = []  # 0.1 recorded None when the answer's text was in no memory
+        elif found is not None:
+            optional = frozenset({"words", "pages", "chapters"})
+            for item in found:
+                if not isinstance(item, dict):
+                    raise TraceError(f"{where} has an evidence entry that is not an object.")
+                checked = _fields(item, cls._SOURCE, f"{where}'s evidence", optional)
+                if not all(isinstance(w, str) for w in checked.get("words", [])):
+                    raise TraceError(f"{where}'s evidence has a word that is not text.")
+        values["evidence"] = found
         return cls(**values)
 
     @classmethod
-    def of(cls, answer: Answer, span_of: SpanOf) -> FinalRecord:
+    def of(cls, answer: Answer, span_of: SpanOf, unit: str = "") -> FinalRecord:
         final = answer.final
         return cls(
             reply=answer.reply,
             answer=answer.answer,
-            evidence=evidence_of(answer, span_of),
+            evidence=evidence_of(answer, span_of, unit),
             prompt_tokens=final.prompt_tokens,
             completion_tokens=final.completion_tokens,
             finish_reason=final.finish_reason,
@@ -299,10 +326,43 @@ def chunk_sha256(chunk: Chunk) -> str:
     return hashlib.sha256(chunk.text.encode()).hexdigest()
 
 
-def evidence_of(answer: Answer, span_of: SpanOf) -> dict[str, Any] | None:
-    """Where the answer entered the memory: step index, span, token and character range."""
-    step = evidence(answer)
-    if step is None:
-        return None
-    where = step.chunk.where(span_of(step.chunk.char_start, step.chunk.char_end))
-    return {"step": where.pop("index"), **where}
+def evidence_of(answer: Answer, span_of: SpanOf, unit: str = "") -> list[dict[str, Any]] | None:
+    """The steps the answer came from, as the final record keeps them: the step (from 1),
+    the answer's words it brought in, its token and character range, and its pages or
+    chapters (`unit` is the document's: "page", "chapter" or "")."""
+    found = evidence(answer)
+    if found is None:  # no words to trace; a boxed answer still gets its (empty) list
+        return None if answer.answer is None else []
+    sources = []
+    for source in found.sources:
+        chunk = answer.steps[source.index].chunk
+        where = chunk.where(span_of(chunk.char_start, chunk.char_end))
+        sources.append(
+            _source(
+                chunk.index,
+                list(source.words),
+                where["tokens"],
+                where["chars"],
+                where["span"],
+                unit,
+            )
+        )
+    return sources
+
+
+def _source(
+    index: int, words: list[str], tokens: Any, chars: Any, span: str, unit: str
+) -> dict[str, Any]:
+    """One evidence entry. A span label names pages ("p. 3–5") or chapters; traces whose
+    header does not say the unit are told by the label."""
+    entry: dict[str, Any] = {
+        "step": index + 1,
+        "words": words,
+        "tokens": list(tokens),
+        "chars": list(chars),
+    }
+    if span and (unit == "page" or (not unit and span.startswith("p. "))):
+        entry["pages"] = span.removeprefix("p. ")
+    elif span:
+        entry["chapters"] = span
+    return entry

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -34,11 +35,16 @@ def show(run: Results, *, as_json: bool, plot_path: Path | None, note: Reporter)
         draw([run], plot_path)
 
 
-def show_reports(paths: Sequence[Path], *, as_json: bool, plot_path: Path | None) -> None:
-    """Summaries of finished results files, compared in one plot."""
+def show_reports(
+    paths: Sequence[Path], *, as_json: bool, plot_path: Path | None, html_path: Path | None = None
+) -> None:
+    """Summaries of finished results files, compared in one plot; with `html_path`, also an
+    HTML report holding the tables and the plot."""
     runs = [results.read(path) for path in paths]
     if plot_path is not None:
         plot.require()
+    if html_path is not None:
+        write_html(runs, html_path)
     if as_json:
         print(json.dumps({"runs": [report.to_json(r) for r in runs]}, ensure_ascii=False))
     else:
@@ -58,35 +64,40 @@ def stopped(stop: Stopped) -> int:
 
 def draw(runs: list[Results], path: Path) -> None:
     """Accuracy by length, or for one needle run the depth x length heatmap."""
+    plot.save(_picture(runs), path)
+    display.note(f"plot: {path}")
+
+
+def _picture(runs: list[Results]) -> Any:
     records = [r for run_results in runs for r in run_results.records]
     if len(runs) == 1 and records and all(r.get("depth") is not None for r in records):
-        plot.plot_heatmap(*report.depth_grid(records), path)
-    else:
-        plot.plot_accuracy([(r.label, report.summarize(r.records)) for r in runs], path)
-    display.note(f"plot: {path}")
+        return plot.heatmap_figure(*report.depth_grid(records))
+    return plot.accuracy_figure([(r.label, report.summarize(r.records)) for r in runs])
+
+
+def write_html(runs: list[Results], path: Path) -> None:
+    """The HTML report of results files: their tables and cases, and inline the picture
+    `draw` draws; without matplotlib, the tables and a note saying so."""
+    from memagent_cli.views import html
+
+    svg, missing = None, ""
+    try:
+        svg = plot.svg_of(_picture(runs))
+    except plot.PlotError as exc:
+        missing = f"No plot: {exc.message}"
+        display.note(missing)
+    html.write(path, html.eval_report(runs, svg, missing))
+    display.note(f"report: {path}")
 
 
 def print_table(console: Console, run: Results, *, title: bool = False) -> None:
     """The run's groups as a table; `title` names the run (when several are compared)."""
     table = Table(title=Text(str(run.path)) if title else None, title_justify="left")
-    for name in ("group", "length", "cases", "sub_em", "em", "f1", "boxed", "s/case", "tok/s"):
+    for name in report.COLUMNS:
         table.add_column(name, justify="left" if name == "group" else "right")
     rows = report.summarize(run.records)
     pooled = report.overall(run.records)
     for row in rows + ([pooled] if pooled and len(rows) > 1 else []):
-        table.add_row(
-            Text(row.group),
-            row.label,
-            str(row.cases),
-            _cell(row.sub_em),
-            _cell(row.em),
-            _cell(row.f1),
-            _cell(row.boxed, "{:.0f}%"),
-            f"{row.seconds_per_case:.1f}",
-            _cell(row.tokens_per_second, "{:,.0f}"),
-        )
+        group, *numbers = report.cells(row)
+        table.add_row(Text(group), *numbers)
     console.print(table)
-
-
-def _cell(value: float | None, form: str = "{:.2f}") -> str:
-    return "-" if value is None else form.format(value)

@@ -56,18 +56,39 @@ def changes(loaded: Trace) -> list[tuple[int, int]]:
 
 
 def evidence(loaded: Trace) -> str | None:
-    """Where the answer entered the memory, in words; None when there is no answer."""
-    final = loaded.final
-    if final is None or final.answer is None:
+    """Where the trace's answer came from, in words; None when there is no answer."""
+    if loaded.final is None:
         return None
-    found = final.evidence
+    return evidence_line(loaded.final.evidence, loaded.header.total_steps)
+
+
+def evidence_line(found: list[dict[str, Any]] | None, total: int) -> str | None:
+    """ "from pp. 131–150, step 7 of 30", from a final record's evidence; "no source: ..."
+    when the final memory does not hold the answer's words; None with nothing to trace."""
     if found is None:
-        return "the answer's text is in no step's memory"
-    where = f"step {found['step'] + 1}"
-    if found["span"]:
-        where += f", {found['span']}"
-    tokens = found["tokens"]
-    return where + f" (tokens {tokens[0]:,}–{tokens[1]:,})"
+        return None
+    if not found:
+        return "no source in the document: the final memory does not hold the answer's words"
+    several = len(found) > 1
+    return "from " + "; ".join(source_text(source, total, several) for source in found)
+
+
+def source_text(source: dict[str, Any], total: int, several: bool = False) -> str:
+    """ "pp. 131–150, step 7 of 30", with the words it brought in when there are `several`."""
+    text = f"{source_place(source)}, step {source['step']} of {total}"
+    if several and source.get("words"):
+        text += f" ({' '.join(source['words'])})"
+    return text
+
+
+def source_place(source: dict[str, Any]) -> str:
+    """Where one evidence step read: "p. 3", "pp. 3–5", chapters, or its tokens."""
+    if pages := source.get("pages"):
+        return f"pp. {pages}" if "–" in pages else f"p. {pages}"
+    if chapters := source.get("chapters"):
+        return chapters
+    first, last = source["tokens"]
+    return f"tokens {first:,}–{last:,}"
 
 
 def about(loaded: Trace) -> list[tuple[str, str]]:
@@ -165,24 +186,41 @@ def step(out: Console, loaded: Trace, number: int) -> None:
     _plain(out, record.memory)
 
 
-def _word_diff(before: str, after: str, colour: bool) -> Text:
-    """`after` with the words `before` lost struck out, git --word-diff style."""
+Piece = tuple[str, str]  # ("=", kept text), ("-", dropped words) or ("+", added words)
+
+
+def word_diff(before: str, after: str) -> list[Piece]:
+    """`after` against `before`, word by word, git --word-diff style: kept text with its own
+    spacing and line breaks, and the words dropped and added, each run without its spacing."""
     old, new = re.findall(r"\S+\s*", before), re.findall(r"\S+\s*", after)
     matcher = difflib.SequenceMatcher(
         None, [w.strip() for w in old], [w.strip() for w in new], autojunk=False
     )
-    text = Text()
+    pieces: list[Piece] = []
     for op, i1, i2, j1, j2 in matcher.get_opcodes():
         if op == "equal":
-            text.append("".join(new[j1:j2]))
+            pieces.append(("=", "".join(new[j1:j2])))
             continue
         gone, came = "".join(old[i1:i2]), "".join(new[j1:j2])
         if gone.strip():
-            text.append(gone.rstrip() if colour else f"[-{gone.rstrip()}-]", "red strike")
+            pieces.append(("-", gone.rstrip()))
         if came.strip():
-            text.append(came.rstrip() if colour else f"{{+{came.rstrip()}+}}", "green")
+            pieces.append(("+", came.rstrip()))
         spacing = came or gone  # keep the line breaks of the text that is left
-        text.append(spacing[len(spacing.rstrip()) :])
+        pieces.append(("=", spacing[len(spacing.rstrip()) :]))
+    return pieces
+
+
+def _word_diff(before: str, after: str, colour: bool) -> Text:
+    """`after` with the words `before` lost struck out; marked [-..-] {+..+} without colour."""
+    text = Text()
+    for kind, piece in word_diff(before, after):
+        if kind == "-":
+            text.append(piece if colour else f"[-{piece}-]", "red strike")
+        elif kind == "+":
+            text.append(piece if colour else f"{{+{piece}+}}", "green")
+        else:
+            text.append(piece)
     return text
 
 

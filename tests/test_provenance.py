@@ -1,0 +1,146 @@
+"""Provenance: which steps the answer's words came from (memagent_cli/provenance.py), on
+memories a scripted backend writes through the real reading loop, and as traces keep it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import ScriptedBackend
+
+from memagent_cli.chunking import make_chunks
+from memagent_cli.documents import assemble
+from memagent_cli.provenance import content_words, trace_answer
+from memagent_cli.reader import Settings, evidence, read
+from memagent_cli.trace import FinalRecord, TraceError, evidence_of
+
+QUESTION = "What is the password for the vault?"
+PAGES = [("1", "a" * 40), ("2", "b" * 40), ("3", "c" * 40), ("4", "d" * 40)]
+
+
+def run(memories: list[str], reply: str, question: str = QUESTION):
+    """The real loop over four 40-character pages, one chunk each, with scripted memories."""
+    book = assemble(PAGES, path="book.pdf", format="pdf", sha256="0" * 64, unit="page")
+    chunks = make_chunks(list(book.text.encode()), 42, bytes)
+    assert len(chunks) == len(memories)
+    answer = read(ScriptedBackend([*memories, reply]), question, chunks, Settings(42, 64))
+    return answer, book
+
+
+def sources(memories: list[str], reply: str, question: str = QUESTION):
+    found = evidence(run(memories, reply, question)[0])
+    return None if found is None else [(s.index + 1, s.words) for s in found.sources]
+
+
+def test_the_step_that_brought_the_answer_in_and_kept_it():
+    memories = [
+        "The vault is old.",
+        "The password is PELICAN.",
+        "PELICAN, says the keeper.",
+        "Still pelican.",
+    ]
+    assert sources(memories, "\\boxed{Pelican}") == [(2, ("pelican",))]
+
+
+def test_an_answer_dropped_and_read_again_comes_from_where_it_came_back():
+    memories = ["Password: PELICAN.", "Nothing yet.", "The password is PELICAN.", "PELICAN."]
+    assert sources(memories, "\\boxed{PELICAN}") == [(3, ("pelican",))]
+
+
+def test_each_word_of_the_answer_names_the_step_that_brought_it():
+    memories = [
+        "Nothing.",
+        "The password is PELICAN.",
+        "The password is PELICAN.",
+        "The password is PELICAN; the keeper is Ada.",
+    ]
+    # The answer's content is complete after step 4; step 2 brought its first word.
+    assert sources(memories, "\\boxed{PELICAN, kept by Ada}") == [
+        (2, ("pelican",)),
+        (4, ("ada",)),
+    ]
+
+
+@pytest.mark.parametrize(
+    "memories",
+    [
+        ["The vault is old.", "The keeper left.", "Rain.", "The tower fell."],  # never there
+        ["The password is PELICAN.", "PELICAN.", "PELICAN.", "The tower fell."],  # lost at the end
+    ],
+    ids=["in-no-memory", "not-in-the-final-memory"],
+)
+def test_an_answer_the_final_memory_does_not_hold_has_no_source(memories):
+    answer, book = run(memories, "\\boxed{PELICAN}")
+    found = evidence(answer)
+    assert found is not None and found.words == ("pelican",) and found.sources == ()
+    assert evidence_of(answer, book.span, book.unit) == []  # said, never invented
+
+
+def test_the_final_memory_must_hold_half_of_the_answers_content_words():
+    memories = ["Nothing.", "Nothing.", "Nothing.", "The keeper is Ada."]
+    assert sources(memories, "\\boxed{Ada Lovelace Byron}") == []  # one of three
+    assert sources(memories, "\\boxed{Ada Lovelace}") == [(4, ("ada",))]  # one of two
+
+
+def test_question_words_template_words_and_function_words_are_not_the_answers_content():
+    assert content_words("The password for the vault is PELICAN.", QUESTION) == ("pelican",)
+    reply = "Based on the memory provided, the answer is PELICAN."
+    assert content_words(reply, QUESTION) == ("pelican",)
+    # When nothing else is left, the words the question shares count; then any word at all.
+    assert content_words("the vault", QUESTION) == ("vault",)
+    assert content_words("It is.", QUESTION) == ("it", "is")
+    assert content_words("?!", QUESTION) == ()
+
+
+def test_without_a_box_the_raw_reply_is_traced_as_ask_prints_it():
+    memories = ["Nothing.", "The vault is old.", "The password is PELICAN.", "PELICAN, PELICAN."]
+    assert sources(memories, "The secret password for the vault is PELICAN.") == [(3, ("pelican",))]
+    assert sources(memories, "I cannot tell.") == []  # "tell" is in no memory
+    assert sources(memories, "...") is None  # nothing to trace
+
+
+def test_trace_answer_with_no_memories_has_no_source():
+    found = trace_answer("PELICAN", QUESTION, [])
+    assert found is not None and found.sources == ()
+
+
+def test_the_final_record_places_each_source_on_its_pages():
+    memories = ["Nothing.", "The password is PELICAN.", "PELICAN.", "PELICAN, keeper Ada."]
+    answer, book = run(memories, "\\boxed{PELICAN and Ada}")
+    record = FinalRecord.of(answer, book.span, book.unit).to_json()
+    # Each 42-byte chunk is one 40-character page and the blank line after it.
+    assert record["evidence"] == [
+        {"step": 2, "words": ["pelican"], "tokens": [42, 84], "chars": [42, 84], "pages": "2"},
+        {"step": 4, "words": ["ada"], "tokens": [126, 166], "chars": [126, 166], "pages": "4"},
+    ]
+    assert FinalRecord.parse(json.loads(json.dumps(record)), "t").evidence == record["evidence"]
+
+
+def test_an_old_single_evidence_record_still_reads():
+    old = {
+        "type": "final", "reply": "\\boxed{PELICAN}", "answer": "PELICAN",
+        "evidence": {"step": 1, "span": "p. i–1", "tokens": [60, 120], "chars": [60, 120]},
+        "prompt_tokens": 9, "completion_tokens": 3, "finish_reason": "stop", "seconds": 1.0,
+    }  # fmt: skip
+    assert FinalRecord.parse(old, "t").evidence == [
+        {"step": 2, "words": [], "tokens": [60, 120], "chars": [60, 120], "pages": "i–1"}
+    ]
+    chapters = old | {"evidence": old["evidence"] | {"span": "Intro – Chapter 2"}}
+    assert FinalRecord.parse(chapters, "t").evidence[0]["chapters"] == "Intro – Chapter 2"
+    # memagent 0.1 wrote None when the answer's text was in no memory.
+    assert FinalRecord.parse(old | {"evidence": None}, "t").evidence == []
+    assert FinalRecord.parse(old | {"evidence": None, "answer": None}, "t").evidence is None
+
+
+@pytest.mark.parametrize(
+    "evidence",
+    [["step 2"], [{"step": "2", "tokens": [0, 1], "chars": [0, 1]}], [{"step": 2}]],
+    ids=["not-an-object", "mistyped-step", "no-tokens"],
+)
+def test_a_damaged_evidence_list_is_one_sentence(evidence):
+    record = {
+        "reply": "r", "answer": "a", "evidence": evidence,
+        "prompt_tokens": 1, "completion_tokens": 1, "finish_reason": "stop", "seconds": 1.0,
+    }  # fmt: skip
+    with pytest.raises(TraceError, match="line 9"):
+        FinalRecord.parse(record, "t.jsonl, line 9")

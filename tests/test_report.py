@@ -1,0 +1,335 @@
+"""Provenance as `ask` and `trace` show it, and the HTML reports (`trace --html`, `ask
+--report`, `eval report --html`), checked as text and, where chromium is installed, opened in
+a real headless browser as a person would open them."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ScriptedBackend, assert_clean_failure, served, story, words
+
+from memagent_cli.chunking import make_chunks
+from memagent_cli.documents import assemble
+from memagent_cli.evaluation import results
+from memagent_cli.reader import Settings, read
+from memagent_cli.trace import Header, TraceWriter, read_trace
+
+STEPS = ["--chunk-tokens", "300", "--memory-tokens", "64", "--temperature", "0"]
+HOSTILE = "<script>document.title='pwned'</script> <a href=\"javascript:alert(1)\">click</a>"
+QUESTION = "What is the password for the vault?"
+PAGES = [
+    ("i", "A preface about the village and its old stone tower by the sea."),
+    ("1", "The vault sits in the tower. The keeper whispered the word PELICAN to me."),
+    ("2", "At noon the guard sleeps. Nobody else knows the word, and the keeper left."),
+    ("3", "Years later the tower fell into the sea, and the vault was never opened."),
+]
+MEMORIES = [
+    "The vault is in the tower.",
+    "The vault is in the tower.\nThe password is PELICAN.",
+    f"The password is PELICAN.\nThe guard sleeps at noon. {HOSTILE}",
+    "The password is PELICAN.\nThe keeper left the village.",
+    "The password is PELICAN.\nThe tower fell.",
+]
+REPLY = "The password is \\boxed{PELICAN}."
+
+
+def write_trace(
+    path: Path, memories: list[str], question: str = QUESTION, reply: str = REPLY
+) -> Path:
+    """A trace of the real loop over a four-page PDF's text with scripted memories: finished,
+    or interrupted after as many steps as there are memories."""
+    book = assemble(PAGES, path="/books/tower.pdf", format="pdf", sha256="ab" * 32, unit="page")
+    chunks = make_chunks(list(book.text.encode()), 60, bytes)
+    header = Header(
+        question=question,
+        document={
+            "path": book.path, "sha256": book.sha256, "format": "pdf", "unit": "page",
+            "characters": len(book.text), "tokens": len(book.text.encode()), "chunks": len(chunks),
+        },
+        model={"path": "/models/tiny.gguf", "name": "tiny-model", "size": 2**28},
+        settings={"chunk_tokens": 60, "memory_tokens": 64, "temperature": 0.0},
+        templates_sha256={"update": "cd" * 32, "final": "ef" * 32},
+        created="2025-03-01T10:00:00+00:00",
+        memagent="0.1.0",
+    )  # fmt: skip
+    writer = TraceWriter(path, header, span_of=book.span)
+    replies = [*memories, reply] if len(memories) == len(chunks) else memories
+    try:
+        read(ScriptedBackend(replies), question, chunks, Settings(60, 64), writer)
+    except KeyboardInterrupt:  # fewer memories than chunks: stopped as Ctrl-C stops a run
+        writer.interrupted("SIGINT")
+    finally:
+        writer.close()
+    return path
+
+
+def as_old_release(path: Path, evidence: dict | None) -> Path:
+    """The trace as memagent 0.1 wrote it: one evidence dict (step from 0), or None."""
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    lines[-1]["evidence"] = evidence
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def ok(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    return result.stdout
+
+
+@pytest.fixture
+def doc(tmp_path) -> Path:
+    # The stand-in model boxes the first word of its memory, which here is the document's:
+    # about 950 tiktoken tokens, 4 chunks of 300, so the memory never outgrows 30 words.
+    path = tmp_path / "zanzibar.txt"
+    path.write_text("Zanzibar opens this text. " + story(60, fact=None))
+    return path
+
+
+# ---------------------------------------------------------------- provenance in the commands
+
+
+def test_ask_says_where_the_answer_came_from_and_json_carries_it(memagent, fake_server, doc):
+    result = memagent("ask", str(doc), "Which word opens the text?", *served(fake_server, *STEPS))
+    assert ok(result) == "Zanzibar\n"
+    chunks = read_trace(Path(re.search(r"trace: (\S+)", result.stderr)[1])).header.total_steps
+    assert 2 <= chunks <= 5  # the stand-in's memory keeps 30 words: 6 from each chunk
+    # On stderr, under the answer: the tokens of a text (no pages), steps counted from 1.
+    assert f"from tokens 0–300, step 1 of {chunks}" in words(result.stderr)
+    again = served(fake_server, *STEPS, "--json", "--no-cache", "-q")
+    out = json.loads(ok(memagent("ask", str(doc), "Which word opens the text?", *again)))
+    assert out["evidence"] == [
+        {"step": 1, "words": ["zanzibar"], "tokens": [0, 300], "chars": out["steps"][0]["chars"]}
+    ]
+    assert out["evidence"] == read_trace(Path(out["trace"])).final.evidence
+
+
+def test_trace_shows_the_sources_of_a_kept_answer(memagent, tmp_path):
+    path = write_trace(tmp_path / "kept.jsonl", MEMORIES)
+    out = ok(memagent("trace", str(path)))
+    assert "Answer: PELICAN" in out and "Evidence: from pp. i–1, step 2 of 5" in out
+    assert "- **Evidence:** from pp. i–1, step 2 of 5" in ok(
+        memagent("trace", str(path), "--markdown")
+    )
+    final = json.loads(ok(memagent("trace", str(path), "--json")))["final"]
+    assert final["evidence"] == [
+        {"step": 2, "words": ["pelican"], "tokens": [60, 120], "chars": [60, 120], "pages": "i–1"}
+    ]
+
+
+@pytest.mark.parametrize(
+    "old, shown",
+    [
+        ({"step": 1, "span": "p. i–1", "tokens": [60, 120], "chars": [60, 120]},
+         "from pp. i–1, step 2 of 5"),
+        (None, "no source in the document"),
+    ],
+    ids=["one-evidence-dict", "no-evidence"],
+)  # fmt: skip
+def test_a_trace_of_the_previous_release_shows_in_every_view(memagent, tmp_path, old, shown):
+    path = as_old_release(write_trace(tmp_path / "old.jsonl", MEMORIES), old)
+    assert f"Evidence: {shown}" in ok(memagent("trace", str(path)))
+    data = json.loads(ok(memagent("trace", str(path), "--json")))
+    assert data["problems"] == [] and isinstance(data["final"]["evidence"], list)
+    page = tmp_path / "old.html"
+    ok(memagent("trace", str(path), "--html", str(page)))
+    text = page.read_text()
+    assert ("pp. i–1, step 2 of 5</a>" if old else "No source in the document") in text
+    assert ('class="step source" id="run-1-step-2"' in text) == (old is not None)
+
+
+# ---------------------------------------------------------------- the HTML, as text
+
+
+def test_ask_report_has_a_tab_per_question_and_every_step(memagent, fake_server, doc, tmp_path):
+    page = tmp_path / "report.html"
+    questions = ["Which word opens the text?", "What <b>opens</b> it?"]
+    options = served(fake_server, *STEPS, "--report", str(page), "--no-trace")
+    ok(memagent("ask", str(doc), *questions, *options))
+    text = page.read_text()
+    chunks = fake_server.chat_calls // len(questions) - 1  # an update per chunk, the answer
+    assert text.count("(none written: --no-trace)") == 2  # the report holds what no trace does
+    assert text.count('<section class="run" id="run-') == 2
+    assert 'type="radio" name="run" id="tab-2"' in text
+    assert "What &lt;b&gt;opens&lt;/b&gt; it?" in text and "<b>opens" not in text
+    for run in (1, 2):
+        assert text.count(f'id="run-{run}-step-') == chunks
+        assert f'class="step source" id="run-{run}-step-1"' in text  # "Zanzibar" came in there
+    # Nothing runs and nothing is fetched: links stay in the page, images are data.
+    assert "<script" not in text and not re.search(r'(src|href)="(?!#|data:)', text)
+
+
+def test_ask_report_path_is_checked_before_any_model(memagent, doc, tmp_path):
+    result = memagent("ask", str(doc), "q?", "--report", str(tmp_path / "no" / "r.html"),
+                      "-m", "nope.gguf")  # fmt: skip
+    assert_clean_failure(result, 1, "Cannot write the report")
+
+
+def test_several_traces_need_html_and_a_missing_one_is_one_sentence(memagent, tmp_path):
+    path = write_trace(tmp_path / "a.jsonl", MEMORIES)
+    assert_clean_failure(memagent("trace", str(path), str(path)), 2, "only in an --html report")
+    missing = memagent("trace", str(path), str(tmp_path / "nope.jsonl"), "--html", "r.html")
+    assert missing.returncode == 1 and "Traceback" not in missing.stderr
+
+
+def test_runs_stopped_early_or_before_any_step_show_as_far_as_they_go(memagent, tmp_path):
+    stopped = write_trace(tmp_path / "stopped.jsonl", MEMORIES[:2])
+    never = write_trace(tmp_path / "never.jsonl", [])
+    page = tmp_path / "stopped.html"
+    ok(memagent("trace", str(stopped), str(never), "--html", str(page)))
+    text = page.read_text()
+    assert text.count("No answer yet") == 2
+    assert "interrupted (SIGINT) after 2 of 5 steps" in text and "after 0 of 5 steps" in text
+    assert text.count('id="run-1-step-') == 2 and 'id="run-2-step-' not in text
+    assert ">token 288</text>" in text  # the strip ends where the document does, unread
+
+
+def test_hostile_text_is_escaped_everywhere(memagent, tmp_path):
+    path = write_trace(tmp_path / "h.jsonl", MEMORIES, question=f"Who? {HOSTILE}")
+    page = tmp_path / "h.html"
+    ok(memagent("trace", str(path), "--html", str(page)))
+    text = page.read_text()
+    assert "<script" not in text and 'href="javascript' not in text
+    assert "&lt;script&gt;document.title=&#x27;pwned&#x27;&lt;/script&gt;" in text
+    assert "<title>memagent: Who? &lt;script&gt;" in text
+
+
+def test_a_runaway_reply_is_cut_on_top_and_whole_below(memagent, tmp_path):
+    reply = "The password is PELICAN. " * 100  # no box, as small models answer
+    path = write_trace(tmp_path / "long.jsonl", MEMORIES, reply=reply)
+    page = tmp_path / "long.html"
+    ok(memagent("trace", str(path), "--html", str(page)))
+    text = page.read_text()
+    top = re.search(r'<div class="answer">(.*?)</div>', text, re.S)[1]
+    assert len(top) < 500 and top.endswith(" …")
+    assert "raw final reply, cut here" in text and reply.strip() in text
+    assert "pp. i–1, step 2 of 5</a>" in text  # the reply's content word, "pelican"
+
+
+# ---------------------------------------------------------------- eval report --html
+
+
+def eval_results(path: Path, name: str) -> Path:
+    with results.Writer(path) as writer:
+        for i, (group, tokens, score) in enumerate(
+            [("eval_50", 7168, 1.0), ("eval_50", 7168, 0.0), ("eval_100", 14336, 1.0)]
+        ):
+            writer.add({
+                "id": f"c{i}", "group": group, "tokens": tokens, "seconds": 2.0, "sub_em": score,
+                "em": score, "f1": score, "gold": "Paris", "question": "Where?",
+                "prediction": name if score else None, "model": "tiny",
+                "settings": {"chunk_tokens": 300},
+            })  # fmt: skip
+    return path
+
+
+def test_eval_report_html_holds_the_tables_and_the_plot(memagent, tmp_path):
+    pytest.importorskip("matplotlib")
+    runs = [
+        eval_results(tmp_path / "q4.jsonl", "<i>Paris</i>"),
+        eval_results(tmp_path / "q8.jsonl", "x"),
+    ]
+    page = tmp_path / "eval.html"
+    result = memagent("eval", "report", *map(str, runs), "--html", str(page))
+    table = ok(result)  # the terminal table still comes on stdout
+    assert "eval_50" in table and f"report: {page}" in words(result.stderr)
+    text = page.read_text()
+    assert text.count("<h2>") == 2 and '<img src="data:image/svg+xml;base64,' in text
+    assert '<td>eval_50</td><td class="num">7K</td><td class="num">2</td>' in text
+    assert "&lt;i&gt;Paris&lt;/i&gt;" in text and "<i>Paris" not in text
+
+
+def test_eval_report_html_without_matplotlib_is_the_tables_and_a_note(tmp_path, monkeypatch):
+    from memagent_cli.views import evaluation as views
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    run = results.read(eval_results(tmp_path / "q4.jsonl", "Paris"))
+    views.write_html([run], tmp_path / "eval.html")
+    text = (tmp_path / "eval.html").read_text()
+    assert "No plot: --plot needs matplotlib" in text and "<img" not in text
+    assert "<td>eval_100</td>" in text
+
+
+# ---------------------------------------------------------------- in a real browser
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+needs_browser = pytest.mark.skipif(
+    CHROMIUM is None,
+    reason="no chromium to open the report in (apt-get install chromium; .ci/run does)",
+)
+
+
+def browse(page: Path, profile: Path, *args: str) -> subprocess.CompletedProcess:
+    """Open `page` in headless chromium from disk, with the console logged on stderr."""
+    assert CHROMIUM is not None
+    return subprocess.run(
+        [CHROMIUM, "--headless", "--disable-gpu", "--no-sandbox", f"--user-data-dir={profile}",
+         "--enable-logging=stderr", "--v=0", "--hide-scrollbars", *args, page.as_uri()],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+@needs_browser
+def test_the_report_renders_in_a_browser_and_a_hostile_trace_stays_inert(memagent, tmp_path):
+    kept = write_trace(tmp_path / "kept.jsonl", MEMORIES)
+    hostile = write_trace(tmp_path / "h.jsonl", ["No.", HOSTILE, HOSTILE, HOSTILE, HOSTILE],
+                          question=f"Who? {HOSTILE}")  # fmt: skip
+    page = tmp_path / "report.html"
+    ok(memagent("trace", str(kept), str(hostile), "--html", str(page)))
+    profile = tmp_path / "profile"
+
+    shown = browse(page, profile, "--dump-dom")
+    assert shown.returncode == 0, shown.stderr
+    console = [line for line in shown.stderr.splitlines() if ":CONSOLE" in line]
+    assert console == []  # no error, and nothing the page's policy had to block
+    dom = shown.stdout
+    assert re.search(r"<title>memagent: 2 questions</title>", dom) and "pwned</title>" not in dom
+    # No script element and no link to javascript:, only their text.
+    assert "<script" not in dom and not re.search(r"<a\s[^>]*href=\"javascript", dom)
+    assert "&lt;script&gt;document.title='pwned'&lt;/script&gt; &lt;a href=\"javascript:" in dom
+    assert dom.count('class="step') == 10 and "<ins>" in dom and "<del>" in dom
+    assert "From <a " in dom and "pp. i–1, step 2 of 5</a>" in dom
+    assert "No source in the document" in dom  # the hostile run's answer is in no memory
+
+    shot = tmp_path / "report.png"
+    browse(page, profile, f"--screenshot={shot}", "--window-size=1100,1400")
+    from PIL import Image
+
+    with Image.open(shot) as image:
+        colours = dict((c, n) for n, c in image.convert("RGB").getcolors(maxcolors=1 << 24))
+    # The source step is drawn in the strip, the chart and its card, in its own colour.
+    assert colours.get((0xE8, 0x89, 0x0C), 0) > 500
+
+    pdf = tmp_path / "report.pdf"
+    browse(page, profile, f"--print-to-pdf={pdf}", "--no-pdf-header-footer")
+    from pypdf import PdfReader
+
+    printed = "".join(p.extract_text() for p in PdfReader(pdf).pages)
+    # Printed, every question's tab is there, one after the other.
+    assert "Question 1: What is the password" in printed and "Question 2: Who?" in printed
+
+
+@needs_browser
+def test_the_eval_report_renders_its_plot_in_a_browser(memagent, tmp_path):
+    pytest.importorskip("matplotlib")
+    page = tmp_path / "eval.html"
+    ok(
+        memagent(
+            "eval", "report", str(eval_results(tmp_path / "q4.jsonl", "x")), "--html", str(page)
+        )
+    )
+    shown = browse(page, tmp_path / "profile", "--dump-dom")
+    assert shown.returncode == 0, shown.stderr
+    # The plot is a data: image the page's policy allows: nothing blocked, nothing logged.
+    assert [line for line in shown.stderr.splitlines() if ":CONSOLE" in line] == []
+    assert (
+        '<img src="data:image/svg+xml;base64,' in shown.stdout
+        and "<td>eval_100</td>" in shown.stdout
+    )
