@@ -282,6 +282,27 @@ def test_a_dropped_connection_is_resumed_within_one_pull(memagent, env, fake_hub
     assert ranges[0] is None and ranges[1].startswith("bytes=") and ranges[1] != "bytes=0-"
 
 
+def test_a_download_shows_its_bytes_then_the_check_of_its_checksum(
+    env, fake_hub, real_gguf, monkeypatch, tmp_path
+):
+    """Reading a multi-GB file back for its sha256 takes a while: it has progress too."""
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_ENDPOINT", env["HF_ENDPOINT"])
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_DISABLE_TELEMETRY", True)
+    calls: list[tuple[str, int, int | None]] = []
+    commit, files = hub.list_files(REPO)
+    dest = tmp_path / MODEL_FILE
+    hub.download(REPO, commit, files[MODEL_FILE], dest, progress=lambda *c: calls.append(c))
+    size = len(real_gguf)
+    fetched = [c for c in calls if c[0] == MODEL_FILE]
+    checked = [c for c in calls if c[0] == f"checking {MODEL_FILE}"]
+    assert len(fetched) + len(checked) == len(calls) and fetched[-1] == (MODEL_FILE, size, size)
+    assert calls.index(fetched[-1]) < calls.index(checked[0])  # checked once complete
+    assert [done for _, done, _ in checked] == [*range(1 << 20, size, 1 << 20), size]
+    assert checked[-1][2] == size and dest.read_bytes() == real_gguf
+
+
 def test_a_download_with_the_wrong_checksum_is_refused_and_deleted(memagent, env, fake_hub):
     fake_hub.repos[REPO][MODEL_FILE].announced_sha256 = "0" * 64
     result = memagent("models", "pull", f"{REPO}:Q4_1")
