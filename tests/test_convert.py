@@ -5,6 +5,7 @@ and every bad input refused with one sentence and nothing half-written."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -185,9 +186,30 @@ def test_bad_model_folders_are_refused_with_one_sentence(memagent, tied, tmp_pat
     assert not list(out.iterdir())
 
 
-def test_unknown_quantization_type_names_the_known_ones(memagent, tied, tmp_path):
-    result = memagent("models", "convert", str(tied[0]), "--quant", "Q4_K_X")
-    assert_clean_failure(result, 1, "Q4_K_X is not a llama.cpp quantization type", "Q4_K_M", "Q8_0")
+@pytest.mark.parametrize(
+    ("quant", "why"),
+    [
+        ("Q4_K_X", "Q4_K_X is not a llama.cpp quantization type memagent makes"),
+        ("iq2_xs", "iq2_xs needs an importance matrix"),
+        ("IQ3_XS", "IQ3_XS needs an importance matrix"),
+        ("TQ1_0", "TQ1_0 is for models trained in that format"),
+    ],
+)
+def test_a_type_memagent_cannot_make_is_refused_naming_those_it_makes(
+    memagent, tied, tmp_path, quant, why
+):
+    result = memagent("models", "convert", str(tied[0]), "--quant", quant, "--out", str(tmp_path))
+    said = words(result.stderr.replace("│", " "))  # the usage error is drawn in a box
+    assert result.returncode == 2 and result.stdout == "" and "Traceback" not in said
+    assert why in said and "choose one of F32, F16, BF16, Q8_0, Q6_K" in said
+    assert "IQ4_XS" in said and "Q2_K_S" not in said and "IQ2" not in said.replace(quant, "")
+    assert not list(tmp_path.iterdir())
+
+
+def test_help_lists_the_types_memagent_makes_and_those_it_does_not(memagent):
+    said = words(memagent("models", "convert", "--help").stdout.replace("│", " "))
+    assert "F32, F16, BF16, Q8_0, Q6_K, Q5_K_M" in said and "IQ3_S, Q2_K" in said
+    assert "need an importance matrix (IQ1_S, IQ1_M, IQ2_XXS" in said
 
 
 def test_too_little_disk_space_is_refused_before_writing(tied, tmp_path, env):
@@ -346,6 +368,41 @@ def test_an_interrupted_conversion_leaves_nothing_that_looks_finished(env, big, 
     assert process.returncode != 0 and stdout == b""
     assert b"Traceback" not in stderr
     assert not list(out.iterdir())
+
+
+@pytest.mark.model  # slow: converts the 380 MB model and quantizes it with llama.cpp
+def test_ctrl_c_stops_a_quantization_within_seconds_and_the_same_command_resumes(
+    env, big, tmp_path
+):
+    out = tmp_path / "out"
+    out.mkdir()
+    part = out / "m.gguf.part"  # what llama.cpp writes into, once the intermediate is done
+    command = [MEMAGENT, "models", "convert", big, "--quant", "Q4_K_M", "--out", out / "m.gguf"]
+    command = list(map(str, command))
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    deadline = time.monotonic() + 300
+    while not part.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.5)  # well into the tensors
+    assert part.exists() and process.poll() is None
+    sent = time.monotonic()
+    process.send_signal(signal.SIGINT)  # as Ctrl-C in a terminal
+    stdout, stderr = process.communicate(timeout=120)
+    stopped = time.monotonic() - sent
+    said = words(stderr.decode())
+    assert process.returncode != 0 and stdout == b"" and "Traceback" not in said
+    assert "interrupted while quantizing; nothing of m.gguf was kept" in said
+    kept = Path(re.search(r"was kept, and (\S+) \(", said)[1])
+    assert [p.name for p in out.iterdir()] == [kept.name]  # no .part: only the intermediate
+    print(f"stopped {stopped:.2f} s after SIGINT")
+
+    began = time.monotonic()
+    again = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    whole = time.monotonic() - began
+    assert again.returncode == 0, again.stderr
+    assert f"using {kept} from an earlier run" in words(again.stderr)
+    assert stopped < 5 < whole / 2, (stopped, whole)  # within seconds of a long quantization
+    print(f"the whole quantization took {whole:.1f} s")
 
 
 def test_a_registry_name_with_a_type_pulls_and_finds_that_type(env, hub_with_weights, monkeypatch):

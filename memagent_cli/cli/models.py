@@ -9,9 +9,19 @@ from typing import Annotated
 import typer
 
 from memagent_cli.cli.options import JsonOpt, QuietOpt, user_errors
+from memagent_cli.errors import ModelError
+from memagent_cli.models.conversion.quantize import NEEDS_IMATRIX, QuantType, quant_type
 from memagent_cli.views.progress import reporter
 
 app = typer.Typer(help="List, describe, download and convert GGUF models.", no_args_is_help=True)
+
+
+def _quant_type(value: str) -> QuantType:
+    """--quant as a type memagent makes; the error names those, and why not another."""
+    try:
+        return quant_type(value)
+    except ModelError as exc:
+        raise typer.BadParameter(exc.message) from None
 
 
 @app.command("list")
@@ -84,11 +94,15 @@ def models_convert(
         ),
     ],
     quant: Annotated[
-        str,
+        QuantType,
         typer.Option(
-            "--quant", metavar="TYPE", help="llama.cpp type: Q4_K_M, Q5_K_M, Q8_0, F16, ..."
+            "--quant",
+            parser=_quant_type,
+            metavar="TYPE",
+            help=f"llama.cpp type, any case: {', '.join(QuantType)}. Those that need an "
+            f"importance matrix ({', '.join(NEEDS_IMATRIX)}) are not made.",
         ),
-    ] = "Q4_K_M",
+    ] = QuantType.Q4_K_M,
     out: Annotated[
         Path | None,
         typer.Option(
