@@ -221,3 +221,23 @@ def test_a_failed_quantization_gives_llama_cpp_s_reason_and_what_is_left(models,
     assert "data is not within the file bounds" in said  # llama.cpp's own words
     assert f"nothing of m.gguf was kept, and {cut} (" in said and "the same command again" in said
     assert not dest.exists() and cut.is_file()
+
+
+def test_loading_a_model_reports_its_bytes_and_can_be_stopped(models):
+    from memagent_cli.backends.llama_cpp import LlamaCppBackend, LlamaOptions
+
+    _, path, _ = models["tied"]
+    backend = LlamaCppBackend(path, LlamaOptions(threads=2))
+    calls: list[tuple[str, int, int | None]] = []
+    backend.prepare(256, progress=lambda *c: calls.append(c))
+    size = path.stat().st_size
+    assert {what for what, _, _ in calls} == {f"loading {path.stem}"}
+    assert calls[-1][1:] == (size, size) and [c[1] for c in calls] == sorted(c[1] for c in calls)
+
+    def ctrl_c(*_: object) -> None:
+        raise KeyboardInterrupt  # as Ctrl-C arrives while llama.cpp loads
+
+    with pytest.raises(KeyboardInterrupt):
+        backend.prepare(256, progress=ctrl_c)
+    backend.prepare(256)  # the cancelled load left nothing behind
+    assert backend.decoder is not None
