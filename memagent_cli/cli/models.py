@@ -72,6 +72,14 @@ def models_pull(
             metavar="MODEL",
         ),
     ],
+    delete_shards: Annotated[
+        bool,
+        typer.Option(
+            "--delete-shards",
+            help="Hugging Face weights: delete each downloaded shard once its tensors are "
+            "converted, for a lower disk peak (a failed conversion downloads them again).",
+        ),
+    ] = False,
     quiet: QuietOpt = False,
 ) -> None:
     """Download a GGUF into the data folder, resuming a partial download; a repository of
@@ -80,7 +88,10 @@ def models_pull(
 
     report = reporter(quiet)
     with report.progress("bytes") as progress:
-        print(models.pull(model, note=report.note, progress=progress).path)
+        pulled = models.pull(
+            model, note=report.note, progress=progress, delete_shards=delete_shards
+        )
+    print(pulled.path)
 
 
 @app.command("convert")
