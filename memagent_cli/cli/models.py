@@ -13,7 +13,9 @@ from memagent_cli.errors import ModelError
 from memagent_cli.models.conversion.quantize import NEEDS_IMATRIX, QuantType, quant_type
 from memagent_cli.views.progress import reporter
 
-app = typer.Typer(help="List, describe, download and convert GGUF models.", no_args_is_help=True)
+app = typer.Typer(
+    help="List, describe, download, convert and remove GGUF models.", no_args_is_help=True
+)
 
 
 def _quant_type(value: str) -> QuantType:
@@ -137,3 +139,28 @@ def models_convert(
             folder, quant=quant, out=out, keep_f16=keep_f16, note=report.note, progress=progress
         )
     print(model.path)
+
+
+@app.command("rm")
+@user_errors
+def models_rm(
+    model: Annotated[
+        str,
+        typer.Argument(
+            help="A registry name or [hf:]OWNER/NAME: every quantization of it, its partial "
+            "downloads, intermediates and downloaded weights; NAME:QUANT: that quantization; "
+            "or a converted model as `models list` names it.",
+            metavar="NAME[:QUANT]",
+        ),
+    ],
+    as_json: JsonOpt = False,
+) -> None:
+    """Remove a pulled or converted model from the data folder and say how much it freed."""
+    from memagent_cli.models import removal
+    from memagent_cli.views import models as modelview
+
+    removed = removal.remove(model)
+    if as_json:
+        print(json.dumps(removed.to_json(), ensure_ascii=False, indent=2))
+    else:
+        modelview.print_removal(removed)
