@@ -466,6 +466,19 @@ def test_rm_removes_one_quantization_or_the_whole_model_and_says_what_it_freed(
     assert_clean_failure(memagent("models", "rm", f"hf:{REPO}"), 1, f"hf:{REPO} is not pulled")
 
 
+def test_rm_of_a_split_model_removes_every_part(memagent, env, fake_hub, tmp_path):
+    parts = {
+        f"big-Q4_K_M-0000{i}-of-00002.gguf": tiny_gguf(tmp_path / f"{i}.gguf", rows=4 + i)
+        for i in (1, 2)
+    }
+    fake_hub.add("someone/Big-GGUF", parts)
+    pulled = Path(memagent("models", "pull", "someone/Big-GGUF").stdout.strip()).parent
+    removed = json.loads(memagent("models", "rm", "someone/Big-GGUF:Q4_K_M", "--json").stdout)
+    assert [Path(r["path"]).name for r in removed["removed"]] == sorted(parts)
+    assert removed["freed"] == sum(len(b) for b in parts.values())
+    assert not pulled.exists()  # nothing else was in its folder
+
+
 def test_rm_of_a_registry_name_takes_its_partial_files_and_downloaded_weights(
     memagent, env, tmp_path
 ):

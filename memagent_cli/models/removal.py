@@ -14,7 +14,7 @@ from typing import Any
 
 from memagent_cli.errors import ModelError
 from memagent_cli.models import hub, registry
-from memagent_cli.models.gguf import quant_tag
+from memagent_cli.models.gguf import quant_tag, split_parts
 from memagent_cli.models.pulling import DOWNLOAD_DIR
 
 # What a download or a conversion writes before the file is complete: NAME.part (the
@@ -46,7 +46,7 @@ def remove(value: str) -> Removal:
     `[hf:]OWNER/NAME` (every quantization, partial files, intermediates and downloaded
     weights), `NAME:QUANT` (that quantization's files), or a converted model as `models
     list` names it. ModelError, with nothing removed, when there is nothing of it there."""
-    targets = _targets(value)
+    targets = list(dict.fromkeys(_targets(value)))
     removed = []
     for path in targets:
         size = _size(path)
@@ -140,7 +140,9 @@ def _converted(value: str) -> list[Path]:
         return []
     for path in sorted(folder.rglob("*.gguf")):
         relative = path.relative_to(folder)
-        if relative.parts[0] == "hf" or not path.is_file() or registry.hub_name(path) != value:
+        if relative.parts[0] == "hf" or not path.is_file() or split_parts(path)[0] != 1:
+            continue  # as `models list`: pulled models by their hf: name, split models whole
+        if registry.hub_name(path) != value:
             continue
         names = hub.choose([path.name], path.name)  # with the other parts of a split model
         unfinished = [
