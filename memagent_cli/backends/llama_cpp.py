@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from memagent_cli.backend import Call, Description, Generation, Sampling
 from memagent_cli.errors import ModelError
 from memagent_cli.files import check_gguf
+from memagent_cli.progress import Progress
 
 if TYPE_CHECKING:  # decoding imports llama_cpp, which loads the library: only when used
     from memagent_cli.backends.decoding import Decoded, Decoder
@@ -238,13 +239,18 @@ class LlamaCppBackend:
         v_size = number("attention.value_length", width) * _TYPE_BYTES[self.cache_type_v]
         return int(context_tokens * number("block_count", 1) * kv_heads * (k_size + v_size))
 
-    def prepare(self, context_tokens: int, sequences: int = 1) -> None:
+    def prepare(
+        self, context_tokens: int, sequences: int = 1, progress: Progress | None = None
+    ) -> None:
+        """Load the weights and a context for `sequences` of `context_tokens` each; the bytes
+        of the model loaded so far go to `progress` (a multi-GB model offloaded to a GPU
+        takes a while), and Ctrl-C stops the loading."""
         if self._engine is not None:
             self._engine.close()
             self._engine = None
         self.context_tokens = context_tokens
         self.sequences = sequences
-        self._engine = _Engine(self, context_tokens, sequences)
+        self._engine = _Engine(self, context_tokens, sequences, progress)
 
     @property
     def decoder(self) -> Decoder | None:
@@ -296,16 +302,29 @@ class LlamaCppBackend:
 class _Engine:
     """The weights and one llama.cpp context, driven by memagent's own decoder."""
 
-    def __init__(self, backend: LlamaCppBackend, context_tokens: int, sequences: int) -> None:
+    def __init__(
+        self,
+        backend: LlamaCppBackend,
+        context_tokens: int,
+        sequences: int,
+        progress: Progress | None = None,
+    ) -> None:
         import llama_cpp
 
         from memagent_cli.backends.decoding import Decoder
 
         model_params = llama_cpp.llama_model_default_params()
         model_params.n_gpu_layers = backend.gpu_layers
+        loading = _Loading(progress, f"loading {backend.name}", backend.path.stat().st_size)
+        model_params.progress_callback = loading.callback
+        self._loading = loading  # llama.cpp holds a pointer to its callback
         self.model = llama_cpp.llama_model_load_from_file(
             str(backend.path).encode("utf-8"), model_params
         )
+        if loading.error is not None:  # Ctrl-C, or a failing callback: loading was cancelled
+            if self.model:
+                llama_cpp.llama_model_free(self.model)
+            raise loading.error
         if not self.model:
             raise ModelError(f"llama.cpp could not load {backend.path}.")
         params = llama_cpp.llama_context_default_params()
@@ -345,6 +364,29 @@ class _Engine:
             sequences=sequences,
         )
         self.close = weakref.finalize(self, _release, self.decoder, self.context, self.model)
+
+
+class _Loading:
+    """llama.cpp's model-load progress callback, as progress(what, bytes, total). An
+    exception inside it (Ctrl-C arrives there while llama.cpp loads) cancels the loading
+    and is kept, for the caller to raise once llama.cpp has returned."""
+
+    def __init__(self, progress: Progress | None, what: str, total: int) -> None:
+        import llama_cpp
+
+        self.error: BaseException | None = None
+
+        @llama_cpp.llama_progress_callback
+        def callback(fraction: float, user_data: ctypes.c_void_p) -> bool:
+            try:
+                if progress is not None:
+                    progress(what, int(total * min(max(fraction, 0.0), 1.0)), total)
+                return True
+            except BaseException as exc:  # a ctypes callback cannot raise: return it
+                self.error = exc
+                return False
+
+        self.callback = callback  # ctypes keeps only a pointer: hold the function here
 
 
 def _release(decoder: Decoder, context: object, model: object) -> None:

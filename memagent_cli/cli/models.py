@@ -9,9 +9,21 @@ from typing import Annotated
 import typer
 
 from memagent_cli.cli.options import JsonOpt, QuietOpt, user_errors
+from memagent_cli.errors import ModelError
+from memagent_cli.models.conversion.quantize import NEEDS_IMATRIX, QuantType, quant_type
 from memagent_cli.views.progress import reporter
 
-app = typer.Typer(help="List, describe, download and convert GGUF models.", no_args_is_help=True)
+app = typer.Typer(
+    help="List, describe, download, convert and remove GGUF models.", no_args_is_help=True
+)
+
+
+def _quant_type(value: str) -> QuantType:
+    """--quant as a type memagent makes; the error names those, and why not another."""
+    try:
+        return quant_type(value)
+    except ModelError as exc:
+        raise typer.BadParameter(exc.message) from None
 
 
 @app.command("list")
@@ -62,6 +74,14 @@ def models_pull(
             metavar="MODEL",
         ),
     ],
+    delete_shards: Annotated[
+        bool,
+        typer.Option(
+            "--delete-shards",
+            help="Hugging Face weights: delete each downloaded shard once its tensors are "
+            "converted, for a lower disk peak (a failed conversion downloads them again).",
+        ),
+    ] = False,
     quiet: QuietOpt = False,
 ) -> None:
     """Download a GGUF into the data folder, resuming a partial download; a repository of
@@ -70,7 +90,10 @@ def models_pull(
 
     report = reporter(quiet)
     with report.progress("bytes") as progress:
-        print(models.pull(model, note=report.note, progress=progress).path)
+        pulled = models.pull(
+            model, note=report.note, progress=progress, delete_shards=delete_shards
+        )
+    print(pulled.path)
 
 
 @app.command("convert")
@@ -84,11 +107,15 @@ def models_convert(
         ),
     ],
     quant: Annotated[
-        str,
+        QuantType,
         typer.Option(
-            "--quant", metavar="TYPE", help="llama.cpp type: Q4_K_M, Q5_K_M, Q8_0, F16, ..."
+            "--quant",
+            parser=_quant_type,
+            metavar="TYPE",
+            help=f"llama.cpp type, any case: {', '.join(QuantType)}. Those that need an "
+            f"importance matrix ({', '.join(NEEDS_IMATRIX)}) are not made.",
         ),
-    ] = "Q4_K_M",
+    ] = QuantType.Q4_K_M,
     out: Annotated[
         Path | None,
         typer.Option(
@@ -122,3 +149,28 @@ def models_convert(
             progress=progress,
         )
     print(model.path)
+
+
+@app.command("rm")
+@user_errors
+def models_rm(
+    model: Annotated[
+        str,
+        typer.Argument(
+            help="A registry name or [hf:]OWNER/NAME: every quantization of it, its partial "
+            "downloads, intermediates and downloaded weights; NAME:QUANT: that quantization; "
+            "or a converted model as `models list` names it.",
+            metavar="NAME[:QUANT]",
+        ),
+    ],
+    as_json: JsonOpt = False,
+) -> None:
+    """Remove a pulled or converted model from the data folder and say how much it freed."""
+    from memagent_cli.models import removal
+    from memagent_cli.views import models as modelview
+
+    removed = removal.remove(model)
+    if as_json:
+        print(json.dumps(removed.to_json(), ensure_ascii=False, indent=2))
+    else:
+        modelview.print_removal(removed)

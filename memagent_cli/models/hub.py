@@ -242,7 +242,7 @@ def download(
             f"Download of {remote.path} stopped: {reason}; {_kept(partial, total)} "
             "Run the same command again to resume."
         ) from None
-    _verify(partial, remote, note)
+    _verify(partial, remote, note, progress)
     os.replace(partial, dest)
     note(f"pulled {dest}")
 
@@ -291,8 +291,9 @@ def _fetch(
                     raise
 
 
-def _verify(path: Path, remote: RemoteFile, note: Note) -> None:
-    """Refuse, and delete, a download whose checksum differs from the Hub's."""
+def _verify(path: Path, remote: RemoteFile, note: Note, progress: Progress | None = None) -> None:
+    """Refuse, and delete, a download whose checksum differs from the Hub's; reading a
+    multi-GB file back takes a while, so its bytes go through `progress`."""
     if remote.sha256:
         kind, expected = "sha256", remote.sha256.lower()
         digest = hashlib.sha256()
@@ -302,11 +303,16 @@ def _verify(path: Path, remote: RemoteFile, note: Note) -> None:
     else:
         note(f"warning: the Hub published no checksum for {remote.path}; it was not verified.")
         return
-    if path.stat().st_size > 1 << 30:
-        note(f"checking the {kind} of {decimal(path.stat().st_size)}")
+    size = path.stat().st_size
+    if size > 1 << 30:
+        note(f"checking the {kind} of {decimal(size)}")
+    done = 0
     with path.open("rb") as file:
         while block := file.read(1 << 20):
             digest.update(block)
+            done += len(block)
+            if progress:
+                progress(f"checking {remote.path}", done, size)
     actual = digest.hexdigest()
     if actual != expected:
         path.unlink()

@@ -4,6 +4,7 @@ GGUF where `hf:OWNER/NAME:QUANT` and the registry find it."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
@@ -13,9 +14,8 @@ from rich.filesize import decimal
 from memagent_cli.errors import ModelError
 from memagent_cli.models import hub, registry
 from memagent_cli.models.conversion import architecture, quantize, vocabulary
-from memagent_cli.models.conversion.convert import DEFAULT_QUANT
+from memagent_cli.models.conversion.convert import DEFAULT_QUANT, plan
 from memagent_cli.models.conversion.convert import convert as convert_folder
-from memagent_cli.models.conversion.quantize import file_type
 from memagent_cli.models.registry import Model
 from memagent_cli.progress import Note, Progress, silent
 
@@ -37,14 +37,22 @@ def output_path(repo: str, quant: str) -> Path:
     return hub.repo_dir(repo) / f"{repo.split('/')[1]}.{quant}.gguf"
 
 
-def pull_spec(spec: hub.Spec, *, note: Note = silent, progress: Progress | None = None) -> Path:
+def pull_spec(
+    spec: hub.Spec,
+    *,
+    note: Note = silent,
+    progress: Progress | None = None,
+    delete_shards: bool = False,
+) -> Path:
     """Fetch the model `spec` names: its GGUF (every part of a split model), or, for a
     repository of Hugging Face weights, the weights converted and quantized to
-    `spec.quant`. Returns the first GGUF file."""
+    `spec.quant` (see pull_and_convert for `delete_shards`). Returns the first GGUF file."""
     endpoint = hub.endpoint_url()
     commit, files = hub.list_files(spec.repo, endpoint)
     if not any(hub.is_model(p) for p in files) and is_hf_model(files):
-        return pull_and_convert(spec, commit, files, note=note, progress=progress)
+        return pull_and_convert(
+            spec, commit, files, note=note, progress=progress, delete_shards=delete_shards
+        )
     chosen = hub.choose(files, spec.quant, spec.repo)
     if not spec.quant.lower().endswith(".gguf"):
         hub.note_other_matches(spec, files, chosen[0], note)
@@ -61,13 +69,13 @@ def pull_and_convert(
     *,
     note: Note = silent,
     progress: Progress | None = None,
+    delete_shards: bool = False,
 ) -> Path:
-    """Download the weights `files` lists, convert them and quantize to `spec.quant`."""
-    quant = (
-        quantize.file_type(spec.quant or DEFAULT_QUANT)
-        .name.removeprefix("MOSTLY_")
-        .removeprefix("ALL_")
-    )
+    """Download the weights `files` lists, convert them and quantize to `spec.quant`. With
+    `delete_shards`, each downloaded shard is deleted once its tensors are converted: the
+    disk peak drops by nearly the size of the weights, but a conversion that fails after
+    that downloads them again."""
+    quant = quantize.quant_type(spec.quant or DEFAULT_QUANT).value  # before any download
     dest = output_path(spec.repo, quant)
     if dest.is_file():
         note(f"already pulled: {dest}")
@@ -75,35 +83,120 @@ def pull_and_convert(
     if "tokenizer.json" not in files:
         raise vocabulary.no_tokenizer(spec.repo)
     folder = hub.repo_dir(spec.repo) / DOWNLOAD_DIR
-    wanted = [p for p in (*_SMALL, _INDEX) if p in files]
-    wanted += sorted(p for p in files if p.endswith(".safetensors") and "/" not in p)
-    for path in wanted[:1]:  # config.json first: refuse an unsupported model before the weights
+    # config.json first: refuse an unsupported model before the weights; then the index,
+    # which says which shards hold the weights (a repository may hold others).
+    first = [p for p in ("config.json", _INDEX) if p in files]
+    for path in first:
         hub.download(spec.repo, commit, files[path], folder / path)
     arch = architecture.read(folder)
-    weights = sum(files[p].size or 0 for p in wanted if p.endswith(".safetensors"))
-    to_download = sum(missing_bytes(folder / p, files[p]) for p in wanted)
-    parameters = weights // (4 if str(arch.config.get("torch_dtype")) == "float32" else 2)
+    shards = _shards(spec.repo, folder, files)
+    wanted = [p for p in _SMALL if p in files and p not in first] + shards
+    weights = sum(files[p].size or 0 for p in shards)
+    to_download = sum(missing_bytes(folder / p, files[p]) for p in [*first, *wanted])
+    dtype = str(arch.config.get("dtype") or arch.config.get("torch_dtype") or "")
+    parameters = weights // (4 if dtype == "float32" else 2)
     if quant in quantize.UNQUANTIZED:
         written = parameters * (4 if quant == "F32" else 2)
-        plan = f"writing {quant} {decimal(written)}"
+        writing = f"writing {quant} {decimal(written)}"
+        converted = written  # what the conversion writes while the shards are there
+        memory = 0  # the converter streams: no quantizer
     else:
-        written = parameters * 2 + quantize.estimated_size(parameters, quant)
-        final = decimal(quantize.estimated_size(parameters, quant))
-        plan = f"writing F16 {decimal(parameters * 2)} (temporary) and {quant} about {final}"
+        converted = parameters * 2
+        final = quantize.estimated_size(parameters, quant)
+        writing = f"writing an intermediate {decimal(converted)} (temporary) and {quant} "
+        writing += f"about {decimal(final)}"
+        written = converted + final
+        memory = quantize.memory_needed(_largest_tensor(arch.config), quant)
     needed = to_download + written
+    if delete_shards:
+        # Each shard goes once its tensors are written: the peak is every shard plus the
+        # converted bytes of the largest, or, once they are gone, what remains written
+        # (less the shards that were already here, which count as used space now).
+        largest = max((files[p].size or 0 for p in shards), default=0)
+        here = weights - sum(missing_bytes(folder / p, files[p]) for p in shards)
+        needed = max(to_download + largest * converted // max(weights, 1), written - here)
     note(
         f"{spec.repo} is published as Hugging Face weights ({arch.hf_name}, about "
-        f"{parameters / 1e9:.1f}B parameters): downloading {decimal(to_download)}, {plan}; "
-        f"{decimal(needed)} of disk needed in {folder.parent}"
+        f"{parameters / 1e9:.1f}B parameters): downloading {decimal(to_download)}, {writing}"
+        + ("; each shard deleted once converted" if delete_shards else "")
     )
-    hub.check_space(folder.parent, needed, f"pulling {spec.repo}")
-    for path in wanted[1:]:
+    check_room(folder.parent, needed, memory, f"pulling {spec.repo}", note)
+    for path in wanted:
         hub.download(spec.repo, commit, files[path], folder / path, note=note, progress=progress)
     name = spec.repo.split("/")[1]
-    convert_folder(folder, dest, quant, name=name, note=note, progress=progress)
+
+    def release(shard: Path) -> None:
+        size = shard.stat().st_size
+        shard.unlink()
+        note(f"deleted {shard.name} ({decimal(size)}): its tensors are converted")
+
+    convert_folder(
+        folder,
+        dest,
+        quant,
+        name=name,
+        note=note,
+        progress=progress,
+        release=release if delete_shards else None,
+    )
     shutil.rmtree(folder, ignore_errors=True)
     note(f"removed the downloaded weights ({decimal(weights)}); {dest} is what memagent runs")
     return dest
+
+
+def _shards(repo: str, folder: Path, files: dict[str, hub.RemoteFile]) -> list[str]:
+    """The safetensors files that hold the weights: those the index names, else every one
+    at the top of the repository (a model in one file has no index)."""
+    if _INDEX not in files:
+        return sorted(p for p in files if p.endswith(".safetensors") and "/" not in p)
+    index = folder / _INDEX
+    try:
+        weight_map = json.loads(index.read_text("utf-8"))["weight_map"]
+        named = sorted({str(file) for file in weight_map.values()})
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise ModelError(f"{repo}'s {_INDEX} is not a valid safetensors index.") from None
+    if missing := [p for p in named if p not in files]:
+        raise ModelError(f"{repo}'s {_INDEX} names {missing[0]}, which the repository lacks.")
+    return named
+
+
+def _largest_tensor(config: dict[str, object]) -> int:
+    """Values in a model's largest tensor, from config.json: the embedding (and output),
+    vocabulary by width, or an FFN matrix, as in Qwen2 and Qwen3."""
+
+    def number(key: str) -> int:
+        value = config.get(key)
+        return value if isinstance(value, int) else 0
+
+    width = number("hidden_size")
+    return width * max(number("vocab_size"), number("intermediate_size"))
+
+
+def check_room(folder: Path, disk: int, memory: int, what: str, note: Note = silent) -> None:
+    """Say what `what` needs of disk in `folder` and of memory (0: none to speak of), and
+    refuse with one sentence, before anything is written, when either is short."""
+    free = shutil.disk_usage(_existing(folder)).free
+    available = quantize.available_memory()
+    said = f"{decimal(disk)} of disk needed in {folder} ({decimal(free)} free)"
+    if memory:
+        said += f", about {decimal(memory)} of memory ({decimal(available)} available)"
+    note(said)
+    short = []
+    if disk > free:
+        short.append(f"disk space in {folder} ({decimal(disk)} needed, {decimal(free)} free)")
+    if memory > available:
+        short.append(
+            f"memory (about {decimal(memory)} needed: llama.cpp's quantizer holds the largest "
+            f"tensor as float32; {decimal(available)} available)"
+        )
+    if short:
+        raise ModelError(f"Not enough {' nor '.join(short)} for {what}.")
+
+
+def _existing(folder: Path) -> Path:
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return folder
 
 
 def is_hf_model(files: Iterable[str]) -> bool:
@@ -121,9 +214,16 @@ def missing_bytes(dest: Path, remote: hub.RemoteFile) -> int:
     return max(0, (remote.size or 0) - have)
 
 
-def pull(value: str, *, note: Note = silent, progress: Progress | None = None) -> Model:
+def pull(
+    value: str,
+    *,
+    note: Note = silent,
+    progress: Progress | None = None,
+    delete_shards: bool = False,
+) -> Model:
     """Fetch the model `value` names: a registry name (`NAME[:QUANT]`) or
-    `[hf:]OWNER/NAME[:QUANT]`; a repository of Hugging Face weights is converted."""
+    `[hf:]OWNER/NAME[:QUANT]`; a repository of Hugging Face weights is converted (each
+    shard deleted once converted, with `delete_shards`)."""
     entries = registry.registry()
     name, _, quant = value.partition(":")
     if name in entries:
@@ -132,7 +232,8 @@ def pull(value: str, *, note: Note = silent, progress: Progress | None = None) -
             spec = hub.parse(str(entry["hf"]))
             if quant:
                 spec = hub.Spec(spec.repo, quant)
-            return Model(pull_spec(spec, note=note, progress=progress), value)
+            path = pull_spec(spec, note=note, progress=progress, delete_shards=delete_shards)
+            return Model(path, value)
         if found := registry.find_file(name):
             note(f"{name} is already installed: {found}")
             return Model(found, name)
@@ -143,7 +244,7 @@ def pull(value: str, *, note: Note = silent, progress: Progress | None = None) -
             f"{value} is neither a registry name (known names: {known}) nor a Hugging Face "
             "repository OWNER/NAME[:QUANT]."
         )
-    path = pull_spec(hub.parse(value), note=note, progress=progress)
+    path = pull_spec(hub.parse(value), note=note, progress=progress, delete_shards=delete_shards)
     return Model(path, registry.hub_name(path))
 
 
@@ -160,7 +261,7 @@ def convert(
     `out`, the file goes where `--model` finds it: beside the pulls of the registry model
     whose repository has the folder's name, else in the models folder."""
     folder = folder.expanduser()
-    tag = file_type(quant).name.removeprefix("MOSTLY_").removeprefix("ALL_")
+    tag = quantize.quant_type(quant).value
     name = folder.resolve().name
     registered = next(
         (
@@ -179,6 +280,11 @@ def convert(
     out = out.expanduser()
     if out.suffix != ".gguf":
         raise ModelError(f"--out {out} must end in .gguf, as llama.cpp's model files do.")
+    if tag not in quantize.UNQUANTIZED:  # the quantizer's memory, with the disk, up front
+        work = plan(folder, out, tag)
+        largest = max(tensor.elements for _, tensor in work.source.tensors)
+        memory = quantize.memory_needed(largest, tag)
+        check_room(out.parent, work.needed, memory, f"converting {folder}", note)
     convert_folder(
         folder,
         out,

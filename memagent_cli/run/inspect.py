@@ -73,7 +73,8 @@ def estimate_seconds(
     except BudgetError as exc:
         return {"error": exc.message}
     report.note("measuring the model's speed with a short warm-up...")
-    backend.prepare(context)
+    with report.progress("bytes") as progress:
+        backend.prepare(context, progress=progress)
     sample = backend.detokenize(backend.tokenize(chunks[0].text)[:_WARMUP_PROMPT_TOKENS])
     message = protocol.render_update(
         _WARMUP_QUESTION, protocol.INITIAL_MEMORY, sample.decode("utf-8", errors="replace")

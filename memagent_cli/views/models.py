@@ -9,6 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from memagent_cli.models import Listed
+from memagent_cli.models.removal import Removal
 from memagent_cli.views import console as display
 
 
@@ -80,3 +81,11 @@ def print_info(row: Listed) -> None:
         out.print()
         out.print("chat template:", style="bold")
         out.print(escape(info.chat_template), soft_wrap=True)
+
+
+def print_removal(removal: Removal) -> None:
+    """Each path removed with its size, then the total freed."""
+    out = display.results_console()
+    for path, size in removal.removed:
+        out.print(f"removed {escape(str(path))} ({decimal(size)})", highlight=False, soft_wrap=True)
+    out.print(f"freed {decimal(removal.freed)}", highlight=False)

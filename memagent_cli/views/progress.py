@@ -207,6 +207,7 @@ class Bar:
         self._unit = unit
         self._start = time.monotonic()
         self._last: dict[str, float] = {}
+        self._first: dict[str, tuple[float, int]] = {}  # when each `what` was first shown
         self._bar: Progress | None = None
         self._tasks: dict[str, TaskID] = {}
 
@@ -239,9 +240,27 @@ class Bar:
             if what not in self._tasks:
                 self._tasks[what] = self._bar.add_task(escape(what), total=total)
             self._bar.update(self._tasks[what], completed=done, total=total)
-        elif now - self._last.get(what, self._start) >= self._PLAIN_EVERY or done == total:
-            self._last[what] = now
-            console.print(f"{what}: {self._amount(done, total)}", highlight=False, markup=False)
+        else:
+            first = self._first.setdefault(what, (now, done))
+            if now - self._last.get(what, self._start) >= self._PLAIN_EVERY or done == total:
+                self._last[what] = now
+                line = f"{what}: {self._amount(done, total)}{self._eta(first, now, done, total)}"
+                console.print(line, highlight=False, markup=False)
+
+    @staticmethod
+    def _eta(first: tuple[float, int], now: float, done: int, total: int | None) -> str:
+        """ ", 40%, about 3m left" from the rate since `what` was first seen; "" at the end
+        or before there is a rate."""
+        since, at = first
+        if not total or done >= total or done <= at or now <= since:
+            return ""
+        left = (total - done) * (now - since) / (done - at)
+        minutes, seconds = divmod(round(left), 60)
+        hours, minutes = divmod(minutes, 60)
+        when = f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{seconds:02d}s"
+        if not hours and not minutes:
+            when = f"{seconds}s"
+        return f", {done * 100 // total}%, about {when} left"
 
     def close(self) -> None:
         if self._bar is not None:

@@ -29,7 +29,6 @@ from memagent_cli.models.hub import check_space
 from memagent_cli.progress import Note, Progress, silent
 
 DEFAULT_QUANT = "Q4_K_M"
-WRITTEN_HERE = ("F32", "F16", "BF16")  # types the converter writes itself, unquantized
 _F16_MAX = 65504.0  # the largest finite float16
 
 
@@ -91,7 +90,7 @@ class Plan:
 
     @property
     def dest_size(self) -> int:
-        if self.quant in WRITTEN_HERE:
+        if self.quant in quantize.UNQUANTIZED:
             return self.source.unquantized_size(self.quant)
         return quantize.estimated_size(self.source.parameters, self.quant)
 
@@ -120,7 +119,7 @@ def plan(folder: Path, dest: Path, quant: str = DEFAULT_QUANT) -> Plan:
     quant = quantize.file_type(quant).name.removeprefix("MOSTLY_").removeprefix("ALL_")
     source = read_source(folder)
     intermediate = None
-    if quant not in WRITTEN_HERE:
+    if quant not in quantize.UNQUANTIZED:
         intermediate = intermediate_path(dest, quant, source.intermediate_kind)
     newest = max(t.file.stat().st_mtime for _, t in source.tensors)
     reuse = bool(intermediate and intermediate.is_file() and intermediate.stat().st_mtime >= newest)
@@ -167,7 +166,7 @@ def convert(
     note(f"quantizing to {work.quant} with llama.cpp")
     part = _part(dest)
     try:
-        quantize.quantize(work.intermediate, part, work.quant)
+        quantize.quantize(work.intermediate, part, work.quant, note=note, progress=progress)
         part.replace(dest)
     finally:
         part.unlink(missing_ok=True)
