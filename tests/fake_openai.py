@@ -43,6 +43,7 @@ class FakeServer:
     hang_after: int | None = None  # chat calls answered before the server stops answering
     chat_calls: int = 0
     messages: list[str] = field(default_factory=list)
+    authorizations: set[str] = field(default_factory=set)  # Authorization headers received
     url: str = ""
 
     def __enter__(self) -> FakeServer:
@@ -62,6 +63,7 @@ class FakeServer:
                     self.wfile.write(body)  # unless the client was stopped meanwhile
 
             def do_GET(self) -> None:  # noqa: N802
+                fake.authorizations.add(self.headers.get("Authorization", ""))
                 if self.path.rstrip("/") == "/v1/models":
                     model = {"id": MODEL, "object": "model"}
                     if fake.context is not None:
@@ -71,6 +73,7 @@ class FakeServer:
                     self._json(404, {"error": {"message": "not found"}})
 
             def do_POST(self) -> None:  # noqa: N802
+                fake.authorizations.add(self.headers.get("Authorization", ""))
                 length = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(length) or b"{}")
                 if self.path.rstrip("/") != "/v1/chat/completions":

@@ -129,10 +129,13 @@ def test_an_interrupted_run_resumes_to_the_uninterrupted_answer(
         *served(fake_server, *STEPS, "--no-cache", "--trace", str(cut)),
     ]
     process, stdout, stderr = interrupt_after_steps(args, cut, env, 2, sig)
-    assert process.returncode == 130 and stdout == ""
-    assert "Traceback" not in stderr
+    # As a shell reports a process the signal ended: 130 for Ctrl-C, 143 for SIGTERM.
+    assert process.returncode == 128 + sig == {"SIGINT": 130, "SIGTERM": 143}[sig.name]
+    assert stdout == "" and "Traceback" not in stderr
+    assert f"Interrupted ({sig.name}) after" in words(stderr)
     stopped = read_trace(cut)
     assert stopped.status.state == "interrupted" and stopped.interruption.steps_done >= 2
+    assert stopped.interruption.reason == sig.name
     hint = words(stderr).split("resume with: ")[1]
     assert hint.startswith(f"memagent ask {doc} ") and hint.endswith(f"--resume {cut}")
     assert "--trace" not in hint

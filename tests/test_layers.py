@@ -25,7 +25,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("views", ("views",)),
     ("run", ("run", "evaluation", "api")),
     ("parts", ("trace", "documents", "models", "backends")),
-    ("core", ("reader", "protocol", "chunking", "backend", "progress", "errors", "files", "")),
+    (
+        "core",
+        ("reader", "protocol", "chunking", "backend", "progress", "errors", "files", "folders", ""),
+    ),
 ]
 INDEPENDENT = ("parts",)  # layers whose packages do not import one another
 

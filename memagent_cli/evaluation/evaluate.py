@@ -18,7 +18,7 @@ from typing import Any
 from memagent_cli import trace
 from memagent_cli.documents.document import Document
 from memagent_cli.documents.inputs import read_document
-from memagent_cli.errors import UserError
+from memagent_cli.errors import Interrupted, UserError
 from memagent_cli.evaluation import data, niah, results
 from memagent_cli.evaluation.data import Case
 from memagent_cli.evaluation.runner import Answered, check_resumable, evaluate
@@ -146,6 +146,8 @@ def _run(
             raise Stopped(stop.message, stop.exit_code, output) from None
         except KeyboardInterrupt:
             raise Stopped("Interrupted (SIGINT).", 130, output) from None
+        except Interrupted as exc:  # SIGTERM between two cases
+            raise Stopped(f"Interrupted ({exc}).", exc.exit_code, output) from None
     return results.read(output)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from memagent_cli import protocol
@@ -32,10 +33,20 @@ def inspect_document(
     memory_tokens: int,
     estimate: bool,
     report: Reporter = SILENT,
+    use_cache: bool = True,
+    ask_password: Callable[[str], str] | None = None,
 ) -> dict[str, Any]:
     """Everything `inspect` reports, as plain data (the JSON output). Tokens are counted with
-    the `model`'s tokenizer, or with tiktoken's `encoding` when no model is given."""
-    document = read_document(path, password=password, format=format, report=report)
+    the `model`'s tokenizer, or with tiktoken's `encoding` when no model is given.
+    `use_cache` and `ask_password`: as `load_document` takes them."""
+    document = read_document(
+        path,
+        password=password,
+        format=format,
+        report=report,
+        use_cache=use_cache,
+        ask_password=ask_password,
+    )
     backend = None
     if model is None:
         tokenizer = TiktokenTokenizer(encoding or DEFAULT_ENCODING)
