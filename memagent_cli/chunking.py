@@ -72,9 +72,10 @@ class Chunk:
         return self.token_end - self.token_start
 
     def where(self, span: str) -> dict[str, Any]:
-        """Where the chunk sits, as traces, `--json` and `inspect` report it."""
+        """Where the chunk sits, as traces, `--json` and `inspect` report it: numbered from 1,
+        as people count (step n reads chunk n)."""
         return {
-            "index": self.index,
+            "chunk": self.index + 1,
             "tokens": [self.token_start, self.token_end],
             "chars": [self.char_start, self.char_end],
             "span": span,

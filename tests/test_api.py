@@ -38,7 +38,7 @@ def test_the_readme_example_runs_as_written(tmp_path, monkeypatch):
     lines = out.getvalue().splitlines()
     assert lines[0] == "the tower"
     assert lines[1] == "1 The vault is in the tower."
-    assert "'step': 0" in lines[2]  # the first step's memory holds the answer (JSON counts from 0)
+    assert "'step': 1" in lines[2]  # the first step's memory holds the answer (counted from 1)
     assert stand_in.messages[0][1] == 256  # memory_tokens reached the loop
     assert not (tmp_path / "data").exists()  # no trace unless one is asked for
 

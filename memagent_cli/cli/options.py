@@ -214,8 +214,8 @@ TogetherOpt = Annotated[
         "--parallel",
         min=1,
         show_default=False,
-        help="Questions read at once: in one pass of an in-process model \\[default: all "
-        "that fit in memory], or runs in flight (--backend openai) \\[default: 1].",
+        help="Questions read at once: in one pass of an in-process model, or runs in flight "
+        "(--backend openai) \\[default: all that fit in memory; 1 with --backend openai].",
         rich_help_panel=READING,
     ),
 ]

@@ -63,7 +63,7 @@ def evidence(loaded: Trace) -> str | None:
     found = final.evidence
     if found is None:
         return "the answer's text is in no step's memory"
-    where = f"step {found['step'] + 1}"
+    where = f"step {found['step']}"
     if found["span"]:
         where += f", {found['span']}"
     tokens = found["tokens"]
