@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -78,9 +78,14 @@ class Backend(Protocol):
         now; 1 for a backend that replies to one call at a time."""
         ...
 
-    def prepare(self, context_tokens: int, sequences: int = 1) -> None:
+    def prepare(
+        self,
+        context_tokens: int,
+        sequences: int = 1,
+        progress: Callable[[str, int, int | None], None] | None = None,
+    ) -> None:
         """Make ready to serve `sequences` prompts plus replies of up to `context_tokens`
-        tokens each at once."""
+        tokens each at once; `progress(what, percent, 100)` while weights load."""
         ...
 
     def generate(self, message: str, *, max_tokens: int, sampling: Sampling) -> Generation:

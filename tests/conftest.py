@@ -103,7 +103,7 @@ class ScriptedBackend:
     def sequences_that_fit(self, context_tokens: int) -> int:
         return self.fits
 
-    def prepare(self, context_tokens: int, sequences: int = 1) -> None:
+    def prepare(self, context_tokens: int, sequences: int = 1, progress=None) -> None:
         self.prepared += 1
         self.sequences = sequences
 

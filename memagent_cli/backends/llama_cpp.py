@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from memagent_cli.backend import Call, Description, Generation, Sampling
 from memagent_cli.errors import ModelError
 from memagent_cli.files import check_gguf
+from memagent_cli.progress import Progress
 
 if TYPE_CHECKING:  # decoding imports llama_cpp, which loads the library: only when used
     from memagent_cli.backends.decoding import Decoded, Decoder
@@ -235,13 +236,15 @@ class LlamaCppBackend:
         v_size = number("attention.value_length", width) * _TYPE_BYTES[self.cache_type_v]
         return int(context_tokens * number("block_count", 1) * kv_heads * (k_size + v_size))
 
-    def prepare(self, context_tokens: int, sequences: int = 1) -> None:
+    def prepare(
+        self, context_tokens: int, sequences: int = 1, progress: Progress | None = None
+    ) -> None:
         if self._engine is not None:
             self._engine.close()
             self._engine = None
         self.context_tokens = context_tokens
         self.sequences = sequences
-        self._engine = _Engine(self, context_tokens, sequences)
+        self._engine = _Engine(self, context_tokens, sequences, progress)
 
     @property
     def decoder(self) -> Decoder | None:
@@ -293,16 +296,40 @@ class LlamaCppBackend:
 class _Engine:
     """The weights and one llama.cpp context, driven by memagent's own decoder."""
 
-    def __init__(self, backend: LlamaCppBackend, context_tokens: int, sequences: int) -> None:
+    def __init__(
+        self,
+        backend: LlamaCppBackend,
+        context_tokens: int,
+        sequences: int,
+        progress: Progress | None = None,
+    ) -> None:
         import llama_cpp
 
         from memagent_cli.backends.decoding import Decoder
 
         model_params = llama_cpp.llama_model_default_params()
         model_params.n_gpu_layers = backend.gpu_layers
+        stopped: list[BaseException] = []
+        if progress is not None:
+            what = f"loading {backend.path.name}"
+
+            @llama_cpp.llama_progress_callback
+            def loading(fraction: float, user_data: ctypes.c_void_p) -> bool:
+                try:
+                    progress(what, round(fraction * 100), 100)
+                    return True
+                except BaseException as exc:  # Ctrl-C lands here: stop the load, raise below
+                    stopped.append(exc)
+                    return False
+
+            model_params.progress_callback = loading
         self.model = llama_cpp.llama_model_load_from_file(
             str(backend.path).encode("utf-8"), model_params
         )
+        if stopped:
+            if self.model:
+                llama_cpp.llama_model_free(self.model)
+            raise stopped[0]
         if not self.model:
             raise ModelError(f"llama.cpp could not load {backend.path}.")
         params = llama_cpp.llama_context_default_params()

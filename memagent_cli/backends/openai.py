@@ -14,7 +14,7 @@ import tenacity
 from memagent_cli.backend import Call, Description, Generation, Sampling
 from memagent_cli.backends.tokenizers import DEFAULT_ENCODING, TiktokenTokenizer
 from memagent_cli.errors import UserError
-from memagent_cli.progress import Note, silent
+from memagent_cli.progress import Note, Progress, silent
 
 # Transient failures (the server restarting, overloaded, or dropping a connection) are
 # retried after 1, 2, 4 and 8 seconds, then reported. A call that times out is not: a server
@@ -178,7 +178,9 @@ class OpenAIBackend:
     def sequences_that_fit(self, context_tokens: int) -> int:
         return 1  # several calls at once are --parallel's threads
 
-    def prepare(self, context_tokens: int, sequences: int = 1) -> None:
+    def prepare(
+        self, context_tokens: int, sequences: int = 1, progress: Progress | None = None
+    ) -> None:
         return None  # the server sizes its own context and slots
 
     def generate_many(self, calls: Sequence[Call], *, sampling: Sampling) -> list[Generation]:

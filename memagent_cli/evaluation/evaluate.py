@@ -121,17 +121,20 @@ def _run(
     if earlier.records:
         note(f"continuing: {len(earlier.records)} cases done, about {max(left, 0)} to run")
     counter = {"n": len(earlier.records)}
-
-    def finished(record: dict[str, Any]) -> None:
-        counter["n"] += 1
-        note(
-            f"[{counter['n']}/{total}] {record['group']} {record['id']}: "
-            f"sub_em {record['sub_em']:.2f} · {record['tokens']:,} tokens · "
-            f"{record['seconds']:.1f}s"
-        )
-
     answer = _answerer(engine, options)
-    with results.Writer(output) as writer:
+    # The evaluation as a whole: cases done and the time left, over each case's own view.
+    with results.Writer(output) as writer, options.report.progress("cases") as progress:
+
+        def finished(record: dict[str, Any]) -> None:
+            counter["n"] += 1
+            note(
+                f"[{counter['n']}/{total}] {record['group']} {record['id']}: "
+                f"sub_em {record['sub_em']:.2f} · {record['tokens']:,} tokens · "
+                f"{record['seconds']:.1f}s"
+            )
+            progress("evaluating", counter["n"], total)
+
+        progress("evaluating", counter["n"], total)
         try:
             evaluate(
                 cases,
@@ -179,7 +182,7 @@ def _answerer(
             format="text",
             sha256=hashlib.sha256(text.encode("utf-8", "replace")).hexdigest(),
         )
-        session = open_session(document, engine)
+        session = open_session(document, engine, options.report)
         trace_path = trace.default_path(document.path) if options.write_traces else None
         label = f"{case.group} {case.id}" if options.parallel > 1 else ""
         result = run.ask(

@@ -170,9 +170,10 @@ def ask_together(
 def _read(session: Session, runs: list[_Run], watch: int, start: float) -> list[Result | Stopped]:
     """Read the runs' questions together, each writing its trace as its steps finish."""
     engine = session.engine
-    engine.prepare(len(runs))
     name = Path(session.document.path).name
     first = runs[0]
+    with first.options.report.progress("%") as progress:
+        engine.prepare(len(runs), progress)
     title = f"{name} · {engine.model_record['name']} · {first.question}"
     if len(runs) > 1:
         title = f"{name} · {engine.model_record['name']} · {len(runs)} questions"

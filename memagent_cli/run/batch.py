@@ -126,7 +126,7 @@ def _groups(
             report.error(f"{exc.message} Skipped; the other documents go on.")
             outcome["code"] = max(outcome["code"], 1)
             continue
-        session = open_session(document, engine())
+        session = open_session(document, engine(), report)
         if size is None:
             size = session.engine.together(len(questions), options.together)
         labelled = options.parallel > 1 or size > 1

@@ -57,12 +57,13 @@ class Engine:
         self._sequences = 0  # questions the loaded context reads at once; 0: not loaded
         self._lock = threading.Lock()
 
-    def prepare(self, sequences: int = 1) -> None:
+    def prepare(self, sequences: int = 1, progress: Progress | None = None) -> None:
         """Load the weights on first use (answers from traces never need them), with room
-        for `sequences` questions read together, each with the context one step needs."""
+        for `sequences` questions read together, each with the context one step needs;
+        `progress(what, percent, 100)` as they load."""
         with self._lock:
             if self._sequences < sequences:
-                self.backend.prepare(self.context, sequences)
+                self.backend.prepare(self.context, sequences, progress)
                 self._sequences = sequences
 
     def together(self, questions: int, asked: int | None) -> int:

@@ -9,13 +9,13 @@ from memagent_cli import protocol
 from memagent_cli.backend import Sampling
 from memagent_cli.backends.llama_cpp import LlamaCppBackend
 from memagent_cli.backends.tokenizers import DEFAULT_ENCODING, TiktokenTokenizer
-from memagent_cli.chunking import Chunk, chunk_text
+from memagent_cli.chunking import Chunk
 from memagent_cli.documents.inputs import read_document
 from memagent_cli.errors import BudgetError
 from memagent_cli.progress import SILENT, Reporter
 from memagent_cli.reader import Settings, context_needed
 from memagent_cli.run.engine import BackendOptions, open_backend
-from memagent_cli.run.session import describe_document
+from memagent_cli.run.session import cut, describe_document
 
 _WARMUP_QUESTION = "What is this document about?"
 _WARMUP_PROMPT_TOKENS = 256
@@ -56,7 +56,7 @@ def inspect_document(
         described = backend.describe().model
         about = {"kind": "model", "model": described["name"], "path": described["path"]}
         about["exact"] = True
-    tokens, chunks = chunk_text(document.text, tokenizer, chunk_tokens)
+    tokens, chunks = cut(document, tokenizer, chunk_tokens, report)
     found: dict[str, Any] = {
         "document": describe_document(document),
         "tokenizer": about,
@@ -84,7 +84,8 @@ def estimate_seconds(
     except BudgetError as exc:
         return {"error": exc.message}
     report.note("measuring the model's speed with a short warm-up...")
-    backend.prepare(context)
+    with report.progress("%") as progress:
+        backend.prepare(context, progress=progress)
     sample = backend.detokenize(backend.tokenize(chunks[0].text)[:_WARMUP_PROMPT_TOKENS])
     message = protocol.render_update(
         _WARMUP_QUESTION, protocol.INITIAL_MEMORY, sample.decode("utf-8", errors="replace")
