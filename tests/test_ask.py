@@ -129,10 +129,13 @@ def test_an_interrupted_run_resumes_to_the_uninterrupted_answer(
         *served(fake_server, *STEPS, "--no-cache", "--trace", str(cut)),
     ]
     process, stdout, stderr = interrupt_after_steps(args, cut, env, 2, sig)
-    assert process.returncode == 130 and stdout == ""
-    assert "Traceback" not in stderr
+    # As a shell reports a process the signal ended: 130 for Ctrl-C, 143 for SIGTERM.
+    assert process.returncode == 128 + sig == {"SIGINT": 130, "SIGTERM": 143}[sig.name]
+    assert stdout == "" and "Traceback" not in stderr
+    assert f"Interrupted ({sig.name}) after" in words(stderr)
     stopped = read_trace(cut)
     assert stopped.status.state == "interrupted" and stopped.interruption.steps_done >= 2
+    assert stopped.interruption.reason == sig.name
     hint = words(stderr).split("resume with: ")[1]
     assert hint.startswith(f"memagent ask {doc} ") and hint.endswith(f"--resume {cut}")
     assert "--trace" not in hint
@@ -218,3 +221,31 @@ def test_a_damaged_trace_in_the_data_folder_is_passed_over_by_the_cache(
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     again = json.loads(ask(memagent, fake_server, doc, "--json", "-q").stdout)
     assert again["cached"] is False and again["reply"] == first["reply"]
+
+
+def test_a_trace_of_format_1_resumes_in_its_own_format(memagent, fake_server, doc, tmp_path):
+    """A run interrupted before steps counted from 1 (format 1: "index" from 0) goes on."""
+    whole = json.loads(ask(memagent, fake_server, doc, "--json", "-q").stdout)
+    fake_server.fail_after, fake_server.fail_status = 2, 400
+    cut = tmp_path / "cut.jsonl"
+    assert ask(memagent, fake_server, doc, "--trace", str(cut), "--no-cache").returncode == 1
+    records = [json.loads(line) for line in cut.read_text().splitlines()]
+    for record in records:  # as memagent wrote traces before format 2
+        if record["type"] == "header":
+            record["format"] = 1
+        elif record["type"] == "step":
+            record["index"] = record.pop("step") - 1
+    cut.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+    fake_server.fail_after = None
+    resumed = ask(memagent, fake_server, doc, "--resume", str(cut), "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    out = json.loads(resumed.stdout)
+    assert out["answer"] == whole["answer"] and out["evidence"] == whole["evidence"]
+    assert [s["step"] for s in out["steps"]] == list(range(1, len(whole["steps"]) + 1))
+    written = [json.loads(line) for line in cut.read_text().splitlines()]
+    steps = [r for r in written if r["type"] == "step"]
+    assert [r["index"] for r in steps] == list(range(len(whole["steps"])))  # still format 1
+    assert all("step" not in r for r in steps)
+    final = read_trace(cut)
+    assert final.finished and not final.problems and final.final.evidence == whole["evidence"]

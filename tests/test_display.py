@@ -23,7 +23,7 @@ def test_slow_extraction_shows_pages_on_stderr(capsys, monkeypatch):
             progress("extracting manual.pdf", page, 2400)
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert "extracting manual.pdf: 2400/2400 pages" in captured.err
+    assert "extracting manual.pdf: 2,400/2,400 pages" in captured.err
     assert captured.err.count("extracting") == 1  # throttled: one line, at the end
 
 
@@ -98,3 +98,36 @@ def test_the_live_view_has_a_row_per_question_and_the_watched_memory(monkeypatch
     assert all(f"q{i}" in shown for i in (1, 2, 3)) and "q3 answering" in shown
     assert "second kept" in shown and "memory after step 1 (q2)" in shown
     assert "first" not in shown and "third kept" not in shown  # only q2's memory is shown
+
+
+class Clock:
+    """time.monotonic for a Bar, moved by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_plain_lines_say_the_time_left_at_the_pace_so_far(capsys, monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(display.time, "monotonic", clock)
+    with display.Terminal().progress("cases") as progress:
+        progress("evaluating", 4, 20)  # 4 done in an earlier run: not this run's pace
+        for done in range(5, 21):
+            clock.now += 30  # a case every 30 s
+            progress("evaluating", done, 20)
+    lines = capsys.readouterr().err.splitlines()
+    # A line at most every 10 s: here one per case, each with the time the rest will take.
+    assert lines[0] == "evaluating: 5/20 cases, 25%, about 7m30s left"  # 15 cases x 30 s
+    assert lines[9] == "evaluating: 14/20 cases, 70%, about 3m00s left"
+    assert lines[-1] == "evaluating: 20/20 cases"  # done: no time left to tell
+
+
+def test_a_model_loading_shows_percent(capsys, monkeypatch):
+    monkeypatch.setattr(display.Bar, "_DELAY", 0.0)
+    with display.Terminal().progress("%") as progress:
+        for percent in (0, 50, 100):
+            progress("loading model.gguf", percent, 100)
+    assert capsys.readouterr().err.splitlines()[-1] == "loading model.gguf: 100%"

@@ -36,6 +36,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "progress",
             "errors",
             "files",
+            "folders",
             "",
         ),
     ),

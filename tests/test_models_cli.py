@@ -281,6 +281,8 @@ def test_a_dropped_connection_is_resumed_within_one_pull(memagent, env, fake_hub
     assert Path(result.stdout.strip()).read_bytes() == real_gguf
     ranges = [r.range for r in fake_hub.downloads(MODEL_FILE)]
     assert ranges[0] is None and ranges[1].startswith("bytes=") and ranges[1] != "bytes=0-"
+    first, again = fake_hub.downloads(MODEL_FILE)[:2]
+    assert again.at - first.at >= 1.0  # a pause before asking again (tenacity), not at once
 
 
 def test_a_download_shows_its_bytes_then_the_check_of_its_checksum(

@@ -115,7 +115,7 @@ def test_a_trace_cut_in_the_middle_of_a_line(tmp_path):
 def test_another_format_is_refused_with_its_number(tmp_path):
     path = tmp_path / "t.jsonl"
     path.write_text(json.dumps({"type": "header", "format": 0, "question": "q"}) + "\n")
-    with pytest.raises(TraceError, match="format 0; this memagent reads format 1"):
+    with pytest.raises(TraceError, match="format 0; this memagent reads formats 1 and 2"):
         read_trace(path)
 
 

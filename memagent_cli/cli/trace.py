@@ -61,8 +61,8 @@ def trace(
         bool,
         typer.Option(
             "--json",
-            help="Print the trace (or --list) as JSON: the records as written, where a step's "
-            '"index" counts from 0 (and an evidence "step" from 1).',
+            help="Print the trace (or --list) as JSON: its records, steps numbered from 1 as "
+            "in every view (an evidence entry's step too).",
         ),
     ] = False,
     markdown: Annotated[

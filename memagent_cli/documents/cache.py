@@ -1,7 +1,10 @@
 """Extracted PDF and EPUB text, kept per file content so a second question skips extraction.
 
-One JSON file per document under the user cache directory, named by the sha256 of the
+One JSON file per document in the cache folder's documents/, named by the sha256 of the
 file's bytes. A missing, stale or unreadable entry is a miss; failing to write is ignored.
+The text of an encrypted document is never written: a password must not be a formality
+that a copy in plain text sidesteps. The folder holds at most `max_bytes()`; past that the
+entries used longest ago go first.
 """
 
 from __future__ import annotations
@@ -10,27 +13,56 @@ import contextlib
 import json
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from platformdirs import user_cache_path
-
 from memagent_cli.documents.document import Document, Section
+from memagent_cli.errors import UserError
+from memagent_cli.folders import cache_dir
 
-VERSION = 2  # bump when extraction changes what it produces
+VERSION = 3  # bump when extraction changes what it produces; 3: no encrypted documents
+MAX_BYTES = 1_000_000_000  # 1 GB of extracted text: hundreds of books
+LIMIT_VARIABLE = "MEMAGENT_DOCUMENT_CACHE_BYTES"
+_TEMP_PREFIX = ".tmp-"
 
 
 def directory() -> Path:
-    return user_cache_path("memagent") / "documents"
+    """Where extracted text is cached."""
+    return cache_dir() / "documents"
+
+
+def max_bytes() -> int:
+    """The most bytes the cache may hold: $MEMAGENT_DOCUMENT_CACHE_BYTES (0 caches nothing),
+    else 1 GB."""
+    value = os.environ.get(LIMIT_VARIABLE, "").strip()
+    if not value:
+        return MAX_BYTES
+    try:
+        limit = int(value.replace("_", ""))
+    except ValueError:
+        limit = -1
+    if limit < 0:
+        raise UserError(
+            f"{LIMIT_VARIABLE} must be a whole number of bytes (0 turns the cache off), "
+            f"not {value!r}."
+        )
+    return limit
 
 
 def load(sha256: str, source: str) -> Document | None:
-    """The cached Document for this content, with `path` set to `source`, or None."""
+    """The cached Document for this content, with `path` set to `source`, or None. A stale
+    entry is deleted; a hit counts as a use, so it is evicted last."""
+    path = directory() / f"{sha256}.json"
+    if max_bytes() == 0:
+        return None
     try:
-        entry: Any = json.loads((directory() / f"{sha256}.json").read_text(encoding="utf-8"))
-        if entry.get("version") != VERSION or entry.get("sha256") != sha256:
+        entry: Any = json.loads(path.read_text(encoding="utf-8"))
+        if entry.get("version") != VERSION or entry.get("sha256") != sha256 or entry["encrypted"]:
+            # An older version's entry, possibly the text of an encrypted document.
+            path.unlink()
             return None
-        return Document(
+        document = Document(
             text=entry["text"],
             path=source,
             format=entry["format"],
@@ -40,16 +72,24 @@ def load(sha256: str, source: str) -> Document | None:
             title=entry["title"],
             pages=entry["pages"],
             pages_without_text=entry["pages_without_text"],
-            encrypted=entry["encrypted"],
+            encrypted=False,
             notes=[str(note) for note in entry["notes"]],
             from_cache=True,
         )
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
+    with contextlib.suppress(OSError):
+        os.utime(path)
+    return document
 
 
 def store(document: Document) -> None:
-    """Write `document` to the cache atomically; private to the user (it may be decrypted)."""
+    """Write `document` to the cache atomically and privately (mode 0600), then evict what
+    no longer fits. An encrypted document is never written."""
+    limit = max_bytes()
+    if document.encrypted or limit == 0:
+        evict(limit)  # a limit lowered since, or to 0, holds from the next read on
+        return
     entry = {
         "version": VERSION,
         "sha256": document.sha256,
@@ -58,7 +98,7 @@ def store(document: Document) -> None:
         "title": document.title,
         "pages": document.pages,
         "pages_without_text": document.pages_without_text,
-        "encrypted": document.encrypted,
+        "encrypted": False,
         "notes": document.notes,
         "sections": [[s.start, s.label] for s in document.sections],
         "text": document.text,
@@ -67,11 +107,74 @@ def store(document: Document) -> None:
     temp = None
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        handle, temp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".json")
+        handle, temp = tempfile.mkstemp(dir=folder, prefix=_TEMP_PREFIX, suffix=".json")
         with os.fdopen(handle, "w", encoding="utf-8") as file:
             json.dump(entry, file, ensure_ascii=False)
         os.replace(temp, folder / f"{document.sha256}.json")
+        evict(limit)
     except (OSError, ValueError):  # ValueError: text that cannot be encoded
         if temp is not None:
             with contextlib.suppress(OSError):
                 os.unlink(temp)
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What the cache holds."""
+
+    path: Path
+    entries: int
+    bytes: int
+    limit: int
+
+
+def _entries() -> list[tuple[float, str, int, Path]]:
+    """(last use, name, size, path) of each entry, least recently used first."""
+    found = []
+    folder = directory()
+    if not folder.is_dir():
+        return []
+    for path in folder.glob("*.json"):
+        if path.name.startswith(_TEMP_PREFIX):
+            continue
+        try:
+            info = path.stat()
+        except OSError:  # removed meanwhile by another memagent
+            continue
+        found.append((info.st_mtime, path.name, info.st_size, path))
+    return sorted(found)
+
+
+def evict(limit: int) -> None:
+    """Delete the entries used longest ago until the cache holds at most `limit` bytes."""
+    with contextlib.suppress(OSError):
+        _evict(limit)
+
+
+def _evict(limit: int) -> None:
+    entries = _entries()
+    total = sum(size for _, _, size, _ in entries)
+    for _, _, size, path in entries:
+        if total <= limit:
+            break
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        total -= size
+
+
+def usage() -> Usage:
+    """How many entries and bytes the cache holds, and its limit."""
+    entries = _entries()
+    return Usage(directory(), len(entries), sum(e[2] for e in entries), max_bytes())
+
+
+def clear() -> Usage:
+    """Delete every entry (and any file a crash left half-written); what was deleted."""
+    before = usage()
+    folder = directory()
+    if folder.is_dir():
+        for path in folder.iterdir():
+            if path.is_file() and path.suffix == ".json":
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+    return before

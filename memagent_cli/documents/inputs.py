@@ -3,6 +3,7 @@ questions (arguments or a file), found and read with bounds, before any model is
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path, PurePath
 
 from memagent_cli.documents.document import Document
@@ -68,12 +69,26 @@ def _in_folder(folder: Path, pattern: str | None) -> list[str]:
 
 
 def read_document(
-    path: str, *, password: str | None, format: str | None = None, report: Reporter = SILENT
+    path: str,
+    *,
+    password: str | None,
+    format: str | None = None,
+    report: Reporter = SILENT,
+    use_cache: bool = True,
+    ask_password: Callable[[str], str] | None = None,
 ) -> Document:
     """Load a document (as `format`, when given, whatever its content looks like), telling
-    `report` of extraction progress and of what the reader had to work around."""
+    `report` of extraction progress and of what the reader had to work around. `use_cache`
+    and `ask_password`: as `load_document` takes them."""
     with report.progress("pages") as progress:
-        document = load_document(path, password=password, progress=progress, format=format)
+        document = load_document(
+            path,
+            password=password,
+            progress=progress,
+            format=format,
+            use_cache=use_cache,
+            ask_password=ask_password,
+        )
     for note in document.notes:
         report.warn(note)
     if document.pages_without_text:

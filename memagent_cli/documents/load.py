@@ -6,6 +6,7 @@ import hashlib
 import os
 import stat
 import sys
+from collections.abc import Callable
 from typing import BinaryIO
 
 from memagent_cli.documents import cache, detect, epub, pdf, text
@@ -27,13 +28,17 @@ def load_document(
     password: str | None = None,
     progress: Progress | None = None,
     format: str | None = None,
+    use_cache: bool = True,
+    ask_password: Callable[[str], str] | None = None,
 ) -> Document:
     """Read the document at `path` (`-` is stdin), detecting its format from its content.
 
     `format` ("text", "pdf" or "epub") overrides the detection. PDF and EPUB text is
-    cached per file content, so a second load skips extraction (`Document.from_cache`).
-    `password` opens encrypted PDFs; `progress(what, done, total)` is called as pages or
-    chapters are extracted. At most `max_document_bytes()` are read.
+    cached per file content unless `use_cache` is off, so a second load skips extraction
+    (`Document.from_cache`); an encrypted document's text never is. `password` opens
+    encrypted PDFs; without one, `ask_password(where)` is asked for it when given.
+    `progress(what, done, total)` is called as pages or chapters are extracted. At most
+    `max_document_bytes()` are read.
     """
     if format is not None and format not in FORMATS:
         raise UserError(f"Unknown document format {format}; choose {', '.join(FORMATS)}.")
@@ -48,13 +53,11 @@ def load_document(
         document = text.parse(data, source)
         document.sha256 = sha256
     else:
-        document = cache.load(sha256, source)
-        if document is not None and document.encrypted:
-            pdf.open_reader(data, where, password)  # the cache must not bypass the password
+        document = cache.load(sha256, source) if use_cache else None
         if document is None:
             try:
                 if kind == "pdf":
-                    document = pdf.parse(data, source, where, password=password, progress=progress)
+                    document = _pdf(data, source, where, password, progress, ask_password)
                 else:
                     document = epub.parse(data, source, where, progress=progress, limit=limit)
             except DocumentError as exc:
@@ -62,10 +65,28 @@ def load_document(
                     raise _text_not_pdf(data, where) from exc
                 raise
             document.sha256 = sha256
-            cache.store(document)
+            if use_cache:
+                cache.store(document)
     if not document.text:
         raise DocumentError(f"The document is empty: {where} has no text to read.")
     return document
+
+
+def _pdf(
+    data: bytes,
+    source: str,
+    where: str,
+    password: str | None,
+    progress: Progress | None,
+    ask_password: Callable[[str], str] | None,
+) -> Document:
+    """A PDF's Document; for an encrypted one without `password`, `ask_password` is asked."""
+    try:
+        return pdf.parse(data, source, where, password=password, progress=progress)
+    except pdf.PasswordNeeded:
+        if ask_password is None:
+            raise
+    return pdf.parse(data, source, where, password=ask_password(where), progress=progress)
 
 
 def _text_not_pdf(data: bytes, where: str) -> DocumentError:

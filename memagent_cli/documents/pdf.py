@@ -111,6 +111,10 @@ def _pages(failed: list[tuple[str, str]]) -> str:
     return f"{len(labels)} pages (p. {', '.join(labels[:3])}, ...)"
 
 
+class PasswordNeeded(DocumentError):
+    """An encrypted PDF and no password: a terminal may ask for one."""
+
+
 def open_reader(data: bytes, where: str, password: str | None) -> PdfReader:
     """A PdfReader with its pages readable (decrypted when needed); DocumentError if not."""
     with _quiet():
@@ -119,7 +123,9 @@ def open_reader(data: bytes, where: str, password: str | None) -> PdfReader:
             if reader.is_encrypted:
                 if password is None:
                     if reader.decrypt("") == PasswordType.NOT_DECRYPTED:
-                        raise DocumentError(f"{where} is encrypted; pass --password.")
+                        raise PasswordNeeded(
+                            f"{where} is encrypted; pass --password, or set MEMAGENT_PDF_PASSWORD."
+                        )
                 elif reader.decrypt(password) == PasswordType.NOT_DECRYPTED:
                     raise DocumentError(f"The password for {where} is wrong.")
             len(reader.pages)

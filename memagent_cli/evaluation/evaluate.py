@@ -18,7 +18,7 @@ from typing import Any
 from memagent_cli import trace
 from memagent_cli.documents.document import Document
 from memagent_cli.documents.inputs import read_document
-from memagent_cli.errors import UserError
+from memagent_cli.errors import Interrupted, UserError
 from memagent_cli.evaluation import data, niah, results
 from memagent_cli.evaluation.data import Case
 from memagent_cli.evaluation.runner import Answered, check_resumable, evaluate
@@ -121,17 +121,20 @@ def _run(
     if earlier.records:
         note(f"continuing: {len(earlier.records)} cases done, about {max(left, 0)} to run")
     counter = {"n": len(earlier.records)}
-
-    def finished(record: dict[str, Any]) -> None:
-        counter["n"] += 1
-        note(
-            f"[{counter['n']}/{total}] {record['group']} {record['id']}: "
-            f"sub_em {record['sub_em']:.2f} · {record['tokens']:,} tokens · "
-            f"{record['seconds']:.1f}s"
-        )
-
     answer = _answerer(engine, options)
-    with results.Writer(output) as writer:
+    # The evaluation as a whole: cases done and the time left, over each case's own view.
+    with results.Writer(output) as writer, options.report.progress("cases") as progress:
+
+        def finished(record: dict[str, Any]) -> None:
+            counter["n"] += 1
+            note(
+                f"[{counter['n']}/{total}] {record['group']} {record['id']}: "
+                f"sub_em {record['sub_em']:.2f} · {record['tokens']:,} tokens · "
+                f"{record['seconds']:.1f}s"
+            )
+            progress("evaluating", counter["n"], total)
+
+        progress("evaluating", counter["n"], total)
         try:
             evaluate(
                 cases,
@@ -146,6 +149,8 @@ def _run(
             raise Stopped(stop.message, stop.exit_code, output) from None
         except KeyboardInterrupt:
             raise Stopped("Interrupted (SIGINT).", 130, output) from None
+        except Interrupted as exc:  # SIGTERM between two cases
+            raise Stopped(f"Interrupted ({exc}).", exc.exit_code, output) from None
     return results.read(output)
 
 
@@ -177,7 +182,7 @@ def _answerer(
             format="text",
             sha256=hashlib.sha256(text.encode("utf-8", "replace")).hexdigest(),
         )
-        session = open_session(document, engine)
+        session = open_session(document, engine, options.report)
         trace_path = trace.default_path(document.path) if options.write_traces else None
         label = f"{case.group} {case.id}" if options.parallel > 1 else ""
         result = run.ask(

@@ -15,10 +15,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import platformdirs
-
 from memagent_cli.errors import UserError
 from memagent_cli.files import MAX_LINE_BYTES, drop_partial_line, open_regular
+from memagent_cli.folders import data_dir
 
 MAX_RESULTS_BYTES = 1 << 30  # a record is a few KB without the document; this is not ours
 # Fields every record carries; the report needs these.
@@ -48,11 +47,16 @@ class Results:
         return self.path.stem
 
 
+def default_dir() -> Path:
+    """Where results files go unless `--output` says otherwise."""
+    return data_dir() / "evals"
+
+
 def default_path(first_data: Path, now: datetime | None = None) -> Path:
     """A new results file in the data folder, named after the time and the data."""
     stamp = (now or datetime.now(UTC)).strftime("%Y%m%d-%H%M%S")
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", first_data.stem)[:40] or "data"
-    return platformdirs.user_data_path("memagent") / "evals" / f"{stamp}-{name}.jsonl"
+    return default_dir() / f"{stamp}-{name}.jsonl"
 
 
 def read(path: Path, *, missing_ok: bool = False) -> Results:

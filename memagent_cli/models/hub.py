@@ -21,11 +21,12 @@ import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
-import platformdirs
 from rich.filesize import decimal
 
 from memagent_cli.errors import ModelError
+from memagent_cli.folders import data_dir
 from memagent_cli.models.gguf import quant_tag, split_parts
 from memagent_cli.progress import Note, Progress, silent
 
@@ -76,7 +77,7 @@ def looks_like_repo(text: str) -> bool:
 
 def models_dir() -> Path:
     """Where pulled models go: the user data folder's models/."""
-    return platformdirs.user_data_path("memagent") / "models"
+    return data_dir() / "models"
 
 
 def repo_dir(repo: str) -> Path:
@@ -251,44 +252,55 @@ def _fetch(
     url: str, partial: Path, size: int | None, progress: Progress | None, label: str
 ) -> None:
     """Append the bytes of `url` that `partial` lacks, resuming with a Range request after a
-    dropped connection for as long as each attempt brings new bytes."""
+    dropped connection for as long as each attempt brings new bytes. Drops are retried
+    after 1, 2, 4 and 8 seconds (tenacity, as the server backend retries): a Hub that just
+    hung up is seldom back the same instant."""
     import httpx2
+    import tenacity
     from huggingface_hub import get_session, hf_raise_for_status
     from huggingface_hub.utils import build_hf_headers
 
-    failures = 0
-    with partial.open("r+b") as file:
-        while True:
-            have = file.seek(0, os.SEEK_END)
-            if size is not None and have >= size:
-                return
-            headers = build_hf_headers()  # HF_TOKEN, as every huggingface_hub call
-            if have:
-                headers["Range"] = f"bytes={have}-"
-            try:
-                with get_session().stream(
-                    "GET", url, headers=headers, follow_redirects=True, timeout=_TIMEOUT
-                ) as response:
-                    hf_raise_for_status(response)
-                    if have and response.status_code != 206:  # the server sent it all again
-                        file.truncate(0)
-                        file.seek(0)
-                        have = 0
-                    # As they arrive: a fixed chunk size would lose the bytes buffered
-                    # toward a chunk when the connection drops.
-                    for block in response.iter_bytes():
-                        file.write(block)
-                        have += len(block)
-                        failures = 0
-                        if progress:
-                            progress(label, have, size)
-                if size is None or have >= size:
-                    return
+    failures = 0  # drops in a row with no byte between them
+
+    def attempt(file: BinaryIO) -> None:
+        nonlocal failures
+        have = file.seek(0, os.SEEK_END)
+        if size is not None and have >= size:
+            return
+        headers = build_hf_headers()  # HF_TOKEN, as every huggingface_hub call
+        if have:
+            headers["Range"] = f"bytes={have}-"
+        try:
+            with get_session().stream(
+                "GET", url, headers=headers, follow_redirects=True, timeout=_TIMEOUT
+            ) as response:
+                hf_raise_for_status(response)
+                if have and response.status_code != 206:  # the server sent it all again
+                    file.truncate(0)
+                    file.seek(0)
+                    have = 0
+                # As they arrive: a fixed chunk size would lose the bytes buffered
+                # toward a chunk when the connection drops.
+                for block in response.iter_bytes():
+                    file.write(block)
+                    have += len(block)
+                    failures = 0
+                    if progress:
+                        progress(label, have, size)
+            if size is not None and have < size:
                 raise httpx2.RemoteProtocolError("the connection closed early")
-            except httpx2.TransportError:
-                failures += 1
-                if failures > _RETRIES:
-                    raise
+        except httpx2.TransportError:
+            failures += 1
+            raise
+
+    retrying = tenacity.Retrying(
+        retry=tenacity.retry_if_exception_type(httpx2.TransportError),
+        stop=lambda state: failures > _RETRIES,
+        wait=lambda state: min(2 ** (failures - 1), 8),
+        reraise=True,
+    )
+    with partial.open("r+b") as file:
+        retrying(attempt, file)
 
 
 def _verify(path: Path, remote: RemoteFile, note: Note, progress: Progress | None = None) -> None:

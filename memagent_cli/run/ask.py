@@ -124,7 +124,7 @@ class Stopped(Exception):
     def message(self) -> str:
         kept = f"; the trace {self.trace_path} keeps them" if self.trace_path else ""
         progress = f"after {self.done} of {self.total} steps{kept}."
-        if self.exit_code == 130:
+        if self.exit_code > 128:  # 128 + a signal's number
             return f"Interrupted ({self.reason}) {progress}"
         return f"{self.reason.rstrip('.')}. Stopped {progress}"
 
@@ -224,7 +224,7 @@ def _read(session: Session, runs: list[_Run], watch: int, start: float) -> list[
             answers = read_together(engine.backend, readings, session.chunks, engine.settings)
     except (KeyboardInterrupt, Interrupted, UserError) as exc:
         reason = exc.message if isinstance(exc, UserError) else (str(exc) or "SIGINT")
-        code = exc.exit_code if isinstance(exc, UserError) else 130
+        code = 130 if isinstance(exc, KeyboardInterrupt) else exc.exit_code
         seconds = time.perf_counter() - start
         outcomes: list[Result | Stopped] = []
         for run in runs:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from memagent_cli import trace
 from memagent_cli.documents.inputs import read_document
-from memagent_cli.errors import DocumentError
+from memagent_cli.errors import DocumentError, Interrupted
 from memagent_cli.run import ask as run
 from memagent_cli.run import pool
 from memagent_cli.run.engine import Engine
@@ -29,7 +29,9 @@ class Options:
     run: run.RunOptions = run.RunOptions()
     write_traces: bool = True  # False: --no-trace
     password: str | None = None
+    ask_password: Callable[[str], str] | None = None  # an encrypted PDF without a password
     format: str | None = None  # --format: read every document as this format
+    document_cache: bool = True  # False: --no-document-cache
     parallel: int = 1  # runs at once, each in its own thread (a server backend)
     together: int | None = 1  # questions read together in one pass; None: all that fit
     watch: int = 0  # whose memory the live view shows (question index)
@@ -52,8 +54,8 @@ def ask_all(
     stopped: Callable[[run.Stopped], None],
 ) -> int:
     """Answer each question about each document; the exit code (0 all answered, 1 some
-    document or run failed, 130 interrupted). `open_engine` is called once, after the first
-    document was read."""
+    document or run failed, 130 interrupted by SIGINT, 143 by SIGTERM). `open_engine` is
+    called once, after the first document was read."""
     outcome = {"code": 0}
     report = options.run.report
     groups = _groups(paths, questions, _once(open_engine), options, outcome)
@@ -77,10 +79,12 @@ def ask_all(
         for _, results in pool.ordered(groups, run_group, options.parallel, on_stop=stopping):
             for result in results:
                 finish(result)
-            if outcome["code"] == 130 and options.parallel <= 1:
+            if outcome["code"] > 128 and options.parallel <= 1:
                 break  # in this thread: read no further group (in flight ones all report)
     except KeyboardInterrupt:
         outcome["code"] = 130
+    except Interrupted as exc:  # SIGTERM while runs were in flight in other threads
+        outcome["code"] = exc.exit_code
     return outcome["code"]
 
 
@@ -109,7 +113,12 @@ def _groups(
     for number, path in enumerate(paths, start=1):
         try:
             document = read_document(
-                path, password=options.password, format=options.format, report=report
+                path,
+                password=options.password,
+                format=options.format,
+                report=report,
+                use_cache=options.document_cache,
+                ask_password=options.ask_password,
             )
         except DocumentError as exc:
             if not several:
@@ -117,7 +126,7 @@ def _groups(
             report.error(f"{exc.message} Skipped; the other documents go on.")
             outcome["code"] = max(outcome["code"], 1)
             continue
-        session = open_session(document, engine())
+        session = open_session(document, engine(), report)
         if size is None:
             size = session.engine.together(len(questions), options.together)
         labelled = options.parallel > 1 or size > 1

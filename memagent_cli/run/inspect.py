@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from memagent_cli import protocol
 from memagent_cli.backend import Sampling
 from memagent_cli.backends.llama_cpp import LlamaCppBackend
 from memagent_cli.backends.tokenizers import DEFAULT_ENCODING, TiktokenTokenizer
-from memagent_cli.chunking import Chunk, chunk_text
+from memagent_cli.chunking import Chunk
 from memagent_cli.documents.inputs import read_document
 from memagent_cli.errors import BudgetError
 from memagent_cli.progress import SILENT, Reporter
 from memagent_cli.reader import Settings, context_needed
 from memagent_cli.run.engine import BackendOptions, open_backend
-from memagent_cli.run.session import describe_document
+from memagent_cli.run.session import cut, describe_document
 
 _WARMUP_QUESTION = "What is this document about?"
 _WARMUP_PROMPT_TOKENS = 256
@@ -32,10 +33,20 @@ def inspect_document(
     memory_tokens: int,
     estimate: bool,
     report: Reporter = SILENT,
+    use_cache: bool = True,
+    ask_password: Callable[[str], str] | None = None,
 ) -> dict[str, Any]:
     """Everything `inspect` reports, as plain data (the JSON output). Tokens are counted with
-    the `model`'s tokenizer, or with tiktoken's `encoding` when no model is given."""
-    document = read_document(path, password=password, format=format, report=report)
+    the `model`'s tokenizer, or with tiktoken's `encoding` when no model is given.
+    `use_cache` and `ask_password`: as `load_document` takes them."""
+    document = read_document(
+        path,
+        password=password,
+        format=format,
+        report=report,
+        use_cache=use_cache,
+        ask_password=ask_password,
+    )
     backend = None
     if model is None:
         tokenizer = TiktokenTokenizer(encoding or DEFAULT_ENCODING)
@@ -45,7 +56,7 @@ def inspect_document(
         described = backend.describe().model
         about = {"kind": "model", "model": described["name"], "path": described["path"]}
         about["exact"] = True
-    tokens, chunks = chunk_text(document.text, tokenizer, chunk_tokens)
+    tokens, chunks = cut(document, tokenizer, chunk_tokens, report)
     found: dict[str, Any] = {
         "document": describe_document(document),
         "tokenizer": about,

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from memagent_cli import __version__, protocol
-from memagent_cli.chunking import Chunk, chunk_text
+from memagent_cli.chunking import Chunk, Tokenizer, Tokens, make_chunks, tokenize
 from memagent_cli.documents import Document
+from memagent_cli.progress import SILENT, Reporter
 from memagent_cli.run.engine import Engine
 from memagent_cli.trace import Header
 
@@ -60,7 +62,30 @@ class Session:
         )
 
 
-def open_session(document: Document, engine: Engine) -> Session:
-    """`document` tokenized and chunked for `engine`."""
-    tokens, chunks = chunk_text(document.text, engine.backend, engine.settings.chunk_tokens)
+def cut(
+    document: Document, tokenizer: Tokenizer, chunk_tokens: int, report: Reporter = SILENT
+) -> tuple[Tokens, list[Chunk]]:
+    """`document`'s tokens and chunks, telling `report` how tokenizing a long document goes
+    (a server's tokenizer is a call per piece and per chunk)."""
+    name = Path(document.path).name
+    with report.progress("characters") as progress:
+        tokens = tokenize(
+            document.text,
+            tokenizer,
+            lambda done, total: progress(f"tokenizing {name}", done, total),
+        )
+    with report.progress("chunks") as progress:
+        chunks = make_chunks(
+            tokens,
+            chunk_tokens,
+            tokenizer.detokenize,
+            document.text,
+            lambda done, total: progress(f"cutting {name} into chunks", done, total),
+        )
+    return tokens, chunks
+
+
+def open_session(document: Document, engine: Engine, report: Reporter = SILENT) -> Session:
+    """`document` tokenized and chunked for `engine`, the work told to `report`."""
+    tokens, chunks = cut(document, engine.backend, engine.settings.chunk_tokens, report)
     return Session(document, tokens, chunks, engine)

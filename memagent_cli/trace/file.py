@@ -19,6 +19,7 @@ from typing import IO, Any
 from memagent_cli.files import MAX_LINE_BYTES, drop_partial_line, open_regular
 from memagent_cli.reader import Event, Finished, StepFinished
 from memagent_cli.trace.records import (
+    FORMAT_VERSION,
     KINDS,
     FinalRecord,
     Header,
@@ -63,7 +64,8 @@ def _lines(file: IO[bytes], follow: bool, poll: float) -> Iterator[tuple[bytes, 
             pending, dropping = b"", True
 
 
-def _parse(line: bytes, number: int, where: str) -> Record | Skipped | None:
+def _parse(line: bytes, number: int, where: str, version: int) -> Record | Skipped | None:
+    """The record on a line of a trace of format `version`, typed and checked."""
     if not line.strip():
         return None
     try:
@@ -73,7 +75,7 @@ def _parse(line: bytes, number: int, where: str) -> Record | Skipped | None:
     kind = record.get("type") if isinstance(record, dict) else None
     if kind not in KINDS:
         return Skipped(number, "is not a trace record")
-    return KINDS[kind].parse(record, f"{where}, line {number}")
+    return KINDS[kind].parse(record, f"{where}, line {number}", version)
 
 
 def records(
@@ -82,7 +84,7 @@ def records(
     """Every record of the trace at `path` in order, typed; lines that are not records come
     as `Skipped`. With `follow`, waits for records still being written, yields None after
     each poll in which nothing arrived, and never ends."""
-    number = 0
+    number, version = 0, FORMAT_VERSION
     with open_regular(path, "trace", limit=MAX_TRACE_BYTES, error=TraceError) as file:
         for item in _lines(file, follow, poll):
             if item is None:
@@ -94,7 +96,9 @@ def records(
                 yield Skipped(number, "is cut short (the run was probably killed while writing it)")
             elif state == "long":
                 yield Skipped(number, f"is longer than {MAX_LINE_BYTES:,} bytes")
-            elif (parsed := _parse(line, number, str(path))) is not None:
+            elif (parsed := _parse(line, number, str(path), version)) is not None:
+                if isinstance(parsed, Header) and number == 1:
+                    version = parsed.format  # the records after it are in its format
                 yield parsed
 
 
@@ -182,7 +186,8 @@ class Trace:
             "status": status.state,
             "steps_done": status.done,
             "steps_total": status.total,
-            "header": self.header.to_json(),
+            # The records as this memagent writes them, whatever format the file has.
+            "header": {**self.header.to_json(), "format": FORMAT_VERSION},
             "steps": [s.to_json() for s in self.steps],
             "final": self.final.to_json() if self.final else None,
             "interrupted": self.interruption.to_json() if self.interruption else None,
@@ -259,6 +264,8 @@ class TraceWriter:
         except OSError as exc:
             raise TraceError(f"Cannot write the trace {path}: {exc.strerror}.") from None
         self._steps_done = resume_from or 0
+        # A trace continues in the format it was started in (an older one, when resumed).
+        self._version = header.format if resume_from is None else _format_of(path)
         if resume_from is None:
             self._write(header.to_json())
         else:
@@ -269,11 +276,12 @@ class TraceWriter:
             chunk = event.step.chunk
             record = StepRecord.of(event.step, self._span_of(chunk.char_start, chunk.char_end))
             with _signals_held():  # a Ctrl-C here would leave the record uncounted
-                self._write(record.to_json())
+                self._write(record.to_json(self._version))
                 self._steps_done += 1
         elif isinstance(event, Finished):
+            final = FinalRecord.of(event.answer, self._span_of, self._unit)
             with _signals_held():
-                self._write(FinalRecord.of(event.answer, self._span_of, self._unit).to_json())
+                self._write(final.to_json(self._version))
 
     def interrupted(self, reason: str) -> None:
         """Record where an interrupted run stopped, so a reader knows it is unfinished."""
@@ -304,6 +312,12 @@ def _signals_held() -> Iterator[None]:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+def _format_of(path: Path) -> int:
+    """The format of the trace at `path`, from its header."""
+    first = next(records(path), None)
+    return first.format if isinstance(first, Header) else FORMAT_VERSION
 
 
 def _now() -> str:

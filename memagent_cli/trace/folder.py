@@ -8,15 +8,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import platformdirs
-
+from memagent_cli.folders import data_dir
 from memagent_cli.trace.file import Trace, read_trace
 from memagent_cli.trace.records import Header, TraceError
 
 
 def default_dir() -> Path:
     """Where traces go unless `--trace` says otherwise."""
-    return platformdirs.user_data_path("memagent") / "traces"
+    return data_dir() / "traces"
 
 
 def default_path(document_path: str, question_index: int = 0) -> Path:

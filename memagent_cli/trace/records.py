@@ -1,5 +1,10 @@
 """The records of a trace file, typed both ways: a finished `Step` becomes a `StepRecord`
 and a record becomes a `Step` again. Every record read is checked field by field.
+
+Steps are numbered as people count them, from 1, in every record and view (format 2: a
+step record's "step", the evidence's "step"). Format 1 counted from 0 (a step record's
+"index", the evidence's "step"); such traces are still read, and resumed in their format.
+In Python a step record keeps `index`, counting from 0 as `Chunk.index` does.
 """
 
 from __future__ import annotations
@@ -14,7 +19,8 @@ from memagent_cli.chunking import Chunk
 from memagent_cli.errors import UserError
 from memagent_cli.reader import Answer, Step, evidence
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+FORMATS = (1, 2)  # the formats this memagent reads
 
 SpanOf = Callable[[int, int], str]
 
@@ -76,12 +82,12 @@ class Header:
     _MODEL = {"path": str, "name": str, "size": (int, type(None))}
 
     @classmethod
-    def parse(cls, record: dict[str, Any], where: str) -> Header:
-        version = record.get("format")
-        if version != FORMAT_VERSION:
+    def parse(cls, record: dict[str, Any], where: str, version: int = FORMAT_VERSION) -> Header:
+        version = record.get("format")  # type: ignore[assignment]  # the header says its own
+        if version not in FORMATS:
             raise TraceError(
-                f"{where} is a trace of format {version!r}; this memagent reads format "
-                f"{FORMAT_VERSION}."
+                f"{where} is a trace of format {version!r}; this memagent reads formats "
+                f"{' and '.join(map(str, FORMATS))}."
             )
         checks: dict[str, _Check] = {
             "question": str,
@@ -93,6 +99,7 @@ class Header:
             "memagent": str,
         }
         values = _fields(record, checks, where)
+        values["format"] = version
         _fields(values["document"], cls._DOCUMENT, f"{where}'s document")
         _fields(values["model"], cls._MODEL, f"{where}'s model")
         for key, value in values["settings"].items():
@@ -128,7 +135,7 @@ class StepRecord:
     accepted: int = 0
 
     _CHECKS = {
-        "index": int,
+        "step": int,
         "tokens": "pair",
         "chars": "pair",
         "span": str,
@@ -144,9 +151,17 @@ class StepRecord:
     }
 
     @classmethod
-    def parse(cls, record: dict[str, Any], where: str) -> StepRecord:
+    def parse(cls, record: dict[str, Any], where: str, version: int = FORMAT_VERSION) -> StepRecord:
         optional = frozenset({"drafted", "accepted"})
-        return cls(**_fields(record, cls._CHECKS, where, optional))
+        if version == 1:  # counted from 0, as "index"
+            record = {("step" if k == "index" else k): v for k, v in record.items() if k != "step"}
+            if _valid(record.get("step"), int):
+                record["step"] += 1
+        values = _fields(record, cls._CHECKS, where, optional)
+        number = values.pop("step")
+        if number < 1:
+            raise TraceError(f"{where} has a step number below 1.")
+        return cls(index=number - 1, **values)
 
     @classmethod
     def of(cls, step: Step, span: str) -> StepRecord:
@@ -181,10 +196,12 @@ class StepRecord:
         )
         return Step(chunk, self.memory, generation)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, version: int = FORMAT_VERSION) -> dict[str, Any]:
         record = asdict(self)
         record["tokens"], record["chars"] = list(self.tokens), list(self.chars)
-        return {"type": "step", **record}
+        index = record.pop("index")
+        number = {"index": index} if version == 1 else {"step": index + 1}
+        return {"type": "step", **number, **record}
 
 
 @dataclass(frozen=True)
@@ -227,7 +244,9 @@ class FinalRecord:
     _OLD_EVIDENCE = {"step": int, "span": str, "tokens": "pair", "chars": "pair"}
 
     @classmethod
-    def parse(cls, record: dict[str, Any], where: str) -> FinalRecord:
+    def parse(
+        cls, record: dict[str, Any], where: str, version: int = FORMAT_VERSION
+    ) -> FinalRecord:
         values = _fields(record, cls._CHECKS, where, frozenset({"prompt_seconds"}))
         found = values["evidence"]
         if isinstance(found, dict):
@@ -270,7 +289,9 @@ class FinalRecord:
             self.finish_reason,
         )
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, version: int = FORMAT_VERSION) -> dict[str, Any]:
+        # The evidence list counts steps from 1 in either format: format 1 knew only a
+        # single dict (counted from 0), which the reader tells apart by its shape.
         return {"type": "final", **asdict(self)}
 
 
@@ -282,7 +303,9 @@ class Interruption:
     steps_done: int
 
     @classmethod
-    def parse(cls, record: dict[str, Any], where: str) -> Interruption:
+    def parse(
+        cls, record: dict[str, Any], where: str, version: int = FORMAT_VERSION
+    ) -> Interruption:
         return cls(**_fields(record, {"reason": str, "steps_done": int}, where))
 
     def to_json(self) -> dict[str, Any]:
@@ -297,7 +320,7 @@ class Resumed:
     at: str
 
     @classmethod
-    def parse(cls, record: dict[str, Any], where: str) -> Resumed:
+    def parse(cls, record: dict[str, Any], where: str, version: int = FORMAT_VERSION) -> Resumed:
         return cls(**_fields(record, {"steps_done": int, "at": str}, where))
 
     def to_json(self) -> dict[str, Any]:

@@ -54,7 +54,7 @@ def print_report(report: dict[str, Any]) -> None:
     for c in report["chunks"]:
         row(
             table,
-            str(c["index"] + 1),
+            str(c["chunk"]),
             f"{c['tokens'][0]:,}–{c['tokens'][1]:,}",
             f"{c['chars'][0]:,}–{c['chars'][1]:,}",
             c["span"],

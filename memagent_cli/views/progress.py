@@ -196,9 +196,10 @@ class _PlainLines:
 
 
 class Bar:
-    """Work counted in `unit` ("bytes", "pages", ...) as progress(what, done, total): a bar per
-    `what` on a terminal once the work has taken more than a moment, else a plain line every
-    few seconds and at the end."""
+    """Work counted in `unit` ("bytes", "pages", "cases", "%", ...) as progress(what, done,
+    total): a bar per `what` on a terminal once the work has taken more than a moment, else a
+    plain line every few seconds and at the end; either with the time left, from the pace
+    since this bar first heard of `what`."""
 
     _DELAY = 1.0  # seconds before a bar appears: quick work shows nothing
     _PLAIN_EVERY = 10.0  # seconds between plain lines
@@ -206,20 +207,38 @@ class Bar:
     def __init__(self, unit: str) -> None:
         self._unit = unit
         self._start = time.monotonic()
+        self._first: dict[str, tuple[float, int]] = {}  # when `what` was first heard of, done
         self._last: dict[str, float] = {}
-        self._first: dict[str, tuple[float, int]] = {}  # when each `what` was first shown
         self._bar: Progress | None = None
         self._tasks: dict[str, TaskID] = {}
 
     def _amount(self, done: int, total: int | None) -> str:
         if self._unit == "bytes":
             return decimal(done) + (f" of {decimal(total)}" if total else "")
-        return f"{done}" + (f"/{total}" if total else "") + f" {self._unit}"
+        if self._unit == "%":
+            return f"{done}%"
+        return f"{done:,}" + (f"/{total:,}" if total else "") + f" {self._unit}"
+
+    def _left(self, what: str, done: int, total: int | None, now: float) -> str:
+        """ "40%, about 3m05s left" at the pace since `what` was first heard of; "" at the end
+        or before there is a pace."""
+        since, first = self._first[what]
+        if not total or done <= first or done >= total or now <= since:
+            return ""
+        left = round((total - done) * (now - since) / (done - first))
+        minutes, seconds = divmod(left, 60)
+        hours, minutes = divmod(minutes, 60)
+        when = f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{seconds:02d}s"
+        if not hours and not minutes:
+            when = f"{seconds}s"
+        return f"{done * 100 // total}%, about {when} left"
 
     def __call__(self, what: str, done: int, total: int | None) -> None:
         now = time.monotonic()
+        self._first.setdefault(what, (now, done))
         if now - self._start < self._DELAY:
             return
+        left = self._left(what, done, total, now)
         if console.is_terminal:
             if self._bar is None:
                 counts = (
@@ -232,35 +251,18 @@ class Bar:
                     BarColumn(),
                     *counts,
                     TimeElapsedColumn(),
-                    TimeRemainingColumn(),
+                    TextColumn("{task.fields[left]}"),
                     console=console,
                     transient=True,
                 )
                 self._bar.start()
             if what not in self._tasks:
-                self._tasks[what] = self._bar.add_task(escape(what), total=total)
-            self._bar.update(self._tasks[what], completed=done, total=total)
-        else:
-            first = self._first.setdefault(what, (now, done))
-            if now - self._last.get(what, self._start) >= self._PLAIN_EVERY or done == total:
-                self._last[what] = now
-                line = f"{what}: {self._amount(done, total)}{self._eta(first, now, done, total)}"
-                console.print(line, highlight=False, markup=False)
-
-    @staticmethod
-    def _eta(first: tuple[float, int], now: float, done: int, total: int | None) -> str:
-        """ ", 40%, about 3m left" from the rate since `what` was first seen; "" at the end
-        or before there is a rate."""
-        since, at = first
-        if not total or done >= total or done <= at or now <= since:
-            return ""
-        left = (total - done) * (now - since) / (done - at)
-        minutes, seconds = divmod(round(left), 60)
-        hours, minutes = divmod(minutes, 60)
-        when = f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{seconds:02d}s"
-        if not hours and not minutes:
-            when = f"{seconds}s"
-        return f", {done * 100 // total}%, about {when} left"
+                self._tasks[what] = self._bar.add_task(escape(what), total=total, left="")
+            self._bar.update(self._tasks[what], completed=done, total=total, left=left)
+        elif now - self._last.get(what, self._start) >= self._PLAIN_EVERY or done == total:
+            self._last[what] = now
+            line = f"{what}: {self._amount(done, total)}" + (f", {left}" if left else "")
+            console.print(line, highlight=False, markup=False)
 
     def close(self) -> None:
         if self._bar is not None:

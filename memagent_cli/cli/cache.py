@@ -1,0 +1,52 @@
+"""`memagent cache`: the extracted text of documents kept so a second question skips
+extraction (never an encrypted document's text)."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+from memagent_cli.cli.options import JsonOpt, user_errors
+
+app = typer.Typer(
+    help="The cache of extracted document text: where it is, what it holds, and clearing it.",
+    no_args_is_help=True,
+)
+
+
+@app.command("path")
+@user_errors
+def cache_path() -> None:
+    """Print the folder of cached document text."""
+    from memagent_cli.documents import cache
+
+    print(cache.directory())
+
+
+@app.command("info")
+@user_errors
+def cache_info(as_json: JsonOpt = False) -> None:
+    """How many documents the cache holds, their size, and its limit.
+
+    $MEMAGENT_DOCUMENT_CACHE_BYTES sets the limit (0 turns the cache off); past it, the
+    documents used longest ago go first."""
+    from memagent_cli.documents import cache
+    from memagent_cli.views import folders as views
+
+    usage = cache.usage()
+    if as_json:
+        fields = {"path": str(usage.path), "documents": usage.entries, "bytes": usage.bytes}
+        print(json.dumps(fields | {"limit_bytes": usage.limit}, indent=2))
+    else:
+        views.print_cache(usage)
+
+
+@app.command("clear")
+@user_errors
+def cache_clear() -> None:
+    """Delete every cached document text."""
+    from memagent_cli.documents import cache
+    from memagent_cli.views import folders as views
+
+    views.cleared(cache.clear())

