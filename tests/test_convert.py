@@ -438,6 +438,12 @@ def big(tmp_path_factory) -> Path:
     return folder
 
 
+def as_in_a_terminal() -> None:
+    """Ctrl-C's default in the child: a background job of a shell (`make test &`) starts
+    with SIGINT ignored, and Python keeps it ignored, so the signal would do nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.model  # slow: writes and converts a 380 MB model; loads no model into llama.cpp
 def test_conversion_memory_stays_flat_as_the_model_grows(tmp_path, tied, big):
     """Peak RSS of `models convert` for the tiny model and for the big one."""
@@ -471,7 +477,11 @@ def test_an_interrupted_conversion_leaves_nothing_that_looks_finished(env, big, 
     out.mkdir()
     command = [MEMAGENT, "models", "convert", big, "--quant", "F16", "--out", out / "m.gguf"]
     process = subprocess.Popen(
-        list(map(str, command)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+        list(map(str, command)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        preexec_fn=as_in_a_terminal,
     )
     deadline = time.monotonic() + 30
     while not list(out.iterdir()) and time.monotonic() < deadline:  # writing has begun
@@ -492,7 +502,13 @@ def test_ctrl_c_stops_a_quantization_within_seconds_and_the_same_command_resumes
     part = out / "m.gguf.part"  # what llama.cpp writes into, once the intermediate is done
     command = [MEMAGENT, "models", "convert", big, "--quant", "Q4_K_M", "--out", out / "m.gguf"]
     command = list(map(str, command))
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        preexec_fn=as_in_a_terminal,
+    )
     deadline = time.monotonic() + 300
     while not part.exists() and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -514,7 +530,8 @@ def test_ctrl_c_stops_a_quantization_within_seconds_and_the_same_command_resumes
     whole = time.monotonic() - began
     assert again.returncode == 0, again.stderr
     assert f"using {kept} from an earlier run" in words(again.stderr)
-    assert stopped < 5 < whole / 2, (stopped, whole)  # within seconds of a long quantization
+    # It stopped at once (0.1 s here) where quantizing to the end took 8.6 s from the start.
+    assert stopped < min(3.0, whole / 2), (stopped, whole)
     print(f"the whole quantization took {whole:.1f} s")
 
 

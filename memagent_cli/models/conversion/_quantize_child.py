@@ -17,7 +17,8 @@ import threading
 def _exit_with_parent() -> None:
     # The parent holds our stdin open and never writes to it: end of file means it is gone
     # (killed, or crashed), and a quantization nobody waits for is only disk filling up.
-    sys.stdin.buffer.read()
+    while os.read(0, 1 << 16):
+        pass
     os._exit(1)
 
 
@@ -40,4 +41,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    status = main(sys.argv[1:])
+    # Not sys.exit: finalizing the interpreter under a thread blocked in read() can abort.
+    os._exit(status)
