@@ -46,7 +46,7 @@ def test_every_command_takes_dash_h_as_it_takes_dash_dash_help():
         assert short.output == long.output and "Usage: " in short.output, words
 
 
-@pytest.mark.parametrize("words", [["ask"], ["models", "list"], ["eval"], ["cache", "clear"]])
+@pytest.mark.parametrize("words", [["ask"], ["eval"]])  # eval parses its own arguments
 def test_dash_h_from_the_installed_command(memagent, words):
     result = memagent(*words, "-h")
     assert result.returncode == 0, result.stderr

@@ -33,10 +33,8 @@ INPUT, MODEL, READING = "Input", "Model", "Reading"
 OUTPUT, SERVER_PANEL, ENGINE = "Output", "Server (--backend openai)", "Engine (llama.cpp)"
 # Secrets may come from the environment, so that they need not sit in shell history or in
 # what `ps` shows; a resume hint never repeats them (cli/ask.py).
-PASSWORD_VARIABLE, API_KEY_VARIABLES = (
-    "MEMAGENT_PDF_PASSWORD",
-    ["MEMAGENT_API_KEY", "OPENAI_API_KEY"],
-)
+PASSWORD_VARIABLE = "MEMAGENT_PDF_PASSWORD"
+API_KEY_VARIABLES = ["MEMAGENT_API_KEY", "OPENAI_API_KEY"]  # the first one set wins
 SECRET_OPTIONS = {"--password": PASSWORD_VARIABLE, "--api-key": API_KEY_VARIABLES[0]}
 
 

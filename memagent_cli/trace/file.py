@@ -300,18 +300,37 @@ class TraceWriter:
 def _signals_held() -> Iterator[None]:
     """Ctrl-C and SIGTERM wait until a record is whole on disk and counted: then the
     interruption record says exactly how many steps the file holds. (Python runs signal
-    handlers in the main thread only; other threads' writes need no holding.)"""
-    if (
-        not hasattr(signal, "pthread_sigmask")
-        or threading.current_thread() is not threading.main_thread()
+    handlers in the main thread only; other threads' writes need no holding.)
+
+    The handlers are set aside rather than the signals blocked: blocking masks only this
+    thread, and llama.cpp's worker threads would take the signal and have Python raise it
+    here mid-write all the same (seen in tests/test_ask_model.py). A signal that arrives
+    meanwhile, or arrived just before, is handed to its own handler after the block."""
+    held = (signal.SIGINT, signal.SIGTERM)
+    if threading.current_thread() is not threading.main_thread() or any(
+        signal.getsignal(signum) is None
+        for signum in held  # set outside Python: keep it
     ):
         yield
         return
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    arrived: list[tuple[int, Any]] = []
+
+    def hold(signum: int, frame: Any) -> None:
+        arrived.append((signum, frame))
+
+    handlers = {signum: signal.signal(signum, hold) for signum in held}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+        if arrived:
+            signum, frame = arrived[0]
+            handler = handlers[signum]
+            if callable(handler):
+                handler(signum, frame)  # raises KeyboardInterrupt, or Interrupted for SIGTERM
+            elif handler == signal.SIG_DFL:
+                signal.raise_signal(signum)
 
 
 def _format_of(path: Path) -> int:
