@@ -51,6 +51,7 @@ class FakeServer:
     turned_away: list[float] = field(default_factory=list)  # when each 429 was sent
     answered: list[float] = field(default_factory=list)  # when each served call arrived
     messages: list[str] = field(default_factory=list)
+    port: int = 0  # 0: any free port; a server restarted where it was keeps its URL
     url: str = ""
 
     def __enter__(self) -> FakeServer:
@@ -142,9 +143,10 @@ class FakeServer:
         class Server(ThreadingHTTPServer):
             request_queue_size = 256  # many clients connecting at once (--parallel 64)
 
-        self._server = Server(("127.0.0.1", 0), Handler)
+        self._server = Server(("127.0.0.1", self.port), Handler)
+        self.port = self._server.server_address[1]
         self._server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/v1"
+        self.url = f"http://127.0.0.1:{self.port}/v1"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
         return self

@@ -245,8 +245,10 @@ def ask(
 
 
 def _resume_command(trace_path: Path | None) -> str:
-    """This command line again, continuing from `trace_path` (or the newest unfinished trace
-    of each run, with several documents)."""
+    """This command line again, continuing from `trace_path`; with several runs, the same
+    command, which continues each run where its trace ends (run/journal.py)."""
+    if trace_path is None:
+        return "memagent " + shlex.join(sys.argv[1:])
     words, skip = [], False
     for arg in sys.argv[1:]:
         if skip:
@@ -255,5 +257,4 @@ def _resume_command(trace_path: Path | None) -> str:
             skip = True
         elif arg != "--resume-latest" and not arg.startswith(("--resume=", "--trace=")):
             words.append(arg)
-    words += ["--resume", str(trace_path)] if trace_path else ["--resume-latest"]
-    return "memagent " + shlex.join(words)
+    return "memagent " + shlex.join([*words, "--resume", str(trace_path)])

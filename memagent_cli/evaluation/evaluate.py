@@ -25,6 +25,7 @@ from memagent_cli.evaluation.runner import Answered, check_resumable, evaluate
 from memagent_cli.progress import SILENT, Note, Reporter
 from memagent_cli.reader import Settings, context_needed
 from memagent_cli.run import ask as run
+from memagent_cli.run import journal
 from memagent_cli.run.engine import BackendOptions, Engine, open_backend, open_engine
 from memagent_cli.run.session import open_session
 
@@ -130,22 +131,34 @@ def _run(
             f"{record['seconds']:.1f}s"
         )
 
-    answer = _answerer(engine, options)
-    with results.Writer(output) as writer:
-        try:
-            evaluate(
-                cases,
-                answer,
-                writer,
-                finished=earlier.finished,
-                run_info=info,
-                parallel=options.parallel,
-                on_record=finished,
-            )
-        except run.Stopped as stop:
-            raise Stopped(stop.message, stop.exit_code, output) from None
-        except KeyboardInterrupt:
-            raise Stopped("Interrupted (SIGINT).", 130, output) from None
+    # Which trace each case writes: a kill loses no case in flight, nor one finished while
+    # an earlier case was still running (records are written in the cases' order).
+    cases_journal = None
+    if options.write_traces:
+        named = {"command": "eval", "output": str(output.resolve())}
+        cases_journal = journal.open_journal(named | journal.run_identity(engine))
+    answer = _answerer(engine, options, cases_journal)
+    ended = False
+    try:
+        with results.Writer(output) as writer:
+            try:
+                evaluate(
+                    cases,
+                    answer,
+                    writer,
+                    finished=earlier.finished,
+                    run_info=info,
+                    parallel=options.parallel,
+                    on_record=finished,
+                )
+            except run.Stopped as stop:
+                raise Stopped(stop.message, stop.exit_code, output) from None
+            except KeyboardInterrupt:
+                raise Stopped("Interrupted (SIGINT).", 130, output) from None
+        ended = True
+    finally:
+        if cases_journal is not None:
+            cases_journal.close(finished=ended)
     return results.read(output)
 
 
@@ -165,7 +178,7 @@ def run_info(engine: Engine) -> dict[str, Any]:
 
 
 def _answerer(
-    engine: Engine, options: EvalOptions
+    engine: Engine, options: EvalOptions, cases_journal: journal.Journal | None
 ) -> Callable[[Case, threading.Event | None], Answered]:
     run_options = run.RunOptions(report=options.report, use_cache=options.use_cache)
 
@@ -180,10 +193,11 @@ def _answerer(
         session = open_session(document, engine)
         trace_path = trace.default_path(document.path) if options.write_traces else None
         label = f"{case.group} {case.id}" if options.parallel > 1 else ""
+        entry = cases_journal and cases_journal.entry(f"{case.group}\n{case.id}")
         result = run.ask(
             session,
             case.question,
-            replace(run_options, trace=trace_path, label=label, cancel=cancel),
+            replace(run_options, trace=trace_path, label=label, cancel=cancel, journal=entry),
         )
         calls = [step.generation for step in result.answer.steps] + [result.answer.final]
         return Answered(

@@ -24,6 +24,7 @@ from memagent_cli.reader import (
     StepStarted,
     read_together,
 )
+from memagent_cli.run.journal import Entry
 from memagent_cli.run.session import Session
 
 
@@ -39,6 +40,9 @@ class RunOptions:
     label: str = ""  # names the run in progress lines and rows when there are several
     plain: bool = False  # other runs share stderr at the same time: plain lines, no live view
     cancel: threading.Event | None = None  # set: stop before the next step
+    # This reading's line in its batch's journal: the trace an earlier, stopped run of the
+    # same batch wrote is continued, or answers; a fresh trace is recorded there.
+    journal: Entry | None = None
 
 
 @dataclass
@@ -152,6 +156,8 @@ def ask_together(
         if earlier is not None and earlier.finished:
             if how.resume or how.resume_latest:
                 note(f"{earlier.path} is already finished; its answer follows.")
+            elif how.journal is not None and earlier.path == how.journal.earlier:
+                note(f"answered from {earlier.path}, finished before this command was stopped")
             else:
                 note(f"answered from the finished trace {earlier.path} (--no-cache reads again)")
             outcomes[index] = _result_from(session, earlier, start)
@@ -192,6 +198,8 @@ def _read(session: Session, runs: list[_Run], watch: int, start: float) -> list[
                 run.writer = trace.TraceWriter(
                     run.trace_path, run.header, session.span_of, resume_from=resume_from
                 )
+                if run.options.journal is not None:
+                    run.options.journal.started(run.trace_path)
                 _note(run.options)(
                     f"resuming {run.trace_path} after step {len(run.done)}"
                     if run.resumed
@@ -250,7 +258,17 @@ def _note(options: RunOptions) -> Note:
 
 
 def _earlier_run(header: trace.Header, options: RunOptions) -> trace.Trace | None:
-    """The trace this run continues (--resume) or is answered from (cache), if any."""
+    """The trace this run continues (--resume, or its batch's journal) or is answered from
+    (the journal, or the cache), if any."""
+    if options.journal is not None and (path := options.journal.earlier) is not None:
+        # The batch was stopped before: its trace of this reading, when it is still the same
+        # run (a document edited since, or a damaged trace, is read afresh).
+        try:
+            journaled = trace.read_trace(path)
+        except trace.TraceError:
+            journaled = None
+        if journaled is not None and not trace.differences(journaled.header, header):
+            return journaled
     if options.resume is not None:
         earlier = trace.read_trace(options.resume)
         if differences := trace.differences(earlier.header, header):

@@ -12,12 +12,13 @@ import dataclasses
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from memagent_cli import trace
 from memagent_cli.documents.inputs import read_document
 from memagent_cli.errors import DocumentError
 from memagent_cli.run import ask as run
-from memagent_cli.run import pool
+from memagent_cli.run import journal, pool
 from memagent_cli.run.engine import Engine
 from memagent_cli.run.session import Session, open_session
 
@@ -41,6 +42,7 @@ class Job:
     index: int  # the question's position
     question: str
     label: str
+    journal: journal.Entry | None = None
 
 
 def ask_all(
@@ -56,7 +58,8 @@ def ask_all(
     document was read."""
     outcome = {"code": 0}
     report = options.run.report
-    groups = _groups(paths, questions, _once(open_engine), options, outcome)
+    journals: list[journal.Journal] = []
+    groups = _groups(paths, questions, _once(open_engine), options, outcome, journals)
 
     def run_group(
         group: list[Job], cancel: threading.Event | None
@@ -73,15 +76,41 @@ def ask_all(
     def stopping() -> None:
         report.note("stopping: the steps in flight finish first (Ctrl-C again to quit)")
 
+    ended = False  # every group was run (some may have failed: then outcome says so)
     try:
         for _, results in pool.ordered(groups, run_group, options.parallel, on_stop=stopping):
             for result in results:
                 finish(result)
             if outcome["code"] == 130 and options.parallel <= 1:
                 break  # in this thread: read no further group (in flight ones all report)
+        ended = True
     except KeyboardInterrupt:
         outcome["code"] = 130
+    finally:
+        for opened in journals:  # kept unless every reading was answered
+            opened.close(finished=ended and outcome["code"] == 0)
     return outcome["code"]
+
+
+def _journaled(options: Options) -> bool:
+    """Whether the batch keeps a journal: each run writes a new trace in the data folder
+    (not one named by --trace, nor a run continued by --resume or --resume-latest)."""
+    how = options.run
+    return (
+        options.write_traces
+        and how.trace is None
+        and how.resume is None
+        and not (how.resume_latest)
+    )
+
+
+def _journal(paths: list[str], questions: list[str], engine: Engine) -> journal.Journal:
+    """The journal of this batch: its documents and questions, read by this model so."""
+    documents = [path if path == "-" else str(Path(path).resolve()) for path in paths]
+    return journal.open_journal(
+        {"command": "ask", "documents": documents, "questions": questions}
+        | journal.run_identity(engine)
+    )
 
 
 def _once(open_engine: Callable[[], Engine]) -> Callable[[], Engine]:
@@ -101,11 +130,14 @@ def _groups(
     engine: Callable[[], Engine],
     options: Options,
     outcome: dict[str, int],
+    journals: list[journal.Journal],
 ) -> Iterator[list[Job]]:
-    """The runs, in groups read together: questions of one document, in order."""
+    """The runs, in groups read together: questions of one document, in order. The batch's
+    journal is opened with the model (`journals`), when its traces go to the data folder."""
     several = len(paths) > 1
     report = options.run.report
     size: int | None = None  # questions read together, decided once the model is open
+    entries: journal.Journal | None = None
     for number, path in enumerate(paths, start=1):
         try:
             document = read_document(
@@ -120,13 +152,17 @@ def _groups(
         session = open_session(document, engine())
         if size is None:
             size = session.engine.together(len(questions), options.together)
+            if _journaled(options):
+                entries = _journal(paths, questions, session.engine)
+                journals.append(entries)
         labelled = options.parallel > 1 or size > 1
         jobs = []
         for index, question in enumerate(questions):
             label = ""
             if labelled:
                 label = f"d{number} q{index + 1}" if several else f"q{index + 1}"
-            jobs.append(Job(session, index, question, label))
+            key = f"d{number} q{index + 1}"
+            jobs.append(Job(session, index, question, label, entries and entries.entry(key)))
         for start in range(0, len(jobs), size):
             yield jobs[start : start + size]
 
@@ -147,6 +183,7 @@ def _run(
                 label=job.label,
                 cancel=cancel,
                 plain=options.parallel > 1,
+                journal=job.journal,
             )
         )
     indexes = [job.index for job in group]
