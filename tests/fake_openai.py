@@ -60,6 +60,7 @@ class FakeServer:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"  # keep-alive, as real servers: one connection per client
+            disable_nagle_algorithm = True  # else headers then body wait on a delayed ACK (40 ms)
 
             def log_message(self, *args: object) -> None:
                 return None
