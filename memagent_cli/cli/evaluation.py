@@ -89,7 +89,9 @@ def _eval_options(
     from memagent_cli.reader import Settings
 
     fields = {k: kw.pop(k) for k in list(kw) if k in _BACKEND_FIELDS}
-    backend_options = options.backend_options(backend, parallel, "cases", **fields)
+    # In-process, --parallel N reads N cases at once in one context (run/ask.py ask_each).
+    threads = parallel if backend == BackendKind.openai else 1
+    backend_options = options.backend_options(backend, threads, "cases", **fields)
     chunk_tokens, memory_tokens, temperature, top_p, seed = settings
     if kw.pop("plot") is not None:
         plot.require()  # fails in seconds, before any model loads

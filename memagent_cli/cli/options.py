@@ -115,7 +115,14 @@ ServedModelOpt = Annotated[
         help="Model name on the server \\[default: the first it serves].",
     ),
 ]
-ParallelOpt = Annotated[int, typer.Option(min=1, help="Runs in flight at once (--backend openai).")]
+ParallelOpt = Annotated[
+    int,
+    typer.Option(
+        min=1,
+        help="Cases at once: read together in one context (in-process), or in flight "
+        "(--backend openai).",
+    ),
+]
 TogetherOpt = Annotated[
     int | None,
     typer.Option(

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,13 @@ from memagent_cli.progress import SILENT, Note, Reporter
 from memagent_cli.reader import Settings, context_needed
 from memagent_cli.run import ask as run
 from memagent_cli.run import journal
-from memagent_cli.run.engine import BackendOptions, Engine, open_backend, open_engine
+from memagent_cli.run.engine import (
+    BackendKind,
+    BackendOptions,
+    Engine,
+    open_backend,
+    open_engine,
+)
 from memagent_cli.run.session import open_session
 
 _BIG_FILE = 256 << 20  # the authors' eval_6400.json is about 2 GB: say what takes a while
@@ -138,6 +145,11 @@ def _run(
         named = {"command": "eval", "output": str(output.resolve())}
         cases_journal = journal.open_journal(named | journal.run_identity(engine))
     answer = _answerer(engine, options, cases_journal)
+    answer_all = None
+    if options.parallel > 1 and options.backend.kind != BackendKind.openai:
+        # In-process: one context reads `parallel` cases at once, continuously.
+        slots = engine.together(left if left > 0 else 1, options.parallel)
+        answer_all = _continuous(engine, options, cases_journal, slots)
     ended = False
     try:
         with results.Writer(output) as writer:
@@ -150,6 +162,7 @@ def _run(
                     run_info=info,
                     parallel=options.parallel,
                     on_record=finished,
+                    answer_all=answer_all,
                 )
             except run.Stopped as stop:
                 raise Stopped(stop.message, stop.exit_code, output) from None
@@ -177,40 +190,81 @@ def run_info(engine: Engine) -> dict[str, Any]:
     }
 
 
+def _job(
+    case: Case,
+    engine: Engine,
+    options: EvalOptions,
+    cases_journal: journal.Journal | None,
+    cancel: threading.Event | None = None,
+) -> run.Job:
+    """The run that answers `case`: its document, trace, label and journal line."""
+    text = case.context.strip()
+    document = Document(
+        text=text,
+        path=f"{case.group}-{case.id}",
+        format="text",
+        sha256=hashlib.sha256(text.encode("utf-8", "replace")).hexdigest(),
+    )
+    session = open_session(document, engine)
+    how = run.RunOptions(
+        report=options.report,
+        use_cache=options.use_cache,
+        trace=trace.default_path(document.path) if options.write_traces else None,
+        label=f"{case.group} {case.id}" if options.parallel > 1 else "",
+        cancel=cancel,
+        journal=cases_journal and cases_journal.entry(f"{case.group}\n{case.id}"),
+    )
+    return run.Job(session, case.question, how)
+
+
+def _answered(result: run.Result) -> Answered:
+    calls = [step.generation for step in result.answer.steps] + [result.answer.final]
+    return Answered(
+        reply=result.answer.reply,
+        tokens=len(result.session.tokens),
+        seconds=sum(call.seconds for call in calls),
+        prompt_tokens=sum(call.prompt_tokens for call in calls),
+        generated_tokens=sum(call.completion_tokens for call in calls),
+        trace=str(result.trace_path) if result.trace_path else None,
+        cached=result.cached,
+    )
+
+
 def _answerer(
     engine: Engine, options: EvalOptions, cases_journal: journal.Journal | None
 ) -> Callable[[Case, threading.Event | None], Answered]:
-    run_options = run.RunOptions(report=options.report, use_cache=options.use_cache)
-
     def answer(case: Case, cancel: threading.Event | None) -> Answered:
-        text = case.context.strip()
-        document = Document(
-            text=text,
-            path=f"{case.group}-{case.id}",
-            format="text",
-            sha256=hashlib.sha256(text.encode("utf-8", "replace")).hexdigest(),
-        )
-        session = open_session(document, engine)
-        trace_path = trace.default_path(document.path) if options.write_traces else None
-        label = f"{case.group} {case.id}" if options.parallel > 1 else ""
-        entry = cases_journal and cases_journal.entry(f"{case.group}\n{case.id}")
-        result = run.ask(
-            session,
-            case.question,
-            replace(run_options, trace=trace_path, label=label, cancel=cancel, journal=entry),
-        )
-        calls = [step.generation for step in result.answer.steps] + [result.answer.final]
-        return Answered(
-            reply=result.answer.reply,
-            tokens=len(session.tokens),
-            seconds=sum(call.seconds for call in calls),
-            prompt_tokens=sum(call.prompt_tokens for call in calls),
-            generated_tokens=sum(call.completion_tokens for call in calls),
-            trace=str(result.trace_path) if result.trace_path else None,
-            cached=result.cached,
-        )
+        job = _job(case, engine, options, cases_journal, cancel)
+        return _answered(run.ask(job.session, job.question, job.options))
 
     return answer
+
+
+def _continuous(
+    engine: Engine, options: EvalOptions, cases_journal: journal.Journal | None, slots: int
+) -> Callable[[Iterable[Case]], Iterator[tuple[Case, Answered]]]:
+    """Every case answered in order, `slots` read at once in the engine's one context; the
+    first stop is raised once the cases finished before it are yielded."""
+
+    def answer_all(cases: Iterable[Case]) -> Iterator[tuple[Case, Answered]]:
+        taken: deque[Case] = deque()
+
+        def jobs() -> Iterator[run.Job]:
+            for case in cases:
+                taken.append(case)
+                yield _job(case, engine, options, cases_journal)
+
+        stop: run.Stopped | None = None
+        for outcome in run.ask_each(jobs(), slots):
+            case = taken.popleft()
+            if isinstance(outcome, run.Stopped):
+                stop = stop or outcome
+            else:
+                yield case, _answered(outcome)
+        if stop is not None:
+            raise stop
+
+    return answer_all
 
 
 def _note(options: EvalOptions) -> Note:
