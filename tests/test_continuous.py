@@ -15,6 +15,7 @@ from test_together import EchoBackend as Echo
 
 from memagent_cli import trace
 from memagent_cli.documents import Document
+from memagent_cli.errors import UserError
 from memagent_cli.reader import Reading, Slots, read
 from memagent_cli.run import ask as run
 from memagent_cli.run.engine import Engine
@@ -135,3 +136,16 @@ def test_a_long_queue_is_taken_a_little_ahead_of_the_answers(tmp_path, slots):
         passed += 1
         assert len(taken) - passed <= 2 * slots  # documents are read as slots free up
     assert passed == len(texts)
+
+
+def test_a_queue_that_fails_lets_the_readings_in_flight_finish_first(tmp_path):
+    def failing():
+        yield from jobs(engine_of(EchoBackend()), tmp_path, TEXTS[:2])
+        raise UserError("The journal cannot be written.")
+
+    passed = []
+    with pytest.raises(UserError, match="journal cannot be written"):
+        for outcome in run.ask_each(failing(), 2):
+            passed.append(outcome)
+    assert [type(o) for o in passed] == [run.Result, run.Result]
+    assert all(trace.read_trace(tmp_path / f"b{i}.jsonl").finished for i in (0, 1))

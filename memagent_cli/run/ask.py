@@ -237,6 +237,7 @@ def ask_each(jobs: Iterable[Job], slots: int) -> Iterator[Result | Stopped]:
     taken = passed = 0
     batch: Slots | None = None
     exhausted = False
+    held: UserError | None = None  # from `jobs` (a journal that cannot be written, say)
 
     def passing() -> Iterator[Result | Stopped]:
         nonlocal passed
@@ -256,7 +257,10 @@ def ask_each(jobs: Iterable[Job], slots: int) -> Iterator[Result | Stopped]:
                 and (batch is None or batch.free)
                 and taken - passed < (BACKLOG * slots)
             ):
-                job = next(source, None)
+                try:
+                    job = next(source, None)
+                except UserError as exc:  # the readings in flight finish first
+                    held, job = exc, None
                 if job is None:
                     exhausted = True
                     break
@@ -290,7 +294,7 @@ def ask_each(jobs: Iterable[Job], slots: int) -> Iterator[Result | Stopped]:
             yield from passing()
             if batch is None or not batch.busy:
                 if exhausted:
-                    return
+                    break
                 continue
             for _, item, answer in batch.round():
                 run, job, view = reading.pop(id(item))
@@ -307,6 +311,8 @@ def ask_each(jobs: Iterable[Job], slots: int) -> Iterator[Result | Stopped]:
     finally:
         for run, _, view in reading.values():  # the caller stopped early: traces stay valid
             close(run, view)
+    if held is not None:
+        raise held
 
 
 def _view(job: Job, slots: int) -> Any:
