@@ -41,6 +41,8 @@ class Call:
     message: str
     max_tokens: int
     sequence: int = 0  # the slot whose cache holds this question's earlier prompt
+    fresh: bool = False  # the first call of a reading in its slot: what the slot holds is
+    # another reading's, and is cleared first (then each reading sees what it sees alone)
 
 
 @dataclass(frozen=True)

@@ -85,11 +85,13 @@ def read(
 
 @dataclass
 class Reading:
-    """One question read along with others: its listener and the steps it has done."""
+    """One question read along with others: its listener, the steps it has done, and the
+    chunks of its document (None: the chunks every reading of `read_together` shares)."""
 
     question: str
     listener: Listener = lambda event: None
     done: Sequence[Step] = ()
+    chunks: Sequence[Chunk] | None = None
 
 
 def read_together(
@@ -100,34 +102,90 @@ def read_together(
     the backend replies to all of them together. Question i keeps sequence i, so each finds
     its own earlier prompt in the cache. Each memory and answer is what reading alone gives.
     """
-    questions = [r.question.strip() for r in readings]
-    steps = [list(r.done) for r in readings]
-    answers: list[Answer | None] = [None] * len(readings)
-    while pending := [i for i, answer in enumerate(answers) if answer is None]:
+    slots = Slots(backend, settings, len(readings))
+    for reading in readings:
+        slots.add(Reading(reading.question, reading.listener, reading.done, chunks))
+    answers: dict[int, Answer] = {}
+    while slots.busy:
+        answers.update((slot, answer) for slot, _, answer in slots.round())
+    return [answers[slot] for slot in range(len(readings))]
+
+
+@dataclass
+class _Place:
+    """A reading in a slot: its steps so far, and whether its slot still holds another's."""
+
+    reading: Reading
+    question: str
+    chunks: Sequence[Chunk]
+    steps: list[Step]
+    fresh: bool = True
+
+
+class Slots:
+    """Continuous batching: up to `count` readings at once, each in its own sequence (its
+    slot), whatever their documents and lengths. Each round every reading in a slot makes
+    its next call and the backend replies to all of them together; a reading answered
+    leaves its slot, which the next reading added takes, its sequence's cache cleared first
+    (as serving engines do), so every reading sees what it would see alone."""
+
+    def __init__(self, backend: Backend, settings: Settings, count: int) -> None:
+        self.backend, self.settings = backend, settings
+        self._places: list[_Place | None] = [None] * count
+
+    @property
+    def free(self) -> int:
+        return self._places.count(None)
+
+    @property
+    def busy(self) -> int:
+        return len(self._places) - self.free
+
+    def readings(self) -> list[Reading]:
+        """The readings in a slot, by slot."""
+        return [place.reading for place in self._places if place is not None]
+
+    def add(self, reading: Reading) -> int:
+        """Put `reading` in the lowest free slot (its sequence); returns the slot."""
+        slot = self._places.index(None)
+        chunks = reading.chunks if reading.chunks is not None else ()
+        question = reading.question.strip()
+        self._places[slot] = _Place(reading, question, chunks, list(reading.done))
+        return slot
+
+    def round(self) -> list[tuple[int, Reading, Answer]]:
+        """Every reading in a slot makes its next call, answered together; returns the
+        readings answered in this round (slot, reading, answer), whose slots are free now."""
+        live = [(slot, place) for slot, place in enumerate(self._places) if place is not None]
         calls = []
-        for i in pending:
-            memory = steps[i][-1].memory if steps[i] else protocol.INITIAL_MEMORY
-            if len(steps[i]) < len(chunks):
-                chunk = chunks[len(steps[i])]
-                readings[i].listener(StepStarted(chunk, len(chunks)))
-                message = protocol.render_update(questions[i], memory, chunk.text)
-                calls.append(Call(message, settings.memory_tokens, i))
+        for slot, place in live:
+            steps, chunks = place.steps, place.chunks
+            memory = steps[-1].memory if steps else protocol.INITIAL_MEMORY
+            if len(steps) < len(chunks):
+                place.reading.listener(StepStarted(chunks[len(steps)], len(chunks)))
+                message = protocol.render_update(place.question, memory, chunks[len(steps)].text)
+                calls.append(Call(message, self.settings.memory_tokens, slot, place.fresh))
             else:
-                readings[i].listener(Answering(memory))
-                message = protocol.render_final(questions[i], memory)
-                calls.append(Call(message, protocol.FINAL_MAX_TOKENS, i))
-        replies = backend.generate_many(calls, sampling=settings.sampling)
-        for i, generation in zip(pending, replies, strict=True):
-            if len(steps[i]) < len(chunks):
-                chunk = chunks[len(steps[i])]
-                steps[i].append(Step(chunk, protocol.strip_think(generation.text), generation))
-                readings[i].listener(StepFinished(steps[i][-1], len(chunks)))
+                place.reading.listener(Answering(memory))
+                message = protocol.render_final(place.question, memory)
+                calls.append(Call(message, protocol.FINAL_MAX_TOKENS, slot, place.fresh))
+            place.fresh = False
+        replies = self.backend.generate_many(calls, sampling=self.settings.sampling)
+        answered = []
+        for (slot, place), generation in zip(live, replies, strict=True):
+            steps, chunks = place.steps, place.chunks
+            if len(steps) < len(chunks):
+                steps.append(
+                    Step(chunks[len(steps)], protocol.strip_think(generation.text), generation)
+                )
+                place.reading.listener(StepFinished(steps[-1], len(chunks)))
             else:
                 boxed = protocol.extract_boxed(generation.text)
-                answer = Answer(questions[i], boxed, generation.text, steps[i], generation)
-                answers[i] = answer
-                readings[i].listener(Finished(answer))
-    return [a for a in answers if a is not None]
+                answer = Answer(place.question, boxed, generation.text, steps, generation)
+                self._places[slot] = None
+                answered.append((slot, place.reading, answer))
+                place.reading.listener(Finished(answer))
+        return answered
 
 
 def evidence(answer: Answer) -> Provenance | None:

@@ -5,7 +5,8 @@ The stand-in follows the MemAgent protocol's shape: an update keeps the last wor
 memory and adds the first words of the section; a final reply boxes the memory's first word.
 It has no tokenize endpoint unless told to (`tokenizer`: llama-server's /tokenize and
 /detokenize, one token per byte), so memagent cuts chunks with tiktoken (offline). The server
-can be told to slow down, to fail with 503 or to stop answering after a number of calls.
+can be told to take a fixed time per call, to turn calls away as busy (429 with
+Retry-After), to fail with 503 or to stop answering after a number of calls.
 """
 
 from __future__ import annotations
@@ -45,21 +46,35 @@ class FakeServer:
     tokenizer: bool = False  # llama-server's /tokenize and /detokenize, a token per byte
     tokenize_delay: float = 0.0  # seconds before each /tokenize reply
     tokenize_calls: int = 0
+    busy: int = 0  # chat calls turned away first, with 429 and `Retry-After: retry_after`
+    retry_after: str = "1"
+    keep_messages: bool = True  # False: a long run keeps no prompts (bounded memory)
     chat_calls: int = 0
+    in_flight: int = 0  # chat calls being answered now
+    most_in_flight: int = 0
+    turned_away: list[float] = field(default_factory=list)  # when each 429 was sent
+    answered: list[float] = field(default_factory=list)  # when each served call arrived
     messages: list[str] = field(default_factory=list)
     authorizations: set[str] = field(default_factory=set)  # Authorization headers received
+    port: int = 0  # 0: any free port; a server restarted where it was keeps its URL
     url: str = ""
 
     def __enter__(self) -> FakeServer:
         fake = self
+        self._lock = threading.Lock()
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as real servers: one connection per client
+            disable_nagle_algorithm = True  # else headers then body wait on a delayed ACK (40 ms)
+
             def log_message(self, *args: object) -> None:
                 return None
 
-            def _json(self, status: int, payload: object) -> None:
+            def _json(self, status: int, payload: object, headers: dict | None = None) -> None:
                 body = json.dumps(payload).encode()
                 self.send_response(status)
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -92,15 +107,34 @@ class FakeServer:
                 if self.path.rstrip("/") != "/v1/chat/completions":
                     self._json(404, {"error": {"message": "not found"}})
                     return
-                fake.chat_calls += 1
-                if fake.hang_after is not None and fake.chat_calls > fake.hang_after:
+                with fake._lock:
+                    fake.chat_calls += 1
+                    calls = fake.chat_calls
+                    if calls <= fake.busy:
+                        fake.turned_away.append(time.monotonic())
+                    else:
+                        fake.answered.append(time.monotonic())
+                if calls <= fake.busy:
+                    self._json(
+                        429,
+                        {"error": {"message": "too many requests"}},
+                        {"Retry-After": fake.retry_after},
+                    )
+                    return
+                if fake.hang_after is not None and calls > fake.hang_after:
                     time.sleep(3600)
-                if fake.fail_after is not None and fake.chat_calls > fake.fail_after:
+                if fake.fail_after is not None and calls > fake.fail_after:
                     self._json(fake.fail_status, {"error": {"message": "the model is unwell"}})
                     return
+                with fake._lock:
+                    fake.in_flight += 1
+                    fake.most_in_flight = max(fake.most_in_flight, fake.in_flight)
                 time.sleep(fake.delay)
+                with fake._lock:
+                    fake.in_flight -= 1
                 message = body["messages"][0]["content"]
-                fake.messages.append(message)
+                if fake.keep_messages:
+                    fake.messages.append(message)
                 text = reply_to(message)
                 words = len(text.split())
                 length_cut = words >= body.get("max_tokens", 10**9)
@@ -123,9 +157,13 @@ class FakeServer:
                     },
                 )
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(ThreadingHTTPServer):
+            request_queue_size = 256  # many clients connecting at once (--parallel 64)
+
+        self._server = Server(("127.0.0.1", self.port), Handler)
+        self.port = self._server.server_address[1]
         self._server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/v1"
+        self.url = f"http://127.0.0.1:{self.port}/v1"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
         return self

@@ -116,15 +116,6 @@ def test_an_unknown_backend(memagent, doc):
     assert_clean_failure(result, 2, "--backend", "'bogus' is not one of 'llama', 'openai'")
 
 
-def test_parallel_cases_need_a_server(memagent, tmp_path):
-    # `ask` reads several questions together in-process; eval's cases are separate runs.
-    haystack = tmp_path / "hay.txt"
-    haystack.write_text("The sky is blue. The grass is green.")
-    out = str(tmp_path / "run.jsonl")
-    result = memagent("eval", "niah", "--haystack", str(haystack), "--parallel", "2", "-o", out)
-    assert_clean_failure(result, 2, "Invalid value for --parallel", "several cases at once")
-
-
 def test_the_document_is_read_before_the_model_is_sought(memagent, env, tmp_path):
     missing = str(tmp_path / "nope.txt")
     result = memagent("ask", missing, "q?", "-m", str(tmp_path / "missing.gguf"))

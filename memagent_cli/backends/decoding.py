@@ -49,6 +49,7 @@ class Request:
     sampling: Sampling
     stops: Sequence[str] = ()
     seq_id: int = 0
+    fresh: bool = False  # the sequence held another reading: clear it before the prompt
 
 
 @dataclass
@@ -114,6 +115,12 @@ class Decoder:
         llama_cpp.llama_memory_clear(self.memory, True)
         self._cached.clear()
 
+    def forget(self, seq: int) -> None:
+        """Empty one sequence's cache: a slot taken by another reading starts as it would
+        in a fresh context (no prefix of the last reading's prompt is reused)."""
+        llama_cpp.llama_memory_seq_rm(self.memory, seq, -1, -1)
+        self._cached.pop(seq, None)
+
     def generate(
         self, prompt: list[int], *, max_tokens: int, sampling: Sampling, stops: Sequence[str]
     ) -> Decoded:
@@ -136,6 +143,8 @@ class Decoder:
         reused: list[int] = []
         try:
             for request in requests:
+                if request.fresh:
+                    self.forget(request.seq_id)
                 began = time.perf_counter()
                 stream = Stream(
                     request.seq_id,

@@ -295,7 +295,9 @@ class LlamaCppBackend:
                     f"prompt {len(prompt)} + reply {call.max_tokens} exceeds context "
                     f"{self.context_tokens}"
                 )
-            requests.append(Request(prompt, call.max_tokens, sampling, stop, call.sequence))
+            requests.append(
+                Request(prompt, call.max_tokens, sampling, stop, call.sequence, call.fresh)
+            )
         return self._engine.decoder.generate_many(requests)
 
 

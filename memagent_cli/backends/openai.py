@@ -3,9 +3,12 @@ llama-cpp-python's server): the same protocol over `/v1/chat/completions`."""
 
 from __future__ import annotations
 
+import email.utils
+import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx2
@@ -27,6 +30,12 @@ _TRANSIENT = (
     httpx2.ReadError,
     httpx2.RemoteProtocolError,
 )
+# A server that is busy (429, or 503 while loading) and says when to come back (Retry-After)
+# is waited for as it asks, each wait capped, for up to this long in all: a busy server is
+# doing its work, and giving up on it would only make a batch of readings start over.
+_BUSY_STATUS = {429, 503}
+_MOST_RETRY_AFTER = 60.0  # seconds of one wait, whatever the header says
+_MOST_BUSY_WAIT = 600.0  # seconds of waiting for one call, all retries together
 _UNKNOWN_CONTEXT = 10**9
 
 
@@ -70,8 +79,8 @@ class OpenAIBackend:
             headers=headers, timeout=httpx2.Timeout(timeout, connect=min(timeout, 10.0))
         )
         self._retrying = tenacity.Retrying(
-            stop=tenacity.stop_after_attempt(_RETRIES + 1),
-            wait=tenacity.wait_exponential(multiplier=1, min=1, max=8),
+            stop=_stop,
+            wait=_wait,
             retry=tenacity.retry_if_exception_type(_TRANSIENT)
             | tenacity.retry_if_result(lambda response: response.status_code in _RETRY_STATUS),
             retry_error_callback=lambda state: state.outcome.result(),  # the last answer
@@ -226,6 +235,59 @@ class OpenAIBackend:
             seconds=seconds,
             finish_reason=choice.get("finish_reason") or "stop",
         )
+
+
+def retry_after(response: httpx2.Response) -> float | None:
+    """The seconds a busy server (429, 503) asks a client to wait before it tries again,
+    from its Retry-After header (seconds, or an HTTP date), kept within 1 to 60 seconds;
+    None when it names none."""
+    if response.status_code not in _BUSY_STATUS:
+        return None
+    value = response.headers.get("Retry-After", "").strip()
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        if when.tzinfo is None:
+            return None
+        seconds = (when - datetime.now(UTC)).total_seconds()
+    if seconds != seconds:  # NaN
+        return None
+    return min(max(seconds, 1.0), _MOST_RETRY_AFTER)  # at least 1: a bounded number of tries
+
+
+def _busy_wait(state: tenacity.RetryCallState) -> float | None:
+    """The Retry-After of the last answer, when it was a busy server's."""
+    outcome = state.outcome
+    if outcome is None or outcome.failed:
+        return None
+    return retry_after(outcome.result())
+
+
+_backoff = tenacity.wait_exponential(multiplier=1, min=1, max=8)
+
+
+def _wait(state: tenacity.RetryCallState) -> float:
+    """As long as a busy server asks (with a little jitter, so that many calls turned away
+    at once do not all come back at the same instant), else 1, 2, 4, 8 seconds."""
+    asked = _busy_wait(state)
+    if asked is None:
+        return _backoff(state)
+    return asked + random.uniform(0.0, min(0.1 * asked, 1.0))
+
+
+def _stop(state: tenacity.RetryCallState) -> bool:
+    """Other failures stop after _RETRIES retries; a busy server that says when to come back
+    is waited for until _MOST_BUSY_WAIT seconds have been spent waiting on this call."""
+    asked = _busy_wait(state)
+    if asked is None:
+        return state.attempt_number >= _RETRIES + 1
+    return state.idle_for + asked > _MOST_BUSY_WAIT
 
 
 def _error_detail(response: httpx2.Response) -> str:

@@ -295,10 +295,11 @@ def ask(
 
 
 def _resume_command(trace_path: Path | None) -> tuple[str, list[str]]:
-    """This command line again, continuing from `trace_path` (or the newest unfinished trace
-    of each run, with several documents), and the secret options left out of it: a hint
-    printed to a terminal or a log must never repeat a password or an API key."""
-    dropped = ("--resume", "--trace", *SECRET_OPTIONS)
+    """This command line again, continuing from `trace_path`; with several runs, the same
+    command, which continues each run where its trace ends (run/journal.py). Also the
+    secret options left out of it: a hint printed to a terminal or a log must never repeat
+    a password or an API key."""
+    dropped = ("--resume", "--trace", *SECRET_OPTIONS) if trace_path else SECRET_OPTIONS
     words: list[str] = []
     rest: list[str] = []
     left_out: list[str] = []
@@ -312,7 +313,8 @@ def _resume_command(trace_path: Path | None) -> tuple[str, list[str]]:
                 next(args, None)  # its value is the next word
             if name in SECRET_OPTIONS and name not in left_out:
                 left_out.append(name)
-        elif arg != "--resume-latest":
+        elif arg != "--resume-latest" or not trace_path:
             words.append(arg)
-    words += ["--resume", str(trace_path)] if trace_path else ["--resume-latest"]
+    if trace_path:
+        words += ["--resume", str(trace_path)]
     return "memagent " + shlex.join(words + rest), left_out

@@ -10,6 +10,7 @@ import typer
 from memagent_cli import protocol
 from memagent_cli.cli import options
 from memagent_cli.cli.options import (
+    LLAMA,
     SAMPLING,
     SERVER,
     ApiKeyOpt,
@@ -17,6 +18,7 @@ from memagent_cli.cli.options import (
     BaseUrlOpt,
     ChunkTokensOpt,
     EncodingOpt,
+    ExactOpt,
     GpuLayersOpt,
     JsonOpt,
     MemoryTokensOpt,
@@ -89,7 +91,9 @@ def _eval_options(
     from memagent_cli.reader import Settings
 
     fields = {k: kw.pop(k) for k in list(kw) if k in _BACKEND_FIELDS}
-    backend_options = options.backend_options(backend, parallel, "cases", **fields)
+    # In-process, --parallel N reads N cases at once in one context (run/ask.py ask_each).
+    threads = parallel if backend == BackendKind.openai else 1
+    backend_options = options.backend_options(backend, threads, "cases", **fields)
     chunk_tokens, memory_tokens, temperature, top_p, seed = settings
     if kw.pop("plot") is not None:
         plot.require()  # fails in seconds, before any model loads
@@ -106,7 +110,7 @@ def _eval_options(
 
 _BACKEND_FIELDS = (
     "model", "base_url", "api_key", "served_model", "encoding", "threads", "gpu_layers",
-    "timeout", "verbose",
+    "timeout", "verbose", "exact",
 )  # fmt: skip
 
 
@@ -144,6 +148,7 @@ def eval_run(
     timeout: TimeoutOpt = SERVER.timeout,
     gpu_layers: GpuLayersOpt = None,
     threads: ThreadsOpt = None,
+    exact: ExactOpt = LLAMA.exact,
     no_trace: NoTraceOpt = False,
     no_cache: NoCacheOpt = False,
     quiet: QuietOpt = False,
@@ -159,8 +164,8 @@ def eval_run(
         settings=(chunk_tokens, memory_tokens, temperature, top_p, seed),
         model=model, base_url=base_url, api_key=api_key, served_model=served_model,
         encoding=encoding, threads=threads, gpu_layers=gpu_layers, timeout=timeout,
-        verbose=verbose, output=output, write_traces=not no_trace, use_cache=not no_cache,
-        quiet=quiet, as_json=as_json, plot=plot,
+        verbose=verbose, exact=exact, output=output, write_traces=not no_trace,
+        use_cache=not no_cache, quiet=quiet, as_json=as_json, plot=plot,
     )  # fmt: skip
     try:
         finished = evaluate.eval_files(data, limit, options)
@@ -210,6 +215,7 @@ def eval_niah(
     timeout: TimeoutOpt = SERVER.timeout,
     gpu_layers: GpuLayersOpt = None,
     threads: ThreadsOpt = None,
+    exact: ExactOpt = LLAMA.exact,
     no_trace: NoTraceOpt = False,
     no_cache: NoCacheOpt = False,
     quiet: QuietOpt = False,
@@ -225,8 +231,8 @@ def eval_niah(
         settings=(chunk_tokens, memory_tokens, temperature, top_p, seed),
         model=model, base_url=base_url, api_key=api_key, served_model=served_model,
         encoding=encoding, threads=threads, gpu_layers=gpu_layers, timeout=timeout,
-        verbose=verbose, output=output, write_traces=not no_trace, use_cache=not no_cache,
-        quiet=quiet, as_json=as_json, plot=plot,
+        verbose=verbose, exact=exact, output=output, write_traces=not no_trace,
+        use_cache=not no_cache, quiet=quiet, as_json=as_json, plot=plot,
     )  # fmt: skip
     try:
         finished = evaluate.eval_niah(

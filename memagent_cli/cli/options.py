@@ -203,7 +203,10 @@ ServedModelOpt = Annotated[
 ParallelOpt = Annotated[
     int,
     typer.Option(
-        min=1, help="Runs in flight at once (--backend openai).", rich_help_panel=SERVER_PANEL
+        min=1,
+        help="Cases at once: read together in one context (in-process), or in flight "
+        "(--backend openai).",
+        rich_help_panel=READING,
     ),
 ]
 TogetherOpt = Annotated[

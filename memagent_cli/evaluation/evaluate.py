@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,14 @@ from memagent_cli.evaluation.runner import Answered, check_resumable, evaluate
 from memagent_cli.progress import SILENT, Note, Reporter
 from memagent_cli.reader import Settings, context_needed
 from memagent_cli.run import ask as run
-from memagent_cli.run.engine import BackendOptions, Engine, open_backend, open_engine
+from memagent_cli.run import journal
+from memagent_cli.run.engine import (
+    BackendKind,
+    BackendOptions,
+    Engine,
+    open_backend,
+    open_engine,
+)
 from memagent_cli.run.session import open_session
 
 _BIG_FILE = 256 << 20  # the authors' eval_6400.json is about 2 GB: say what takes a while
@@ -121,36 +129,54 @@ def _run(
     if earlier.records:
         note(f"continuing: {len(earlier.records)} cases done, about {max(left, 0)} to run")
     counter = {"n": len(earlier.records)}
-    answer = _answerer(engine, options)
-    # The evaluation as a whole: cases done and the time left, over each case's own view.
-    with results.Writer(output) as writer, options.report.progress("cases") as progress:
+    # Which trace each case writes: a kill loses no case in flight, nor one finished while
+    # an earlier case was still running (records are written in the cases' order).
+    cases_journal = None
+    if options.write_traces:
+        named = {"command": "eval", "output": str(output.resolve())}
+        cases_journal = journal.open_journal(named | journal.run_identity(engine))
+    answer = _answerer(engine, options, cases_journal)
+    answer_all = None
+    if options.parallel > 1 and options.backend.kind != BackendKind.openai:
+        # In-process: one context reads `parallel` cases at once, continuously.
+        slots = engine.together(left if left > 0 else 1, options.parallel)
+        answer_all = _continuous(engine, options, cases_journal, slots)
+    ended = False
+    try:
+        # The evaluation as a whole: cases done and the time left, over each case's own view.
+        with results.Writer(output) as writer, options.report.progress("cases") as progress:
 
-        def finished(record: dict[str, Any]) -> None:
-            counter["n"] += 1
-            note(
-                f"[{counter['n']}/{total}] {record['group']} {record['id']}: "
-                f"sub_em {record['sub_em']:.2f} · {record['tokens']:,} tokens · "
-                f"{record['seconds']:.1f}s"
-            )
+            def finished(record: dict[str, Any]) -> None:
+                counter["n"] += 1
+                note(
+                    f"[{counter['n']}/{total}] {record['group']} {record['id']}: "
+                    f"sub_em {record['sub_em']:.2f} · {record['tokens']:,} tokens · "
+                    f"{record['seconds']:.1f}s"
+                )
+                progress("evaluating", counter["n"], total)
+
             progress("evaluating", counter["n"], total)
-
-        progress("evaluating", counter["n"], total)
-        try:
-            evaluate(
-                cases,
-                answer,
-                writer,
-                finished=earlier.finished,
-                run_info=info,
-                parallel=options.parallel,
-                on_record=finished,
-            )
-        except run.Stopped as stop:
-            raise Stopped(stop.message, stop.exit_code, output) from None
-        except KeyboardInterrupt:
-            raise Stopped("Interrupted (SIGINT).", 130, output) from None
-        except Interrupted as exc:  # SIGTERM between two cases
-            raise Stopped(f"Interrupted ({exc}).", exc.exit_code, output) from None
+            try:
+                evaluate(
+                    cases,
+                    answer,
+                    writer,
+                    finished=earlier.finished,
+                    run_info=info,
+                    parallel=options.parallel,
+                    on_record=finished,
+                    answer_all=answer_all,
+                )
+            except run.Stopped as stop:
+                raise Stopped(stop.message, stop.exit_code, output) from None
+            except KeyboardInterrupt:
+                raise Stopped("Interrupted (SIGINT).", 130, output) from None
+            except Interrupted as exc:  # SIGTERM between two cases
+                raise Stopped(f"Interrupted ({exc}).", exc.exit_code, output) from None
+        ended = True
+    finally:
+        if cases_journal is not None:
+            cases_journal.close(finished=ended)
     return results.read(output)
 
 
@@ -169,39 +195,81 @@ def run_info(engine: Engine) -> dict[str, Any]:
     }
 
 
-def _answerer(
-    engine: Engine, options: EvalOptions
-) -> Callable[[Case, threading.Event | None], Answered]:
-    run_options = run.RunOptions(report=options.report, use_cache=options.use_cache)
+def _job(
+    case: Case,
+    engine: Engine,
+    options: EvalOptions,
+    cases_journal: journal.Journal | None,
+    cancel: threading.Event | None = None,
+) -> run.Job:
+    """The run that answers `case`: its document, trace, label and journal line."""
+    text = case.context.strip()
+    document = Document(
+        text=text,
+        path=f"{case.group}-{case.id}",
+        format="text",
+        sha256=hashlib.sha256(text.encode("utf-8", "replace")).hexdigest(),
+    )
+    session = open_session(document, engine)
+    how = run.RunOptions(
+        report=options.report,
+        use_cache=options.use_cache,
+        trace=trace.default_path(document.path) if options.write_traces else None,
+        label=f"{case.group} {case.id}" if options.parallel > 1 else "",
+        cancel=cancel,
+        journal=cases_journal and cases_journal.entry(f"{case.group}\n{case.id}"),
+    )
+    return run.Job(session, case.question, how)
 
+
+def _answered(result: run.Result) -> Answered:
+    calls = [step.generation for step in result.answer.steps] + [result.answer.final]
+    return Answered(
+        reply=result.answer.reply,
+        tokens=len(result.session.tokens),
+        seconds=sum(call.seconds for call in calls),
+        prompt_tokens=sum(call.prompt_tokens for call in calls),
+        generated_tokens=sum(call.completion_tokens for call in calls),
+        trace=str(result.trace_path) if result.trace_path else None,
+        cached=result.cached,
+    )
+
+
+def _answerer(
+    engine: Engine, options: EvalOptions, cases_journal: journal.Journal | None
+) -> Callable[[Case, threading.Event | None], Answered]:
     def answer(case: Case, cancel: threading.Event | None) -> Answered:
-        text = case.context.strip()
-        document = Document(
-            text=text,
-            path=f"{case.group}-{case.id}",
-            format="text",
-            sha256=hashlib.sha256(text.encode("utf-8", "replace")).hexdigest(),
-        )
-        session = open_session(document, engine, options.report)
-        trace_path = trace.default_path(document.path) if options.write_traces else None
-        label = f"{case.group} {case.id}" if options.parallel > 1 else ""
-        result = run.ask(
-            session,
-            case.question,
-            replace(run_options, trace=trace_path, label=label, cancel=cancel),
-        )
-        calls = [step.generation for step in result.answer.steps] + [result.answer.final]
-        return Answered(
-            reply=result.answer.reply,
-            tokens=len(session.tokens),
-            seconds=sum(call.seconds for call in calls),
-            prompt_tokens=sum(call.prompt_tokens for call in calls),
-            generated_tokens=sum(call.completion_tokens for call in calls),
-            trace=str(result.trace_path) if result.trace_path else None,
-            cached=result.cached,
-        )
+        job = _job(case, engine, options, cases_journal, cancel)
+        return _answered(run.ask(job.session, job.question, job.options))
 
     return answer
+
+
+def _continuous(
+    engine: Engine, options: EvalOptions, cases_journal: journal.Journal | None, slots: int
+) -> Callable[[Iterable[Case]], Iterator[tuple[Case, Answered]]]:
+    """Every case answered in order, `slots` read at once in the engine's one context; the
+    first stop is raised once the cases finished before it are yielded."""
+
+    def answer_all(cases: Iterable[Case]) -> Iterator[tuple[Case, Answered]]:
+        taken: deque[Case] = deque()
+
+        def jobs() -> Iterator[run.Job]:
+            for case in cases:
+                taken.append(case)
+                yield _job(case, engine, options, cases_journal)
+
+        stop: run.Stopped | None = None
+        for outcome in run.ask_each(jobs(), slots):
+            case = taken.popleft()
+            if isinstance(outcome, run.Stopped):
+                stop = stop or outcome
+            else:
+                yield case, _answered(outcome)
+        if stop is not None:
+            raise stop
+
+    return answer_all
 
 
 def _note(options: EvalOptions) -> Note:

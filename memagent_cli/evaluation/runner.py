@@ -34,6 +34,9 @@ class Answered:
 
 # Answer one case; the event, when given, asks the run to stop before its next step.
 AnswerCase = Callable[[Case, threading.Event | None], Answered]
+# Answer every case of an iterable, in its order (an in-process model reading several at
+# once in one context); a run that fails raises once the cases finished before are yielded.
+AnswerCases = Callable[[Iterable[Case]], Iterable[tuple[Case, Answered]]]
 
 
 @dataclass
@@ -92,8 +95,10 @@ def evaluate(
     run_info: dict[str, Any],
     parallel: int = 1,
     on_record: Callable[[dict[str, Any]], None] = lambda record: None,
+    answer_all: AnswerCases | None = None,
 ) -> Outcome:
-    """Answer every case not in `finished`, appending each record as its case finishes.
+    """Answer every case not in `finished`, appending each record as its case finishes:
+    each by `answer`, `parallel` at once in threads, or all by `answer_all`.
 
     An exception from a run (Ctrl-C, a failing server) stops the evaluation: with several
     runs in flight the others are asked to stop, those that finish anyway are kept, and the
@@ -115,6 +120,9 @@ def evaluate(
         outcome.records.append(record)
         on_record(record)
 
-    for case, answered in pool.ordered(todo(), answer, parallel):
+    answered_cases = (
+        answer_all(todo()) if answer_all is not None else pool.ordered(todo(), answer, parallel)
+    )
+    for case, answered in answered_cases:
         keep(case, answered)
     return outcome

@@ -1,12 +1,13 @@
-"""Questions about one document: each answered from a finished trace (cache), or read,
-continuing an interrupted run (resume), with its trace written step by step; the ones read
-are read together."""
+"""Questions about documents: each answered from a finished trace (cache), or read,
+continuing an interrupted run (resume), with its trace written step by step. The questions
+of one document are read together in one pass (`ask_together`); many readings of any
+documents are read continuously, a few at a time in one context (`ask_each`)."""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,11 +20,14 @@ from memagent_cli.reader import (
     Event,
     Finished,
     Reading,
+    Slots,
     Step,
     StepFinished,
     StepStarted,
     read_together,
 )
+from memagent_cli.run.journal import Entry
+from memagent_cli.run.pool import BACKLOG
 from memagent_cli.run.session import Session
 
 
@@ -39,6 +43,9 @@ class RunOptions:
     label: str = ""  # names the run in progress lines and rows when there are several
     plain: bool = False  # other runs share stderr at the same time: plain lines, no live view
     cancel: threading.Event | None = None  # set: stop before the next step
+    # This reading's line in its batch's journal: the trace an earlier, stopped run of the
+    # same batch wrote is continued, or answers; a fresh trace is recorded there.
+    journal: Entry | None = None
 
 
 @dataclass
@@ -165,25 +172,179 @@ def ask_together(
     outcomes: list[Result | Stopped | None] = [None] * len(questions)
     runs: list[_Run] = []
     for index, (question, how) in enumerate(zip(questions, options, strict=True)):
-        note = _note(how)
-        header = session.header(question)
-        earlier = _earlier_run(header, how)
-        if earlier is not None and earlier.finished:
-            if how.resume or how.resume_latest:
-                note(f"{earlier.path} is already finished; its answer follows.")
-            else:
-                note(f"answered from the finished trace {earlier.path} (--no-cache reads again)")
-            outcomes[index] = _result_from(session, earlier, start)
-            continue
-        done = _steps_of(session, earlier) if earlier else []
-        path = earlier.path if earlier else how.trace
-        runs.append(
-            _Run(index, question, how, header, done, path, earlier is not None, finished=len(done))
-        )
+        ready = _start(session, index, question, how, start)
+        if isinstance(ready, Result):
+            outcomes[index] = ready
+        else:
+            runs.append(ready)
     if runs:
         for outcome, run in zip(_read(session, runs, watch, start), runs, strict=True):
             outcomes[run.index] = outcome
     return [outcome for outcome in outcomes if outcome is not None]
+
+
+def _start(
+    session: Session, index: int, question: str, how: RunOptions, start: float
+) -> Result | _Run:
+    """A run of `question`: answered from a finished trace at once, or ready to read (from
+    the start, or after the steps of the trace it continues)."""
+    note = _note(how)
+    header = session.header(question)
+    earlier = _earlier_run(header, how)
+    if earlier is not None and earlier.finished:
+        if how.resume or how.resume_latest:
+            note(f"{earlier.path} is already finished; its answer follows.")
+        elif how.journal is not None and earlier.path == how.journal.earlier:
+            note(f"answered from {earlier.path}, finished before this command was stopped")
+        else:
+            note(f"answered from the finished trace {earlier.path} (--no-cache reads again)")
+        return _result_from(session, earlier, start)
+    done = _steps_of(session, earlier) if earlier else []
+    path = earlier.path if earlier else how.trace
+    return _Run(index, question, how, header, done, path, earlier is not None, finished=len(done))
+
+
+def _open_trace(session: Session, run: _Run) -> None:
+    """Start (or continue) the run's trace, recorded in its batch's journal, and say where."""
+    if run.trace_path is None:
+        return
+    resume_from = len(run.done) if run.resumed else None
+    run.writer = trace.TraceWriter(
+        run.trace_path, run.header, session.span_of, resume_from=resume_from
+    )
+    if run.options.journal is not None:
+        run.options.journal.started(run.trace_path)
+    _note(run.options)(
+        f"resuming {run.trace_path} after step {len(run.done)}"
+        if run.resumed
+        else f"trace: {run.trace_path}"
+    )
+
+
+def _stop(run: _Run, exc: BaseException, total: int) -> Stopped:
+    """The run stopped by `exc` (Ctrl-C, SIGTERM, a failing backend), its trace saying so."""
+    reason = exc.message if isinstance(exc, UserError) else (str(exc) or "SIGINT")
+    code = 130 if isinstance(exc, KeyboardInterrupt) else exc.exit_code  # type: ignore[attr-defined]
+    if run.writer is not None:
+        run.writer.interrupted(reason)
+    return Stopped(reason, code, run.finished, total, run.trace_path)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One question about one document, for `ask_each`."""
+
+    session: Session
+    question: str
+    options: RunOptions
+
+
+def ask_each(jobs: Iterable[Job], slots: int) -> Iterator[Result | Stopped]:
+    """Answer every job, outcomes in input order: each from a finished trace when it can
+    be, else read in one of `slots` sequences of the engine's one context, together with
+    the other readings in flight whatever their documents and lengths; an answered reading's
+    slot takes the next job at once (continuous batching, reader.Slots). At most BACKLOG x
+    `slots` jobs are taken ahead of the outcomes passed on, so documents are read as slots
+    free up and memory stays bounded. Each reading writes its own trace and shows its own
+    progress lines. On Ctrl-C or a backend failure every reading in a slot is Stopped, its
+    trace valid up to its last finished step; the outcomes of every job taken are passed
+    on, and no further job is taken. Every job's session must share one engine."""
+    start = time.perf_counter()
+    source = iter(jobs)
+    ready: dict[int, Result | Stopped] = {}  # outcomes not passed on yet, by job number
+    reading: dict[int, tuple[_Run, Job, Any]] = {}  # id(Reading) -> run, job, its view
+    taken = passed = 0
+    batch: Slots | None = None
+    exhausted = False
+    held: UserError | None = None  # from `jobs` (a journal that cannot be written, say)
+
+    def passing() -> Iterator[Result | Stopped]:
+        nonlocal passed
+        while passed in ready:
+            yield ready.pop(passed)
+            passed += 1
+
+    def close(run: _Run, view: Any) -> None:
+        if run.writer is not None:
+            run.writer.close()
+        view.__exit__(None, None, None)
+
+    try:
+        while True:
+            while (
+                not exhausted
+                and (batch is None or batch.free)
+                and taken - passed < (BACKLOG * slots)
+            ):
+                try:
+                    job = next(source, None)
+                except UserError as exc:  # the readings in flight finish first
+                    held, job = exc, None
+                if job is None:
+                    exhausted = True
+                    break
+                number, taken = taken, taken + 1
+                try:
+                    run = _start(job.session, number, job.question, job.options, start)
+                except UserError as exc:  # its trace cannot be continued: it alone fails
+                    total = len(job.session.chunks)
+                    ready[number] = Stopped(exc.message, exc.exit_code, 0, total, None)
+                    continue
+                if isinstance(run, Result):
+                    ready[number] = run
+                    continue
+                engine = job.session.engine
+                if batch is None:
+                    engine.prepare(slots)
+                    batch = Slots(engine.backend, engine.settings, slots)
+                view = _view(job, slots)
+                try:
+                    _open_trace(job.session, run)
+                    view.__enter__()
+                except BaseException:
+                    if run.writer is not None:
+                        run.writer.close()
+                    raise
+                item = Reading(
+                    run.question, _listener(run, view.listener(0)), run.done, job.session.chunks
+                )
+                reading[id(item)] = (run, job, view)
+                batch.add(item)
+            yield from passing()
+            if batch is None or not batch.busy:
+                if exhausted:
+                    break
+                continue
+            for _, item, answer in batch.round():
+                run, job, view = reading.pop(id(item))
+                close(run, view)
+                seconds = time.perf_counter() - start
+                ready[run.index] = Result(answer, job.session, seconds, run.trace_path)
+            yield from passing()
+    except (KeyboardInterrupt, Interrupted, UserError) as exc:
+        for run, job, view in reading.values():
+            ready[run.index] = _stop(run, exc, len(job.session.chunks))
+            close(run, view)
+        reading.clear()
+        yield from passing()
+    finally:
+        for run, _, view in reading.values():  # the caller stopped early: traces stay valid
+            close(run, view)
+    if held is not None:
+        raise held
+
+
+def _view(job: Job, slots: int) -> Any:
+    """The progress view of one reading: plain lines when others are read at once."""
+    session, how = job.session, job.options
+    title = f"{Path(session.document.path).name} · {session.engine.model_record['name']}"
+    return how.report.reading(
+        session.span_of,
+        len(session.tokens),
+        f"{title} · {job.question}",
+        [how.label],
+        plain=how.plain or slots > 1,
+    )
 
 
 def _read(session: Session, runs: list[_Run], watch: int, start: float) -> list[Result | Stopped]:
@@ -207,34 +368,20 @@ def _read(session: Session, runs: list[_Run], watch: int, start: float) -> list[
     readings = []
     try:
         for position, run in enumerate(runs):
-            if run.trace_path is not None:
-                resume_from = len(run.done) if run.resumed else None
-                run.writer = trace.TraceWriter(
-                    run.trace_path, run.header, session.span_of, resume_from=resume_from
-                )
-                _note(run.options)(
-                    f"resuming {run.trace_path} after step {len(run.done)}"
-                    if run.resumed
-                    else f"trace: {run.trace_path}"
-                )
+            _open_trace(session, run)
             readings.append(
                 Reading(run.question, _listener(run, view.listener(position)), run.done)
             )
         with view:
             answers = read_together(engine.backend, readings, session.chunks, engine.settings)
     except (KeyboardInterrupt, Interrupted, UserError) as exc:
-        reason = exc.message if isinstance(exc, UserError) else (str(exc) or "SIGINT")
-        code = 130 if isinstance(exc, KeyboardInterrupt) else exc.exit_code
         seconds = time.perf_counter() - start
         outcomes: list[Result | Stopped] = []
         for run in runs:
             if run.answer is not None:
                 outcomes.append(Result(run.answer, session, seconds, run.trace_path))
-                continue
-            if run.writer is not None:
-                run.writer.interrupted(reason)
-            total = len(session.chunks)
-            outcomes.append(Stopped(reason, code, run.finished, total, run.trace_path))
+            else:
+                outcomes.append(_stop(run, exc, len(session.chunks)))
         return outcomes
     finally:
         for run in runs:
@@ -270,7 +417,17 @@ def _note(options: RunOptions) -> Note:
 
 
 def _earlier_run(header: trace.Header, options: RunOptions) -> trace.Trace | None:
-    """The trace this run continues (--resume) or is answered from (cache), if any."""
+    """The trace this run continues (--resume, or its batch's journal) or is answered from
+    (the journal, or the cache), if any."""
+    if options.journal is not None and (path := options.journal.earlier) is not None:
+        # The batch was stopped before: its trace of this reading, when it is still the same
+        # run (a document edited since, or a damaged trace, is read afresh).
+        try:
+            journaled = trace.read_trace(path)
+        except trace.TraceError:
+            journaled = None
+        if journaled is not None and not trace.differences(journaled.header, header):
+            return journaled
     if options.resume is not None:
         earlier = trace.read_trace(options.resume)
         if differences := trace.differences(earlier.header, header):

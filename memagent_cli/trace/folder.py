@@ -3,13 +3,17 @@ them is the same run as this one (to resume it, or to answer from it)."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import re
+import threading
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from memagent_cli.folders import data_dir
-from memagent_cli.trace.file import Trace, read_trace
+from memagent_cli.trace.file import Trace, read_trace, records
 from memagent_cli.trace.records import Header, TraceError
 
 
@@ -85,7 +89,7 @@ def differences(recorded: Header, current: Header) -> list[str]:
 def find_run(header: Header, *, finished: bool) -> Trace | None:
     """The newest trace in the data folder of the same run as `header`, finished or not.
     Traces that cannot be read are passed over."""
-    for path in recent_traces():
+    for path in _index.same_run(header):
         try:
             trace = read_trace(path)
         except TraceError:
@@ -93,6 +97,64 @@ def find_run(header: Header, *, finished: bool) -> Trace | None:
         if trace.finished == finished and not differences(trace.header, header):
             return trace
     return None
+
+
+def _identity(header: Header) -> str:
+    return json.dumps([_field(header, keys) for keys in _IDENTITY.values()], default=str)
+
+
+class _Headers:
+    """The identity of each trace in the data folder, from its header, read once per file:
+    a batch of thousands of readings looks each one up (the cache, the journal's checks)
+    without reading every trace again each time. Safe to share between threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._folder: Path | None = None
+        self._known: dict[str, str] = {}  # file name -> identity of its run
+
+    def same_run(self, header: Header) -> list[Path]:
+        """The traces whose header names the same run as `header`, newest first."""
+        folder = default_dir()
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            return []
+        wanted = _identity(header)
+        found = []
+        with self._lock:
+            if folder != self._folder:  # another data folder (tests change XDG_DATA_HOME)
+                self._folder, self._known = folder, {}
+            for name in set(self._known).difference(names):
+                del self._known[name]  # deleted since
+            for name in names:
+                if not name.endswith(".jsonl"):
+                    continue
+                path = folder / name
+                identity = self._known.get(name)
+                if identity is None:
+                    identity = _read_identity(path)
+                    if identity is None:
+                        continue  # not (yet) a trace: a header being written, or damage
+                    self._known[name] = identity
+                if identity == wanted:  # read_trace and differences() have the last word
+                    found.append(path)
+        stamped = []
+        for path in found:
+            with contextlib.suppress(OSError):
+                stamped.append((path.stat().st_mtime, path.name, path))
+        return [path for _, _, path in sorted(stamped, reverse=True)]
+
+
+def _read_identity(path: Path) -> str | None:
+    try:
+        first = next(records(path), None)
+    except TraceError:
+        return None
+    return _identity(first) if isinstance(first, Header) else None
+
+
+_index = _Headers()
 
 
 def locate(name: Path | None) -> Path:

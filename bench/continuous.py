@@ -1,0 +1,131 @@
+"""Continuous batching in-process on the held-in needle cases: `memagent eval niah` one case
+at a time against N cases at once in one context, and the gain the engine's own N-sequence
+cost allows.
+
+    python bench/continuous.py [--lengths 1K,2K --depths 3 --parallel 3]
+
+1. The engine: a decode round of N sequences (1 row each, the default decoding) against one
+   sequence's round, at the depth of an update call (bench/sequences.py's measure).
+2. The same cases read by `memagent eval niah --parallel 1` and `--parallel N` (greedy,
+   default decoding, traces on), each a real subprocess; both runs' replies are compared.
+3. Allowed gain: prefills stay one after another, decode rounds of N cost cost(N) x one, so
+   one by one's prefill P and decode D (from its traces) allow (P + D) / (P + D cost(N) / N).
+
+Run alone, under the machine's model lock: it loads the model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "examples"))
+
+from sequences import sequence_costs  # noqa: E402
+from village import story  # noqa: E402
+
+MEMAGENT = [sys.executable, "-m", "memagent_cli"]  # also where no console script is installed
+
+
+def note(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def engine_cost(depth: int, threads: int) -> dict[int, float]:
+    """cost(N) of a 1-row-per-sequence decode round at `depth`, N = 1..8."""
+    from memagent_cli.backends.llama_cpp import LlamaCppBackend, LlamaOptions
+    from memagent_cli.models import resolve
+
+    backend = LlamaCppBackend(resolve(None).path, LlamaOptions(threads=threads))
+    tokens = backend.tokenize(story(depth // 8, fact=None))
+    costs = sequence_costs(backend, tokens, [depth], passes=3)
+    return {q: c for q, c in costs["depths"][depth]["cost"][1].items()}
+
+
+def run_eval(haystack: Path, args: argparse.Namespace, parallel: int, home: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMAGENT_")}
+    env["XDG_DATA_HOME"] = str(home / f"data{parallel}")
+    out = home / f"p{parallel}.jsonl"
+    command = [
+        *MEMAGENT, "eval", "niah", "--haystack", str(haystack),
+        "--lengths", args.lengths, "--depths", args.depths,
+        "--chunk-tokens", str(args.chunk_tokens), "--memory-tokens", str(args.memory_tokens),
+        "--temperature", "0", "-t", str(args.threads), "--parallel", str(parallel),
+        "-o", str(out), "--quiet",
+    ]  # fmt: skip
+    began = time.perf_counter()
+    result = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    seconds = time.perf_counter() - began
+    if result.returncode != 0:
+        raise SystemExit(f"eval failed: {result.stderr[-2000:]}")
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    prefill = decode = 0.0
+    for record in records:
+        for line in Path(record["trace"]).read_text().splitlines():
+            item = json.loads(line)
+            if item.get("type") in ("step", "final"):
+                prefill += item.get("prompt_seconds", 0.0)
+                decode += item["seconds"] - item.get("prompt_seconds", 0.0)
+    return {
+        "seconds": seconds,
+        "replies": {r["id"]: r["reply"] for r in records},
+        "prefill_seconds": prefill,
+        "decode_seconds": decode,
+        "cases": len(records),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--lengths", default="1K,2K")
+    parser.add_argument("--depths", default="3")
+    parser.add_argument("--chunk-tokens", type=int, default=500)
+    parser.add_argument("--memory-tokens", type=int, default=64)
+    parser.add_argument("--parallel", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    depth = args.chunk_tokens + 2 * args.memory_tokens + 150  # an update call's depth
+    cost = engine_cost(depth, args.threads)
+    n = args.parallel
+    note(f"a round of {n} sequences costs {cost[n]:.2f}x one sequence's (depth {depth})")
+    with tempfile.TemporaryDirectory() as tmp:
+        home = Path(tmp)
+        haystack = home / "haystack.txt"
+        haystack.write_text(story(2000, fact=None, seed=7))
+        alone = run_eval(haystack, args, 1, home)
+        together = run_eval(haystack, args, n, home)
+    p, d = alone["prefill_seconds"], alone["decode_seconds"]
+    allowed = (p + d) / (p + d * cost[n] / n)
+    measured = alone["seconds"] / together["seconds"]
+    result = {
+        "cases": alone["cases"],
+        "parallel": n,
+        "cost_of_n_sequences": round(cost[n], 3),
+        "one_by_one_seconds": round(alone["seconds"], 1),
+        "n_at_once_seconds": round(together["seconds"], 1),
+        "one_by_one_prefill_decode": [round(p, 1), round(d, 1)],
+        "measured_gain": round(measured, 3),
+        "allowed_gain": round(allowed, 3),
+        "fraction_of_allowed": round(measured / allowed, 3),
+        "same_replies": alone["replies"] == together["replies"],
+    }
+    note(
+        f"{alone['cases']} cases: one by one {alone['seconds']:.1f} s, {n} at once "
+        f"{together['seconds']:.1f} s: {measured:.3f}x; allowed by the engine "
+        f"{allowed:.3f}x ({measured / allowed:.2f} of it); same replies: "
+        f"{result['same_replies']}"
+    )
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+"""A batch's journal: which trace each reading of a batch writes. It lives in the data
+folder while the batch runs, so that the same command run again after a kill, a Ctrl-C or
+a failing server takes every reading up where its trace ends (or answers it from its
+finished trace) instead of reading it again; a batch whose every reading was answered
+removes it, and the same command later is a new batch.
+
+One line per reading started: {"reading": KEY, "trace": PATH}, appended and flushed before
+the reading's first step, so a kill at any moment leaves every trace findable. A lock on the
+file keeps two processes from running the same batch at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from memagent_cli import trace
+from memagent_cli.errors import UserError
+from memagent_cli.files import MAX_LINE_BYTES, drop_partial_line
+from memagent_cli.run.engine import Engine
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no lock, and two identical batches at once are not refused
+    fcntl = None  # type: ignore[assignment]
+
+
+def journal_dir() -> Path:
+    """Where journals live: beside the traces in the data folder."""
+    return trace.default_dir().parent / "batches"
+
+
+class Journal:
+    """The traces of one batch's readings, by reading key; safe to share between threads."""
+
+    def __init__(self, path: Path, identity: dict[str, Any]) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._traces: dict[str, Path] = {}
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._file: IO[str] = path.open("a+", encoding="utf-8")
+        except OSError as exc:
+            raise UserError(f"Cannot write the batch journal {path}: {exc.strerror}.") from None
+        if fcntl is not None:
+            try:
+                fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                self._file.close()
+                raise UserError(
+                    "The same command is running in another memagent process (its journal "
+                    f"{path} is locked); wait for it, or stop it and run this again."
+                ) from None
+        drop_partial_line(path)  # a kill in the middle of a line (the lock is ours now)
+        self._file.seek(0)
+        for line in self._file:
+            if len(line) > MAX_LINE_BYTES:
+                continue
+            with contextlib.suppress(ValueError, TypeError, KeyError):
+                entry = json.loads(line)
+                if "reading" in entry:
+                    self._traces[str(entry["reading"])] = Path(entry["trace"])
+        if self._file.tell() == 0:
+            self._write({"batch": identity})
+
+    @property
+    def continued(self) -> int:
+        """Readings an earlier run of this batch had started."""
+        return len(self._traces)
+
+    def entry(self, key: str) -> Entry:
+        """The journal's line for the reading `key` (its document and question)."""
+        return Entry(self, key)
+
+    def trace_of(self, key: str) -> Path | None:
+        with self._lock:
+            return self._traces.get(key)
+
+    def started(self, key: str, trace_path: Path) -> None:
+        """Record, before its first step, the trace the reading `key` writes."""
+        with self._lock:
+            if self._traces.get(key) == trace_path:
+                return
+            self._traces[key] = trace_path
+            self._write({"reading": key, "trace": str(trace_path)})
+
+    def close(self, *, finished: bool) -> None:
+        """Let the journal go: removed when every reading of the batch was answered, else
+        kept for the same command to continue."""
+        with self._lock:
+            if self._file.closed:
+                return
+            if finished:
+                with contextlib.suppress(OSError):
+                    self.path.unlink()
+            self._file.close()  # releases the lock
+
+    def _write(self, line: dict[str, Any]) -> None:
+        self._file.write(json.dumps(line, ensure_ascii=False) + "\n")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One reading's place in its batch's journal."""
+
+    journal: Journal
+    key: str
+
+    @property
+    def earlier(self) -> Path | None:
+        """The trace an earlier, stopped run of the batch wrote for this reading, if any."""
+        return self.journal.trace_of(self.key)
+
+    def started(self, trace_path: Path) -> None:
+        self.journal.started(self.key, trace_path)
+
+
+# The settings that make two readings the same run (trace/folder.py checks each trace's).
+_SETTINGS = ("chunk_tokens", "memory_tokens", "temperature", "top_p", "seed")
+_SETTINGS += ("flash_attn", "cache_type_k", "cache_type_v", "exact")
+
+
+def run_identity(engine: Engine) -> dict[str, Any]:
+    """The model and the settings a batch reads with, as its journal is named by them."""
+    settings = engine.settings_record()
+    return {
+        "model": {key: engine.model_record.get(key) for key in ("path", "size")},
+        "settings": {key: settings.get(key) for key in _SETTINGS},
+    }
+
+
+def open_journal(identity: dict[str, Any]) -> Journal:
+    """The journal of the batch that `identity` names (its command, inputs, model and
+    settings, JSON-serializable): the one left by an earlier run of it, or a new one."""
+    text = json.dumps(identity, sort_keys=True, ensure_ascii=False)
+    name = hashlib.sha256(text.encode()).hexdigest()[:32]
+    return Journal(journal_dir() / f"{name}.jsonl", identity)

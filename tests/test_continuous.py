@@ -1,0 +1,151 @@
+"""Continuous batching in-process (reader.Slots, run.ask_each): readings of any documents
+and lengths share one context, a sequence each, and a slot freed by an answered reading
+takes the next at once. With a stand-in backend whose reply depends only on the message,
+every reading must give what it gives alone, each answered once, in input order, and
+Ctrl-C must leave every trace valid. The real model is checked in
+test_continuous_model.py."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from test_together import SETTINGS, chunks_of, records
+from test_together import EchoBackend as Echo
+
+from memagent_cli import trace
+from memagent_cli.documents import Document
+from memagent_cli.errors import UserError
+from memagent_cli.reader import Reading, Slots, read
+from memagent_cli.run import ask as run
+from memagent_cli.run.engine import Engine
+from memagent_cli.run.session import open_session
+
+# Documents of 1, 4, 2 and 3 chunks (SETTINGS: 40 tokens a chunk, one token per byte).
+TEXTS = [
+    "The bell rang twice.",
+    "The miller counts sacks of flour every evening before the market opens. " * 2,
+    "Rain fell on the bridge all night. The ferry waited.",
+    "A fox crossed the frozen river at dawn. The hunters lost its trail. " * 1 + "x" * 30,
+]
+QUESTION = "What happened?"
+
+
+class EchoBackend(Echo):
+    """test_together's stand-in, keeping every call to see which ones start a reading."""
+
+    def __init__(self, calls_left: int | None = None) -> None:
+        super().__init__(calls_left)
+        self.calls = []
+
+    def generate_many(self, calls, *, sampling):
+        self.calls += calls
+        return super().generate_many(calls, sampling=sampling)
+
+
+def test_slots_are_reused_lowest_first_and_every_reading_is_answered_once():
+    backend = EchoBackend()
+    slots = Slots(backend, SETTINGS, 2)
+    waiting = [Reading(QUESTION, chunks=chunks_of(text)) for text in TEXTS]
+    lengths = [len(r.chunks) + 1 for r in waiting]  # calls: one per chunk, then the answer
+    assert lengths == [2, 5, 3, 4]
+    order, answered = [], []
+    while waiting or slots.busy:
+        while waiting and slots.free:
+            order.append(slots.add(waiting.pop(0)))
+        answered += [(slot, reading.chunks) for slot, reading, _ in slots.round()]
+    # Reading 0 (2 calls) leaves slot 0 after round 2: reading 2 takes it; reading 2 ends
+    # after round 5, with reading 1 (5 calls): reading 3 takes slot 0, the lowest free, for
+    # its 4 calls alone.
+    assert order == [0, 1, 0, 0]
+    assert backend.rounds == [[0, 1]] * 5 + [[0]] * 4
+    assert [len(chunks) for _, chunks in answered] == [1, 2, 4, 3]  # each once, as it ended
+    # A fresh slot is cleared for its new reading: the first call of each reading says so.
+    fresh = [c for c in backend.calls if c.fresh]
+    assert len(fresh) == 4
+
+
+def engine_of(backend) -> Engine:
+    return Engine(backend, SETTINGS, 4096)
+
+
+def jobs(engine: Engine, tmp_path, texts=TEXTS, **more) -> list[run.Job]:
+    made = []
+    for i, text in enumerate(texts):
+        document = Document(text=text, path=f"/books/b{i}.txt", format="text", sha256=f"{i:064x}")
+        how = run.RunOptions(trace=tmp_path / f"b{i}.jsonl", use_cache=False, **more)
+        made.append(run.Job(open_session(document, engine), QUESTION, how))
+    return made
+
+
+def test_readings_of_many_documents_read_continuously_write_what_they_write_alone(tmp_path):
+    alone_dir, together_dir = tmp_path / "alone", tmp_path / "together"
+    alone_dir.mkdir(), together_dir.mkdir()
+    for job in jobs(engine_of(EchoBackend()), alone_dir):
+        run.ask(job.session, job.question, job.options)
+    backend = EchoBackend()
+    outcomes = list(run.ask_each(jobs(engine_of(backend), together_dir), 2))
+    assert backend.sequences == 2  # one context, two sequences
+    assert [o.session.document.path for o in outcomes] == [f"/books/b{i}.txt" for i in range(4)]
+    for i, outcome in enumerate(outcomes):
+        assert isinstance(outcome, run.Result)
+        assert records(together_dir / f"b{i}.jsonl") == records(alone_dir / f"b{i}.jsonl")
+        alone = read(EchoBackend(), QUESTION, outcome.session.chunks, SETTINGS)
+        assert outcome.answer.answer == alone.answer
+    assert backend.rounds == [[0, 1]] * 5 + [[0]] * 4  # as in the test above
+
+
+def test_ctrl_c_keeps_every_trace_valid_and_the_same_jobs_resume_to_the_same_answers(tmp_path):
+    whole = [o.answer.answer for o in run.ask_each(jobs(engine_of(EchoBackend()), tmp_path), 2)]
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    # Ctrl-C in round 4: reading 0 was answered (round 2), readings 1 and 2 are in slots.
+    outcomes = list(run.ask_each(jobs(engine_of(EchoBackend(calls_left=7)), cut), 2))
+    assert len(outcomes) == 3  # reading 3 was never taken
+    answered, *stopped = outcomes
+    assert isinstance(answered, run.Result) and answered.answer.answer == whole[0]
+    assert [type(s) for s in stopped] == [run.Stopped, run.Stopped]
+    assert [s.done for s in stopped] == [3, 1] and all(s.exit_code == 130 for s in stopped)
+    assert trace.read_trace(cut / "b0.jsonl").finished
+    for i, steps in ((1, 3), (2, 1)):
+        kept = trace.read_trace(cut / f"b{i}.jsonl")
+        assert len(kept.steps) == steps and kept.interruption.steps_done == steps
+    assert not (cut / "b3.jsonl").exists()
+
+    _, *rest = jobs(engine_of(EchoBackend()), cut)
+    for i in (0, 1):  # readings 1 and 2 continue their traces; reading 3 starts
+        rest[i] = replace(rest[i], options=run.RunOptions(resume=rest[i].options.trace))
+    again = list(run.ask_each(rest, 2))
+    assert [o.answer.answer for o in again] == whole[1:]
+    for i in (1, 2, 3):
+        assert trace.read_trace(cut / f"b{i}.jsonl").finished
+
+
+@pytest.mark.parametrize("slots", [1, 3])
+def test_a_long_queue_is_taken_a_little_ahead_of_the_answers(tmp_path, slots):
+    taken = []
+    texts = TEXTS * 5
+
+    def lazily():
+        for job in jobs(engine_of(EchoBackend()), tmp_path, texts):
+            taken.append(job)
+            yield job
+
+    passed = 0
+    for _ in run.ask_each(lazily(), slots):
+        passed += 1
+        assert len(taken) - passed <= 2 * slots  # documents are read as slots free up
+    assert passed == len(texts)
+
+
+def test_a_queue_that_fails_lets_the_readings_in_flight_finish_first(tmp_path):
+    def failing():
+        yield from jobs(engine_of(EchoBackend()), tmp_path, TEXTS[:2])
+        raise UserError("The journal cannot be written.")
+
+    passed = []
+    with pytest.raises(UserError, match="journal cannot be written"):
+        for outcome in run.ask_each(failing(), 2):
+            passed.append(outcome)
+    assert [type(o) for o in passed] == [run.Result, run.Result]
+    assert all(trace.read_trace(tmp_path / f"b{i}.jsonl").finished for i in (0, 1))
