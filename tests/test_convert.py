@@ -1,6 +1,7 @@
 """`memagent models convert` and `pull` of Hugging Face weights, checked without llama.cpp:
-the GGUF's metadata and tensors against the tiny Qwen2 model they came from (tests/hf_model.py),
-and every bad input refused with one sentence and nothing half-written."""
+the GGUF's metadata and tensors against the tiny Qwen2 model they came from (tests/hf_model.py,
+with the real Qwen2.5 tokenizer), and every bad input refused with one sentence and
+nothing half-written."""
 
 from __future__ import annotations
 
@@ -13,11 +14,12 @@ import time
 from pathlib import Path
 
 import gguf
+import gguf_files
 import numpy as np
 import pytest
 from conftest import MEMAGENT, assert_clean_failure, use_hub, words
 from fake_hub import FakeHub, HubFile
-from hf_model import CHATML, SPECIALS, build
+from hf_model import build
 
 from memagent_cli.errors import ModelError
 
@@ -36,14 +38,6 @@ def untied(tmp_path_factory) -> tuple[Path, dict[str, np.ndarray]]:
     return folder, build(folder, tied=False, dtype="F32", seed=1)
 
 
-def fields(reader: gguf.GGUFReader) -> dict[str, object]:
-    return {name: field.contents() for name, field in reader.fields.items()}
-
-
-def tensors(reader: gguf.GGUFReader) -> dict[str, gguf.ReaderTensor]:
-    return {t.name: t for t in reader.tensors}
-
-
 def test_f32_conversion_writes_what_llama_cpp_s_converter_writes(memagent, tied, tmp_path):
     folder, weights = tied
     out = tmp_path / "tiny.gguf"
@@ -53,10 +47,10 @@ def test_f32_conversion_writes_what_llama_cpp_s_converter_writes(memagent, tied,
     assert "converting Qwen2ForCausalLM" in words(result.stderr)
     assert [p.name for p in tmp_path.iterdir()] == ["tiny.gguf"]  # no .part, no F16 left
 
-    reader = gguf.GGUFReader(out)
-    meta = fields(reader)
+    meta, written = gguf_files.read(out)
     config = json.loads((folder / "config.json").read_text())
     tokenizer = json.loads((folder / "tokenizer.json").read_text())
+    template = json.loads((folder / "tokenizer_config.json").read_text())["chat_template"]
     expected = {
         "general.architecture": "qwen2",
         "qwen2.block_count": config["num_hidden_layers"],
@@ -71,7 +65,7 @@ def test_f32_conversion_writes_what_llama_cpp_s_converter_writes(memagent, tied,
         "tokenizer.ggml.eos_token_id": tokenizer["added_tokens"][2]["id"],  # <|im_end|>
         "tokenizer.ggml.padding_token_id": tokenizer["added_tokens"][0]["id"],  # <|endoftext|>
         "tokenizer.ggml.add_bos_token": False,
-        "tokenizer.chat_template": CHATML,
+        "tokenizer.chat_template": template,
         "general.file_type": gguf.LlamaFileType.ALL_F32,
     }
     assert {k: meta.get(k) for k in expected} == expected
@@ -79,13 +73,19 @@ def test_f32_conversion_writes_what_llama_cpp_s_converter_writes(memagent, tied,
     assert meta["qwen2.attention.layer_norm_rms_epsilon"] == pytest.approx(config["rms_norm_eps"])
 
     tokens, types = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.token_type"]
-    assert len(tokens) == len(types) == config["vocab_size"]
+    assert len(tokens) == len(types) == config["vocab_size"] == 151936
     vocab = tokenizer["model"]["vocab"]
     assert all(tokens[i] == t for t, i in vocab.items())
-    for special in tokenizer["added_tokens"]:
-        assert tokens[special["id"]] == special["content"] in SPECIALS
-        assert types[special["id"]] == gguf.TokenType.CONTROL
-    used = len(vocab) + len(SPECIALS)
+    added = tokenizer["added_tokens"]
+    assert all(tokens[a["id"]] == a["content"] for a in added)
+    # As llama.cpp types them: CONTROL when special or "<|...|>" (the FIM and repo tokens
+    # are not special in tokenizer.json), else USER_DEFINED.
+    user_defined = {a["content"] for a in added if types[a["id"]] == gguf.TokenType.USER_DEFINED}
+    assert user_defined == {"<tool_call>", "</tool_call>"}
+    control = [a for a in added if types[a["id"]] == gguf.TokenType.CONTROL]
+    assert len(control) == 20 and "<|fim_prefix|>" in {a["content"] for a in control}
+    assert not next(a for a in added if a["content"] == "<|fim_prefix|>")["special"]
+    used = len(vocab) + len(added)
     assert all(t == gguf.TokenType.UNUSED for t in types[used:]) and used < len(types)
     assert tokens[used] == f"[PAD{used}]"
     assert all(types[i] == gguf.TokenType.NORMAL for i in vocab.values())
@@ -93,7 +93,6 @@ def test_f32_conversion_writes_what_llama_cpp_s_converter_writes(memagent, tied,
     assert meta["tokenizer.ggml.merges"] == merges
 
     # Every weight, bit for bit, under its GGUF name; the tied model has no output.weight.
-    written = tensors(reader)
     assert "output.weight" not in written
     assert len(written) == len(weights)
     names = {
@@ -105,10 +104,8 @@ def test_f32_conversion_writes_what_llama_cpp_s_converter_writes(memagent, tied,
     }
     for hf_name, gguf_name in names.items():
         tensor = written[gguf_name]
-        assert tensor.tensor_type == gguf.GGMLQuantizationType.F32
-        assert np.array_equal(
-            np.asarray(tensor.data).reshape(weights[hf_name].shape), weights[hf_name]
-        )
+        assert tensor.kind == gguf.GGMLQuantizationType.F32
+        assert np.array_equal(tensor.values(), weights[hf_name])
 
 
 def test_f16_conversion_keeps_norms_and_biases_f32_and_writes_an_untied_head(
@@ -118,14 +115,14 @@ def test_f16_conversion_keeps_norms_and_biases_f32_and_writes_an_untied_head(
     out = tmp_path / "untied.F16.gguf"
     result = memagent("models", "convert", str(folder), "--quant", "f16", "--out", str(out))
     assert result.returncode == 0, result.stderr
-    written = tensors(gguf.GGUFReader(out))
+    _, written = gguf_files.read(out)
     head = written["output.weight"]
-    assert head.tensor_type == gguf.GGMLQuantizationType.F16
+    assert head.kind == gguf.GGMLQuantizationType.F16
     expected = weights["lm_head.weight"].astype(np.float16)
-    assert np.array_equal(np.asarray(head.data).reshape(expected.shape), expected)
+    assert np.array_equal(head.raw.view(np.float16).reshape(expected.shape), expected)
     for name, tensor in written.items():
         one_dimensional = len(tensor.shape) == 1 or name.endswith("_norm.weight")
-        assert (tensor.tensor_type == gguf.GGMLQuantizationType.F32) == one_dimensional, name
+        assert (tensor.kind == gguf.GGMLQuantizationType.F32) == one_dimensional, name
 
 
 def test_convert_without_out_goes_where_list_finds_it(memagent, tied):
@@ -296,9 +293,9 @@ def test_a_repository_without_tokenizer_json_is_refused_before_downloading(
 
 @pytest.fixture(scope="module")
 def big(tmp_path_factory) -> Path:
-    """A model 2,000 times the tiny one: about 380 MB of bf16 weights."""
+    """163M parameters, 17 times the tiny model: about 330 MB of bf16 weights."""
     folder = tmp_path_factory.mktemp("big") / "Big-Qwen2"
-    sizes = {"hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 12}
+    sizes = {"hidden_size": 512, "intermediate_size": 4096, "num_hidden_layers": 12}
     build(folder, sizes=sizes, dtype="BF16")
     return folder
 
@@ -326,8 +323,8 @@ def test_conversion_memory_stays_flat_as_the_model_grows(tmp_path, tied, big):
 
     small, large = peak(tied[0]), peak(big)
     print(f"peak RSS: {small / 1e6:.0f} MB tiny, {large / 1e6:.0f} MB for {source / 1e6:.0f} MB")
-    assert large - small < 100e6  # the block being converted, not the model
-    assert large < source / 2
+    # The block being converted, not the model (the 152K-token vocabulary is most of both).
+    assert large - small < source / 4
 
 
 @pytest.mark.model  # slow: see above

@@ -1,7 +1,8 @@
 """Converted models run in llama.cpp as the original would: logits equal to a numpy
 forward pass of the same weights, the same tokens as the `tokenizers` library, the same
-chat prompt; a quantized conversion answers through `memagent ask`. Run under the
-llama.cpp lock: flock /tmp/memagent-llama.lock pytest tests/test_convert_model.py"""
+chat prompt; a quantized conversion answers through `memagent ask`. The tiny models carry
+the real Qwen2.5 tokenizer. Run under the llama.cpp lock:
+flock /tmp/memagent-llama.lock pytest tests/test_convert_model.py"""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 from conftest import words
 from fake_hub import FakeHub, HubFile
-from hf_model import CHATML, build, forward
+from hf_model import build, forward
 
 pytestmark = pytest.mark.model
 
@@ -91,18 +92,24 @@ def test_the_chat_template_renders_a_user_message_as_the_original(models):
             messages=messages
         ).prompt
 
-    assert embedded == original == CHATML
+    assert embedded == original
     assert render(embedded) == render(original)
-    assert "<|im_start|>user\nWho kept the logbook?<|im_end|>" in render(embedded)
+    assert render(embedded) == (
+        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
+        "assistant.<|im_end|>\n<|im_start|>user\nWho kept the logbook?<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
 
 
 def test_q4_k_m_conversion_loads_and_answers_through_memagent_ask(memagent, models, tmp_path):
     folder, _, _ = models["untied"]
     out = tmp_path / "Tiny-Qwen2.Q4_K_M.gguf"
-    result = memagent("models", "convert", str(folder), "--out", str(out), "--keep-f16")
+    result = memagent("models", "convert", str(folder), "--out", str(out), "--keep-intermediate")
     assert result.returncode == 0, result.stderr
     assert Path(result.stdout.strip()) == out
-    assert {p.name for p in tmp_path.iterdir()} == {out.name, "Tiny-Qwen2.F16.gguf"}
+    # f32 weights: quantized from F16 (BF16 only where the weights are bf16)
+    kept = "Tiny-Qwen2.intermediate.F16"
+    assert {p.name for p in tmp_path.iterdir()} == {out.name, kept}
     info = json.loads(memagent("models", "info", str(out), "--json").stdout)
     assert info["quantization"] == "Q4_K_M" and info["architecture"] == "qwen2"
 
@@ -110,7 +117,8 @@ def test_q4_k_m_conversion_loads_and_answers_through_memagent_ask(memagent, mode
     document.write_text("The captain kept the logbook in the chart room. " * 40)
     ask = memagent(
         "ask", str(document), "Where is the logbook?", "-m", str(out),
-        "--chunk-tokens", "200", "--memory-tokens", "32", "--no-trace", "--quiet", "--json",
+        "--chunk-tokens", "200", "--memory-tokens", "32", "--temperature", "0", "--no-trace",
+        "--quiet", "--json",
     )  # fmt: skip
     assert ask.returncode == 0, ask.stderr
     run = json.loads(ask.stdout)
@@ -121,8 +129,8 @@ def test_q4_k_m_conversion_loads_and_answers_through_memagent_ask(memagent, mode
         "models", "convert", str(folder), "--out", str(tmp_path / "q8.gguf"), "--quant", "Q8_0"
     )
     assert again.returncode == 0, again.stderr
-    assert "Tiny-Qwen2.F16.gguf" in {p.name for p in tmp_path.iterdir()}  # kept from before
-    assert not (tmp_path / "q8.F16.gguf").exists()  # this one's F16 was removed
+    assert kept in {p.name for p in tmp_path.iterdir()}  # kept from before
+    assert not (tmp_path / "q8.intermediate.F16").exists()  # this one's was removed
 
 
 def test_pull_of_weights_quantizes_and_registers_for_model_option(memagent, env, models, tmp_path):
@@ -148,7 +156,8 @@ def test_pull_of_weights_quantizes_and_registers_for_model_option(memagent, env,
     document.write_text("The captain kept the logbook in the chart room. " * 20)
     ask = memagent(
         "ask", str(document), "Where is the logbook?", "-m", f"hf:{repo}:Q8_0",
-        "--chunk-tokens", "200", "--memory-tokens", "32", "--no-trace", "--quiet", "--json",
+        "--chunk-tokens", "200", "--memory-tokens", "32", "--temperature", "0", "--no-trace",
+        "--quiet", "--json",
     )  # fmt: skip
     assert ask.returncode == 0, ask.stderr
     run = json.loads(ask.stdout)
