@@ -1,7 +1,8 @@
 """`memagent models convert` and `pull` of Hugging Face weights, checked without llama.cpp:
 the GGUF's metadata and tensors against the tiny Qwen2 model they came from (tests/hf_model.py,
-with the real Qwen2.5 tokenizer), and every bad input refused with one sentence and
-nothing half-written."""
+with the real Qwen2.5 tokenizer), the rope keys llama.cpp's converter writes for each way a
+config.json says them, and every bad input refused with one sentence and nothing
+half-written."""
 
 from __future__ import annotations
 
@@ -138,6 +139,72 @@ def test_convert_without_out_goes_where_list_finds_it(memagent, tied):
     assert row["has_chat_template"] is True
 
 
+# rope: the keys llama.cpp's converter writes --------------------------------------------
+
+# What convert_hf_to_gguf.py (llama.cpp as vendored in llama-cpp-python 0.3.36) wrote for
+# Qwen2.5-Coder-0.5B with these config.json settings, run on the real model folder: the
+# same keys whether transformers 4.57 or 5.23 read the config, and whether it keeps the
+# rope in rope_theta and rope_scaling (the Hub's files, "type" only; transformers 4.57 adds
+# "rope_type") or in rope_parameters (transformers 5).
+YARN = {
+    "qwen2.rope.scaling.type": "yarn",
+    "qwen2.rope.scaling.factor": 4.0,
+    "qwen2.rope.scaling.original_context_length": 32768,
+}
+LINEAR = {"qwen2.rope.scaling.type": "linear", "qwen2.rope.scaling.factor": 2.0}
+YARN_SETTINGS = {"factor": 4.0, "original_max_position_embeddings": 32768}
+ROPE = {
+    "v5": ({"rope_parameters": {"rope_theta": 1e6, "rope_type": "default"}}, {}),
+    "hub-yarn": ({"rope_theta": 1e6, "rope_scaling": {**YARN_SETTINGS, "type": "yarn"}}, YARN),
+    "v5-yarn": (
+        {"rope_parameters": {**YARN_SETTINGS, "rope_theta": 1e6, "rope_type": "yarn"}},
+        YARN,
+    ),
+    "v4.57-linear": (
+        {
+            "rope_theta": 1e6,
+            "rope_scaling": {"factor": 2.0, "rope_type": "linear", "type": "linear"},
+        },
+        LINEAR,
+    ),
+    "v5-linear": (
+        {"rope_parameters": {"factor": 2.0, "rope_theta": 1e6, "rope_type": "linear"}},
+        LINEAR,
+    ),
+}
+
+
+@pytest.mark.parametrize("style", list(ROPE))
+def test_rope_settings_give_the_keys_llama_cpp_writes(tied, tmp_path, style):
+    from memagent_cli.models.conversion import convert as conversion
+
+    folder = shutil.copytree(tied[0], tmp_path / "Tiny-Qwen2")
+    settings, scaling = ROPE[style]
+    config = json.loads((folder / "config.json").read_text())
+    config = {k: v for k, v in config.items() if k not in ("rope_theta", "rope_scaling")}
+    (folder / "config.json").write_text(json.dumps(config | settings))
+    out = conversion.convert(folder, tmp_path / "tiny.F16.gguf", "F16")
+    meta, _ = gguf_files.read(out)
+    rope = {k: v for k, v in meta.items() if k.startswith("qwen2.rope.")}
+    assert rope == {"qwen2.rope.freq_base": 1e6, **scaling}
+
+
+def test_bf16_beyond_f16_range_is_refused_for_f16_with_a_sentence(memagent, tmp_path):
+    """bf16 reaches 3e38, F16 65504: F16 would hold inf. A quantized type goes through a
+    BF16 intermediate instead (tests/test_convert_model.py)."""
+    folder = tmp_path / "Tiny-Qwen2"
+    build(folder, values={("model.embed_tokens.weight", 5, 3): 99840.0})  # exact in bf16
+    out = tmp_path / "out"
+    out.mkdir()
+    result = memagent(
+        "models", "convert", str(folder), "--quant", "F16", "--out", str(out / "m.gguf")
+    )
+    assert_clean_failure(
+        result, 1, "Tensor token_embd.weight holds values beyond F16's range", "convert to BF16"
+    )
+    assert not list(out.iterdir())
+
+
 # bad input: one sentence, exit 1, nothing written --------------------------------------
 
 
@@ -156,7 +223,19 @@ def broken_copy(source: Path, target: Path, how: str) -> Path:
         (target / "config.json").write_text("{not json")
     elif how == "shard":
         (target / "model-00001-of-00002.safetensors").unlink()
+    elif how == "pre-tokenizer":  # GPT-2's split: digits in runs, no "(?i:" contractions
+        tokenizer = json.loads((target / "tokenizer.json").read_text())
+        split = tokenizer["pre_tokenizer"]["pretokenizers"][0]
+        split["pattern"]["Regex"] = GPT2_SPLIT
+        (target / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False))
+    elif how == "vocab_size":  # smaller than the tokenizer: the added tokens have no rows
+        config = json.loads((target / "config.json").read_text())
+        config["vocab_size"] = 151643
+        (target / "config.json").write_text(json.dumps(config))
     return target
+
+
+GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 
 
 @pytest.mark.parametrize(
@@ -170,6 +249,8 @@ def broken_copy(source: Path, target: Path, how: str) -> Path:
         ("truncated", ["model-00002-of-00002.safetensors is not a complete safetensors file"]),
         ("config", ["config.json"]),
         ("shard", ["model-00001-of-00002.safetensors is missing"]),
+        ("pre-tokenizer", ["llama.cpp does not know the pre-tokenizer", "tokenizer.json"]),
+        ("vocab_size", ["has token id 151664, but config.json's vocab_size is 151643"]),
     ],
 )
 def test_bad_model_folders_are_refused_with_one_sentence(memagent, tied, tmp_path, how, phrases):
