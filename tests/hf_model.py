@@ -1,8 +1,9 @@
-"""A tiny random-weight model in the Hugging Face Qwen2 (or Qwen3) format, built with numpy
-and the `tokenizers` library, and a numpy forward pass of the same weights to check
-llama.cpp against: RMSNorm, rotary embeddings as Qwen2 applies them (halves rotated,
-"NEOX"), grouped-query attention with q/k/v biases (Qwen3: none, but q/k RMSNorm per head
-and a head size of its own), SwiGLU."""
+"""A tiny random-weight model in the Hugging Face Qwen2 (or Qwen3) format, built with numpy,
+with the real Qwen2.5 tokenizer (tests/qwen_material.py: 151,643 tokens, 22 added ones, the
+real chat template), and a numpy forward pass of the same weights to check llama.cpp
+against: RMSNorm, rotary embeddings as Qwen2 applies them (halves rotated, "NEOX"),
+grouped-query attention with q/k/v biases (Qwen3: none, but q/k RMSNorm per head and a head
+size of its own), SwiGLU."""
 
 from __future__ import annotations
 
@@ -11,24 +12,11 @@ import struct
 from pathlib import Path
 
 import numpy as np
+import qwen_material
 
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-CHATML = (
-    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
-    "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}"
-    "{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
-QWEN2_PATTERN = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-CORPUS = [
-    "The captain kept the logbook in the chart room, and the first mate read it every night.",
-    "Crème brûlée, déjà vu, naïve façade: accents are part of the text too.",
-    "北京是中国的首都。我们在图书馆读书。",
-    "Emoji travel well: 🚀🦙✅ and numbers 3.14159, 2026, 1e-6.",
-    "def answer(question):\n    return memory[-1]  # the last memory holds the answer\n",
-] * 20
+# As Qwen2.5's config.json: the tokenizer's 151,665 ids, padded (ids without a token exist).
+VOCAB_SIZE = 151936
+BOS, EOS = 151643, 151645  # <|endoftext|>, <|im_end|>
 QWEN3_HEAD_DIM = 32  # not hidden_size / heads (16): the GGUF must carry it
 CONFIG = {
     "hidden_size": 64,
@@ -42,29 +30,10 @@ CONFIG = {
 }
 
 
-def write_tokenizer(folder: Path, vocab_size: int = 400) -> int:
-    """A byte-level BPE tokenizer.json with Qwen2's split pattern and the ChatML specials;
-    returns the number of ids it uses."""
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.normalizer = normalizers.NFC()
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(CORPUS, trainer)
-    tokenizer.add_special_tokens(SPECIALS)
-    tokenizer.save(str(folder / "tokenizer.json"))
-    return tokenizer.get_vocab_size()
+def write_tokenizer(folder: Path) -> None:
+    """Qwen2.5's tokenizer.json and tokenizer_config.json (eos <|im_end|>, pad
+    <|endoftext|>, no bos, the real chat template)."""
+    qwen_material.copy_tokenizer(folder)
 
 
 def write_safetensors(path: Path, tensors: dict[str, np.ndarray], dtype: str = "BF16") -> None:
@@ -112,11 +81,13 @@ def build(
     seed: int = 0,
     qwen3: bool = False,
     sizes: dict[str, int] | None = None,
+    values: dict[tuple[str, int, int], float] | None = None,
 ) -> dict[str, np.ndarray]:
-    """Write a tiny Qwen2 model folder; returns its weights as a reader decodes them."""
+    """Write a tiny Qwen2 model folder; returns its weights as a reader decodes them.
+    `values` sets single weights: {(name, row, column): value}."""
     folder.mkdir(parents=True, exist_ok=True)
-    used = write_tokenizer(folder)
-    vocab_size = -(-used // 64) * 64  # padded as Qwen2.5's, so ids without a token exist
+    write_tokenizer(folder)
+    vocab_size = VOCAB_SIZE
     config = {
         "architectures": ["Qwen3ForCausalLM" if qwen3 else "Qwen2ForCausalLM"],
         "model_type": "qwen3" if qwen3 else "qwen2",
@@ -124,26 +95,12 @@ def build(
         "vocab_size": vocab_size,
         "tie_word_embeddings": tied,
         "torch_dtype": {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}[dtype],
-        "bos_token_id": used - 3,
-        "eos_token_id": used - 1,
+        "bos_token_id": BOS,
+        "eos_token_id": EOS,
         **(shape := CONFIG | (sizes or {})),
     }
     (folder / "config.json").write_text(json.dumps(config, indent=2))
-    (folder / "tokenizer_config.json").write_text(
-        json.dumps(
-            {
-                "add_bos_token": False,
-                "bos_token": None,
-                "eos_token": "<|im_end|>",
-                "pad_token": "<|endoftext|>",
-                "chat_template": CHATML,
-                "model_max_length": 32768,
-            }
-        )
-    )
-    (folder / "generation_config.json").write_text(
-        json.dumps({"eos_token_id": [used - 1, used - 3]})
-    )
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [EOS, BOS]}))
     rng = np.random.default_rng(seed)
     d, ff = shape["hidden_size"], shape["intermediate_size"]
     heads, kv = shape["num_attention_heads"], shape["num_key_value_heads"]
@@ -179,6 +136,8 @@ def build(
         }
     if qwen3:
         tensors = {k: v for k, v in tensors.items() if not k.endswith("_proj.bias")}
+    for (name, row, column), value in (values or {}).items():
+        tensors[name][row, column] = value
     # Two shards and an index, as the released models come.
     names = list(tensors)
     shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
@@ -190,9 +149,12 @@ def build(
     return {name: decoded(array, dtype) for name, array in tensors.items()}
 
 
-def forward(weights: dict[str, np.ndarray], tokens: list[int]) -> np.ndarray:
-    """Logits for every position of `tokens`, as Qwen2 computes them (float64)."""
-    c = CONFIG
+def forward(
+    weights: dict[str, np.ndarray], tokens: list[int], sizes: dict[str, int] | None = None
+) -> np.ndarray:
+    """Logits for every position of `tokens`, as Qwen2 computes them (float64), for the
+    model `build` made with `sizes`."""
+    c = CONFIG | (sizes or {})
     d, heads, kv = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"]
     W = {k: v.astype(np.float64) for k, v in weights.items()}
     qwen3 = "model.layers.0.self_attn.q_norm.weight" in W

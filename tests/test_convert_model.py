@@ -1,6 +1,8 @@
 """Converted models run in llama.cpp as the original would: logits equal to a numpy
 forward pass of the same weights, the same tokens as the `tokenizers` library, the same
-chat prompt; a quantized conversion answers through `memagent ask`. Run under the
+chat prompt; K-quants that really are K-quants; bf16 values F16 cannot hold quantized
+through BF16; a quantized conversion answers through `memagent ask`, and never costs a
+model pulled before it. The tiny models carry the real Qwen2.5 tokenizer. Run under the
 llama.cpp lock: flock /tmp/memagent-llama.lock pytest tests/test_convert_model.py"""
 
 from __future__ import annotations
@@ -8,11 +10,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import gguf
+import gguf_files
 import numpy as np
 import pytest
-from conftest import words
+from conftest import use_hub, words
 from fake_hub import FakeHub, HubFile
-from hf_model import CHATML, build, forward
+from hf_model import build, forward
 
 pytestmark = pytest.mark.model
 
@@ -91,18 +95,24 @@ def test_the_chat_template_renders_a_user_message_as_the_original(models):
             messages=messages
         ).prompt
 
-    assert embedded == original == CHATML
+    assert embedded == original
     assert render(embedded) == render(original)
-    assert "<|im_start|>user\nWho kept the logbook?<|im_end|>" in render(embedded)
+    assert render(embedded) == (
+        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
+        "assistant.<|im_end|>\n<|im_start|>user\nWho kept the logbook?<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
 
 
 def test_q4_k_m_conversion_loads_and_answers_through_memagent_ask(memagent, models, tmp_path):
     folder, _, _ = models["untied"]
     out = tmp_path / "Tiny-Qwen2.Q4_K_M.gguf"
-    result = memagent("models", "convert", str(folder), "--out", str(out), "--keep-f16")
+    result = memagent("models", "convert", str(folder), "--out", str(out), "--keep-intermediate")
     assert result.returncode == 0, result.stderr
     assert Path(result.stdout.strip()) == out
-    assert {p.name for p in tmp_path.iterdir()} == {out.name, "Tiny-Qwen2.F16.gguf"}
+    # f32 weights: quantized from F16 (BF16 only where the weights are bf16)
+    kept = "Tiny-Qwen2.intermediate.F16"
+    assert {p.name for p in tmp_path.iterdir()} == {out.name, kept}
     info = json.loads(memagent("models", "info", str(out), "--json").stdout)
     assert info["quantization"] == "Q4_K_M" and info["architecture"] == "qwen2"
 
@@ -110,7 +120,8 @@ def test_q4_k_m_conversion_loads_and_answers_through_memagent_ask(memagent, mode
     document.write_text("The captain kept the logbook in the chart room. " * 40)
     ask = memagent(
         "ask", str(document), "Where is the logbook?", "-m", str(out),
-        "--chunk-tokens", "200", "--memory-tokens", "32", "--no-trace", "--quiet", "--json",
+        "--chunk-tokens", "200", "--memory-tokens", "32", "--temperature", "0", "--no-trace",
+        "--quiet", "--json",
     )  # fmt: skip
     assert ask.returncode == 0, ask.stderr
     run = json.loads(ask.stdout)
@@ -121,8 +132,8 @@ def test_q4_k_m_conversion_loads_and_answers_through_memagent_ask(memagent, mode
         "models", "convert", str(folder), "--out", str(tmp_path / "q8.gguf"), "--quant", "Q8_0"
     )
     assert again.returncode == 0, again.stderr
-    assert "Tiny-Qwen2.F16.gguf" in {p.name for p in tmp_path.iterdir()}  # kept from before
-    assert not (tmp_path / "q8.F16.gguf").exists()  # this one's F16 was removed
+    assert kept in {p.name for p in tmp_path.iterdir()}  # kept from before
+    assert not (tmp_path / "q8.intermediate.F16").exists()  # this one's was removed
 
 
 def test_pull_of_weights_quantizes_and_registers_for_model_option(memagent, env, models, tmp_path):
@@ -148,7 +159,8 @@ def test_pull_of_weights_quantizes_and_registers_for_model_option(memagent, env,
     document.write_text("The captain kept the logbook in the chart room. " * 20)
     ask = memagent(
         "ask", str(document), "Where is the logbook?", "-m", f"hf:{repo}:Q8_0",
-        "--chunk-tokens", "200", "--memory-tokens", "32", "--no-trace", "--quiet", "--json",
+        "--chunk-tokens", "200", "--memory-tokens", "32", "--temperature", "0", "--no-trace",
+        "--quiet", "--json",
     )  # fmt: skip
     assert ask.returncode == 0, ask.stderr
     run = json.loads(ask.stdout)
@@ -241,3 +253,80 @@ def test_loading_a_model_reports_its_bytes_and_can_be_stopped(models):
         backend.prepare(256, progress=ctrl_c)
     backend.prepare(256)  # the cancelled load left nothing behind
     assert backend.decoder is not None
+
+
+# Rows of 256 values: K-quant blocks fit, so llama.cpp keeps Q4_K_M's own types instead of
+# falling back to Q5_0/Q8_0 as it does for the tiny model (64) and Qwen2.5-0.5B (896).
+K_SIZES = {"hidden_size": 256, "intermediate_size": 512}
+
+
+def test_q4_k_m_of_rows_of_256_is_made_of_q4_k_and_q6_k_and_computes_the_model(tmp_path):
+    from tokenizers import Tokenizer
+
+    from memagent_cli.models.conversion import convert as conversion
+
+    folder = tmp_path / "Tiny-Qwen2"
+    weights = build(folder, tied=False, dtype="BF16", sizes=K_SIZES)
+    path = conversion.convert(folder, tmp_path / "tiny.Q4_K_M.gguf", "Q4_K_M")
+    meta, tensors = gguf_files.read(path)
+    assert meta["general.file_type"] == gguf.LlamaFileType.MOSTLY_Q4_K_M
+    kinds = {name: t.kind.name for name, t in tensors.items() if len(t.shape) == 2}
+    assert set(kinds.values()) == {"Q4_K", "Q6_K"}, kinds
+    assert kinds["blk.0.attn_q.weight"] == kinds["token_embd.weight"] == "Q4_K"
+    assert kinds["output.weight"] == "Q6_K"  # as llama.cpp's Q4_K_M: more bits for the head
+
+    tokens = Tokenizer.from_file(str(folder / "tokenizer.json")).encode(SAMPLES[0]).ids
+    llm = load(path, n_ctx=256, logits_all=True)
+    llm.eval(tokens)
+    got = np.asarray(llm.scores[: len(tokens)], dtype=np.float64)
+    expected = forward(weights, tokens, K_SIZES)
+    # 4.5-6.6 bits a weight move these random weights' logits by 20-40% of their spread
+    # (each position's correlate 0.91-0.98 with the exact ones, measured), while another
+    # seed's model correlates 0.00 +- 0.01: above 0.8 it is this model, quantized.
+    for row_got, row_expected in zip(got, expected, strict=True):
+        assert np.corrcoef(row_got, row_expected)[0, 1] > 0.8
+
+
+def test_bf16_beyond_f16_range_quantizes_through_bf16_and_loads(memagent, tmp_path):
+    """The F16 output refuses such a model (tests/test_convert.py); a quantized one is
+    quantized from a BF16 intermediate, as llama.cpp's converter writes bf16 weights."""
+    folder = tmp_path / "Tiny-Qwen2"
+    build(folder, values={("model.embed_tokens.weight", 5, 3): 99840.0})  # exact in bf16
+    out = tmp_path / "tiny.Q8_0.gguf"
+    result = memagent("models", "convert", str(folder), "--quant", "Q8_0", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "BF16" in words(result.stderr) and "(temporary)" in words(result.stderr)
+    assert [p.name for p in tmp_path.iterdir() if p.is_file()] == [out.name]
+    embedding = gguf_files.read(out)[1]["token_embd.weight"].values()
+    assert np.isfinite(embedding).all()
+    assert embedding[5, 3] == pytest.approx(99840, rel=1e-3)
+    llm = load(out, n_ctx=64, logits_all=True)
+    llm.eval([5, 100, 5])
+    assert np.isfinite(np.asarray(llm.scores[:3])).all()
+
+
+def test_pulling_another_type_keeps_the_f16_model_pulled_before(memagent, env, models, tmp_path):
+    """The data loss of issue 17: the F16 intermediate was NAME.F16.gguf, the path of a
+    pulled F16 model, and was deleted after quantizing."""
+    folder, _, _ = models["tied"]  # bf16 weights
+    repo = "someone/Tiny-Qwen2"
+    with FakeHub() as hub:
+        files = {
+            p.name: HubFile(p.read_bytes(), lfs=p.suffix == ".safetensors")
+            for p in folder.iterdir()
+        }
+        hub.add(repo, files)
+        use_hub(env, hub, tmp_path / "hf")
+        first = memagent("models", "pull", f"{repo}:F16")
+        assert first.returncode == 0, first.stderr
+        f16 = Path(first.stdout.strip())
+        assert f16.name == "Tiny-Qwen2.F16.gguf"
+        content, written = f16.read_bytes(), f16.stat().st_mtime_ns
+        second = memagent("models", "pull", repo)  # the default type, Q4_K_M
+    assert second.returncode == 0, second.stderr
+    quantized = Path(second.stdout.strip())
+    assert quantized == f16.with_name("Tiny-Qwen2.Q4_K_M.gguf")
+    said = words(second.stderr)
+    assert "BF16" in said and "(temporary)" in said  # the intermediate: not a .gguf name
+    assert sorted(p.name for p in f16.parent.iterdir()) == sorted([f16.name, quantized.name])
+    assert f16.read_bytes() == content and f16.stat().st_mtime_ns == written
