@@ -501,9 +501,11 @@ def test_delete_shards_frees_each_shard_once_converted_for_a_lower_peak(
     assert deleted[0] < deleted[1] < said.index("removed the downloaded weights")
     shards = [len(f.content) for n, f in hub_with_weights.repos[TINY_REPO].items() if "-of-" in n]
     # Without: every shard and the whole F16 at once; with: every shard and the F16 of the
-    # largest one (the tiny model's F16 takes as many bytes as its bf16 weights).
+    # largest one (the tiny model's F16 takes as many bytes as its bf16 weights). The sizes
+    # are read back from stderr, which says them to 0.1 MB (the real vocabulary's embedding
+    # makes the tiny model's shards tens of MB).
     assert disk_needed(plain.stderr) - disk_needed(result.stderr) == pytest.approx(
-        min(shards), rel=0.01, abs=100
+        min(shards), abs=100_000
     )
 
 
