@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 from pathlib import Path
 
-import httpx
+import httpx2
 import pytest
 from conftest import FACT_QUESTION, MEMAGENT, served, story
 from fake_openai import FakeServer
@@ -26,9 +26,9 @@ from memagent_cli.trace import TraceError, read_trace
 STEPS = ["--chunk-tokens", "300", "--memory-tokens", "64", "--temperature", "0"]
 
 
-def answer(status: int, retry_after: str | None) -> httpx.Response:
+def answer(status: int, retry_after: str | None) -> httpx2.Response:
     headers = {"Retry-After": retry_after} if retry_after is not None else {}
-    return httpx.Response(status, headers=headers)
+    return httpx2.Response(status, headers=headers)
 
 
 def test_retry_after_is_read_as_seconds_or_a_date_and_kept_within_bounds():
