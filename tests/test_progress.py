@@ -43,7 +43,7 @@ def test_an_evaluation_says_how_many_cases_are_done(memagent, tmp_path):
 
 
 @pytest.mark.model
-def test_loading_a_model_tells_its_percent_and_stops_at_ctrl_c():
+def test_loading_a_model_tells_its_bytes_and_stops_at_ctrl_c():
     from conftest import default_model_path
 
     from memagent_cli.backends.llama_cpp import LlamaCppBackend, LlamaOptions
@@ -52,7 +52,9 @@ def test_loading_a_model_tells_its_percent_and_stops_at_ctrl_c():
     backend = LlamaCppBackend(path, LlamaOptions(threads=2))
     seen: list[tuple[str, int, int | None]] = []
     backend.prepare(512, progress=lambda *told: seen.append(told))
-    assert seen[-1] == (f"loading {path.name}", 100, 100)
+    size = path.stat().st_size  # told in bytes, so a bar can show MB and the time left
+    assert seen[-1] == (f"loading {backend.name}", size, size)
+    assert all(total == size for _, _, total in seen)
     assert [done for _, done, _ in seen] == sorted(done for _, done, _ in seen)
 
     def ctrl_c(*told: object) -> None:  # as Python delivers it: inside the callback
