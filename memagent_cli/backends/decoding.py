@@ -110,11 +110,6 @@ class Decoder:
     def close(self) -> None:
         self._batch.close()
 
-    def reset(self) -> None:
-        """Empty the KV cache (benchmarks start each variant from the same state)."""
-        llama_cpp.llama_memory_clear(self.memory, True)
-        self._cached.clear()
-
     def forget(self, seq: int) -> None:
         """Empty one sequence's cache: a slot taken by another reading starts as it would
         in a fresh context (no prefix of the last reading's prompt is reused)."""
