@@ -15,10 +15,12 @@ From them, cached under build/test-material/ (git-ignored) and built at most onc
   writes it, generation_config.json, the tokenizer, and model.safetensors in bf16, every
   weight the GGUF's value dequantized and rounded to bf16 (about 30 s and 1.3 GB).
 
-llama.cpp's own converter, run on `hf_folder()`, writes the shipped GGUF's tokenizer and
-qwen2.* keys and tensor layout (checked when this material was made), so the shipped GGUF
-stands for llama.cpp's output on that folder. Each build goes to a temporary name and is
-renamed when complete, under a lock, so parallel test workers build it once.
+`hf_folder()` is rebuilt from llama.cpp's output, not taken from the Hub: comparing a
+conversion of it with the shipped GGUF is a round trip. llama.cpp's own converter, run once
+on `hf_folder()` when this material was made (not by the tests), wrote the shipped GGUF's
+tokenizer and qwen2.* keys and tensor layout, so the shipped GGUF stands for llama.cpp's
+output on that folder. Each build goes to a temporary name and is renamed when complete,
+under a lock, so parallel test workers build it once.
 """
 
 from __future__ import annotations

@@ -2,10 +2,12 @@
 the GGUF's metadata and tensors against the tiny Qwen2 model they came from (tests/hf_model.py,
 with the real Qwen2.5 tokenizer), the rope keys llama.cpp's converter writes for each way a
 config.json says them, and every bad input refused with one sentence and nothing
-half-written."""
+half-written. Besides the slow tests marked `model`, only the runs that resume from an
+intermediate use llama.cpp: its quantizer, on the tiny model, a second each."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
@@ -480,8 +482,13 @@ def test_convert_says_disk_and_memory_and_refuses_when_both_are_short(memagent, 
 
 def disk_needed(stderr: str) -> float:
     """The bytes of disk a pull said it needs."""
-    amount, unit = re.search(r"([\d.]+) (bytes|kB|MB|GB) of disk needed", words(stderr)).groups()
-    return float(amount) * {"bytes": 1, "kB": 1e3, "MB": 1e6, "GB": 1e9}[unit]
+    return amount(r"([\d.]+) (bytes|kB|MB|GB) of disk needed", stderr)
+
+
+def amount(pattern: str, stderr: str) -> float:
+    """The bytes `pattern` (an amount, then its unit) finds in what a command said."""
+    number, unit = re.search(pattern, words(stderr)).groups()
+    return float(number) * {"bytes": 1, "kB": 1e3, "MB": 1e6, "GB": 1e9}[unit]
 
 
 def test_delete_shards_frees_each_shard_once_converted_for_a_lower_peak(
@@ -507,6 +514,116 @@ def test_delete_shards_frees_each_shard_once_converted_for_a_lower_peak(
     assert disk_needed(plain.stderr) - disk_needed(result.stderr) == pytest.approx(
         min(shards), abs=100_000
     )
+
+
+def with_the_quantizer_killed(env, tmp_path, *args: str) -> subprocess.CompletedProcess:
+    """`memagent *args` with llama.cpp's quantizer killed as soon as it starts, as the
+    kernel's out-of-memory killer would: a quantization that fails once the intermediate
+    is written."""
+    out, err = tmp_path / "stdout", tmp_path / "stderr"
+    with out.open("w") as stdout, err.open("w") as stderr:
+        process = subprocess.Popen([str(MEMAGENT), *args], stdout=stdout, stderr=stderr, env=env)
+        deadline = time.monotonic() + 120
+        while process.poll() is None and time.monotonic() < deadline:
+            if quantizer := _quantizer(process.pid):
+                quantizer.kill()
+                break
+            time.sleep(0.005)
+        process.wait(timeout=120)
+    return subprocess.CompletedProcess(args, process.returncode, out.read_text(), err.read_text())
+
+
+def _quantizer(pid: int):
+    """The process running llama.cpp's quantizer for `pid`, once it runs (quantize.py)."""
+    import psutil
+
+    for child in psutil.Process(pid).children():
+        with contextlib.suppress(psutil.Error):  # gone, or not yet readable
+            if any(arg.endswith("_quantize_child.py") for arg in child.cmdline()):
+                return child
+    return None
+
+
+@pytest.mark.parametrize("delete_shards", [False, True], ids=["shards kept", "--delete-shards"])
+def test_a_pull_whose_quantization_failed_quantizes_its_intermediate_when_run_again(
+    memagent, env, hub_with_weights, tmp_path, delete_shards
+):
+    """The intermediate is complete: running again needs room for the model only, downloads
+    nothing (with --delete-shards the shards are gone), and removes the intermediate."""
+    command = ["models", "pull", f"{TINY_REPO}:Q8_0"]
+    command += ["--delete-shards"] if delete_shards else []
+    first = with_the_quantizer_killed(env, tmp_path, *command)
+    folder = repo_folder(env)
+    downloads = folder / "download"
+    left = sum(p.stat().st_size for p in downloads.rglob("*") if p.is_file())
+    assert_clean_failure(
+        first,
+        1,
+        "llama.cpp could not quantize Tiny-Qwen2.intermediate.BF16 to Q8_0: its process was "
+        "killed (SIGKILL)",
+        "the same command again quantizes from it without converting again.",
+        f"The downloaded weights ({decimal(left)}) stay in {downloads} for the next run; "
+        f"`memagent models rm {TINY_REPO}` deletes them",
+    )
+    intermediate = folder / "Tiny-Qwen2.intermediate.BF16"
+    shards = [p.name for p in downloads.glob("*.safetensors")]
+    assert intermediate.is_file() and len(shards) == (0 if delete_shards else 2)
+
+    second = memagent(*command)
+    assert second.returncode == 0, second.stderr
+    said = words(second.stderr)
+    assert "without downloading the weights again" in said
+    assert f"using {intermediate} from an earlier run" in said
+    for shard in ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"):
+        assert len(hub_with_weights.downloads(shard)) == 1
+    model = amount(r"Q8_0 about ([\d.]+) (bytes|kB|MB|GB)", first.stderr)
+    assert disk_needed(second.stderr) == model < disk_needed(first.stderr)  # the model only
+    assert [p.name for p in folder.iterdir()] == ["Tiny-Qwen2.Q8_0.gguf"]
+
+
+def test_an_intermediate_goes_after_quantizing_unless_keep_intermediate_marked_it(
+    memagent, env, tied, tmp_path
+):
+    """One a failed run left goes once the same command again has used it (it is tens of GB
+    for a real model); one kept on request stays for every later type."""
+    out = tmp_path / "out"
+    out.mkdir()
+
+    def convert(quant: str, *more: str) -> list[str]:
+        return [
+            "models",
+            "convert",
+            str(tied[0]),
+            "--quant",
+            quant,
+            "--out",
+            str(out / f"m.{quant}.gguf"),
+            *more,
+        ]
+
+    intermediate = out / "m.intermediate.BF16"
+    failed = with_the_quantizer_killed(env, tmp_path, *convert("Q8_0"))
+    assert_clean_failure(failed, 1, "its process was killed (SIGKILL)", f"{intermediate} (")
+    assert [p.name for p in out.iterdir()] == [intermediate.name]
+    again = memagent(*convert("Q8_0"))
+    assert again.returncode == 0, again.stderr
+    assert f"using {intermediate} from an earlier run" in words(again.stderr)
+    assert [p.name for p in out.iterdir()] == ["m.Q8_0.gguf"]
+
+    kept = memagent(*convert("Q4_0", "--keep-intermediate"))
+    assert kept.returncode == 0, kept.stderr
+    assert f"kept {intermediate}" in words(kept.stderr)
+    later = memagent(*convert("Q5_0"))  # without asking again
+    assert later.returncode == 0, later.stderr
+    assert f"using {intermediate} from an earlier run" in words(later.stderr)
+    assert f"kept {intermediate}" in words(later.stderr)
+    assert sorted(p.name for p in out.iterdir()) == [
+        "m.Q4_0.gguf",
+        "m.Q5_0.gguf",
+        "m.Q8_0.gguf",
+        "m.intermediate.BF16",
+        "m.intermediate.BF16.keep",
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -610,6 +727,7 @@ def test_ctrl_c_stops_a_quantization_within_seconds_and_the_same_command_resumes
     whole = time.monotonic() - began
     assert again.returncode == 0, again.stderr
     assert f"using {kept} from an earlier run" in words(again.stderr)
+    assert [p.name for p in out.iterdir()] == ["m.gguf"]  # not asked to be kept: it went
     # It stopped at once (0.1 s here) where quantizing to the end took 8.6 s from the start.
     assert stopped < min(3.0, whole / 2), (stopped, whole)
     print(f"the whole quantization took {whole:.1f} s")

@@ -112,7 +112,7 @@ def test_q4_k_m_conversion_loads_and_answers_through_memagent_ask(memagent, mode
     assert Path(result.stdout.strip()) == out
     # f32 weights: quantized from F16 (BF16 only where the weights are bf16)
     kept = "Tiny-Qwen2.intermediate.F16"
-    assert {p.name for p in tmp_path.iterdir()} == {out.name, kept}
+    assert {p.name for p in tmp_path.iterdir()} == {out.name, kept, f"{kept}.keep"}
     info = json.loads(memagent("models", "info", str(out), "--json").stdout)
     assert info["quantization"] == "Q4_K_M" and info["architecture"] == "qwen2"
 

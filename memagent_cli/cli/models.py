@@ -18,12 +18,26 @@ app = typer.Typer(
 )
 
 
+# The types memagent makes, for the --help of `pull` and `convert` alike.
+_TYPES_HELP = (
+    f"{', '.join(QuantType)}, any case; those that need an importance matrix "
+    f"({', '.join(NEEDS_IMATRIX)}) are not made"
+)
+
+
 def _quant_type(value: str) -> QuantType:
     """--quant as a type memagent makes; the error names those, and why not another."""
     try:
         return quant_type(value)
     except ModelError as exc:
         raise typer.BadParameter(exc.message) from None
+
+
+def _complete_quant(incomplete: str) -> list[str]:
+    """Shell completion for --quant: the types memagent makes, in the case being typed (the
+    shell offers only what starts with it)."""
+    names = [kind.value.lower() if incomplete.islower() else kind.value for kind in QuantType]
+    return [name for name in names if name.startswith(incomplete)]
 
 
 @app.command("list")
@@ -70,7 +84,8 @@ def models_pull(
         str,
         typer.Argument(
             help="OWNER/NAME[:QUANT] on the Hugging Face Hub (QUANT as llama.cpp's -hf reads "
-            "it, default Q4_K_M), or a registry name.",
+            "it, default Q4_K_M), or a registry name[:QUANT]. Hugging Face weights are "
+            f"quantized to QUANT: {_TYPES_HELP}.",
             metavar="MODEL",
         ),
     ],
@@ -79,7 +94,8 @@ def models_pull(
         typer.Option(
             "--delete-shards",
             help="Hugging Face weights: delete each downloaded shard once its tensors are "
-            "converted, for a lower disk peak (a failed conversion downloads them again).",
+            "converted, for a lower disk peak (a conversion that fails before its "
+            "intermediate is complete downloads them again).",
         ),
     ] = False,
     quiet: QuietOpt = False,
@@ -111,9 +127,9 @@ def models_convert(
         typer.Option(
             "--quant",
             parser=_quant_type,
+            autocompletion=_complete_quant,
             metavar="TYPE",
-            help=f"llama.cpp type, any case: {', '.join(QuantType)}. Those that need an "
-            f"importance matrix ({', '.join(NEEDS_IMATRIX)}) are not made.",
+            help=f"llama.cpp type: {_TYPES_HELP}.",
         ),
     ] = QuantType.Q4_K_M,
     out: Annotated[

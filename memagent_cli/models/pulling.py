@@ -14,7 +14,12 @@ from rich.filesize import decimal
 from memagent_cli.errors import ModelError
 from memagent_cli.models import hub, registry
 from memagent_cli.models.conversion import architecture, quantize, vocabulary
-from memagent_cli.models.conversion.convert import DEFAULT_QUANT, plan
+from memagent_cli.models.conversion.convert import (
+    DEFAULT_QUANT,
+    intermediate_path,
+    plan,
+    quantize_intermediate,
+)
 from memagent_cli.models.conversion.convert import convert as convert_folder
 from memagent_cli.models.registry import Model
 from memagent_cli.progress import Note, Progress, silent
@@ -71,10 +76,11 @@ def pull_and_convert(
     progress: Progress | None = None,
     delete_shards: bool = False,
 ) -> Path:
-    """Download the weights `files` lists, convert them and quantize to `spec.quant`. With
+    """Download the weights `files` lists, convert them and quantize to `spec.quant`; a
+    complete intermediate from an earlier run is quantized without them. With
     `delete_shards`, each downloaded shard is deleted once its tensors are converted: the
-    disk peak drops by nearly the size of the weights, but a conversion that fails after
-    that downloads them again."""
+    disk peak drops by nearly the size of the weights, but a conversion that fails before
+    its intermediate is complete downloads them again."""
     quant = quantize.quant_type(spec.quant or DEFAULT_QUANT).value  # before any download
     dest = output_path(spec.repo, quant)
     if dest.is_file():
@@ -90,12 +96,19 @@ def pull_and_convert(
         hub.download(spec.repo, commit, files[path], folder / path)
     arch = architecture.read(folder)
     shards = _shards(spec.repo, folder, files)
-    wanted = [p for p in _SMALL if p in files and p not in first] + shards
     weights = sum(files[p].size or 0 for p in shards)
-    to_download = sum(missing_bytes(folder / p, files[p]) for p in [*first, *wanted])
     dtype = str(arch.config.get("dtype") or arch.config.get("torch_dtype") or "")
     parameters = weights // (4 if dtype == "float32" else 2)
-    if quant in quantize.UNQUANTIZED:
+    reused = _reusable_intermediate(dest, quant, folder, shards, dtype)
+    wanted = [] if reused else [p for p in _SMALL if p in files and p not in first] + shards
+    to_download = sum(missing_bytes(folder / p, files[p]) for p in [*first, *wanted])
+    if reused:  # what a failed quantization left: only the quantization is still to do
+        final = quantize.estimated_size(parameters, quant)
+        writing = f"quantizing {reused.name} from an earlier run to {quant} about "
+        writing += f"{decimal(final)}, without downloading the weights again"
+        written = final
+        memory = quantize.memory_needed(_largest_tensor(arch.config), quant)
+    elif quant in quantize.UNQUANTIZED:
         written = parameters * (4 if quant == "F32" else 2)
         writing = f"writing {quant} {decimal(written)}"
         converted = written  # what the conversion writes while the shards are there
@@ -108,7 +121,7 @@ def pull_and_convert(
         written = converted + final
         memory = quantize.memory_needed(_largest_tensor(arch.config), quant)
     needed = to_download + written
-    if delete_shards:
+    if delete_shards and not reused:
         # Each shard goes once its tensors are written: the peak is every shard plus the
         # converted bytes of the largest, or, once they are gone, what remains written
         # (less the shards that were already here, which count as used space now).
@@ -117,8 +130,9 @@ def pull_and_convert(
         needed = max(to_download + largest * converted // max(weights, 1), written - here)
     note(
         f"{spec.repo} is published as Hugging Face weights ({arch.hf_name}, about "
-        f"{parameters / 1e9:.1f}B parameters): downloading {decimal(to_download)}, {writing}"
-        + ("; each shard deleted once converted" if delete_shards else "")
+        f"{parameters / 1e9:.1f}B parameters): "
+        + (writing if reused else f"downloading {decimal(to_download)}, {writing}")
+        + ("; each shard deleted once converted" if delete_shards and not reused else "")
     )
     check_room(folder.parent, needed, memory, f"pulling {spec.repo}", note)
     for path in wanted:
@@ -130,18 +144,60 @@ def pull_and_convert(
         shard.unlink()
         note(f"deleted {shard.name} ({decimal(size)}): its tensors are converted")
 
-    convert_folder(
-        folder,
-        dest,
-        quant,
-        name=name,
-        note=note,
-        progress=progress,
-        release=release if delete_shards else None,
-    )
+    try:
+        if reused:
+            note(f"using {reused} from an earlier run")
+            quantize_intermediate(reused, dest, quant, label=name, note=note, progress=progress)
+        else:
+            convert_folder(
+                folder,
+                dest,
+                quant,
+                name=name,
+                note=note,
+                progress=progress,
+                release=release if delete_shards else None,
+            )
+    except ModelError as exc:
+        raise ModelError(f"{exc.message} {_downloads_left(folder, spec.repo)}") from None
+    except KeyboardInterrupt:
+        note(_downloads_left(folder, spec.repo))
+        raise
+    left = _bytes_in(folder)
     shutil.rmtree(folder, ignore_errors=True)
-    note(f"removed the downloaded weights ({decimal(weights)}); {dest} is what memagent runs")
+    note(f"removed the downloaded weights ({decimal(left)}); {dest} is what memagent runs")
     return dest
+
+
+def _reusable_intermediate(
+    dest: Path, quant: str, folder: Path, shards: list[str], dtype: str
+) -> Path | None:
+    """The complete intermediate of `dest` that an earlier pull left, when no shard here is
+    newer (as `plan` checks): quantizing it needs none of the weights, which a pull with
+    --delete-shards has deleted."""
+    if quant in quantize.UNQUANTIZED:
+        return None
+    for kind in ("BF16", "F16") if dtype == "bfloat16" else ("F16", "BF16"):
+        path = intermediate_path(dest, quant, kind)
+        if path.is_file() and all(
+            not (folder / p).is_file() or (folder / p).stat().st_mtime <= path.stat().st_mtime
+            for p in shards
+        ):
+            return path
+    return None
+
+
+def _downloads_left(folder: Path, repo: str) -> str:
+    """The sentence a failed pull ends with: what it leaves of the downloads, and how to
+    remove them."""
+    return (
+        f"The downloaded weights ({decimal(_bytes_in(folder))}) stay in {folder} for the next "
+        f"run; `memagent models rm {repo}` deletes them, with every type of {repo} pulled."
+    )
+
+
+def _bytes_in(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
 def _shards(repo: str, folder: Path, files: dict[str, hub.RemoteFile]) -> list[str]:

@@ -5,6 +5,7 @@ touched: a model inside a Python package belongs to pip."""
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import shutil
@@ -14,6 +15,7 @@ from typing import Any
 
 from memagent_cli.errors import ModelError
 from memagent_cli.models import hub, registry
+from memagent_cli.models.conversion.convert import intermediate_path
 from memagent_cli.models.gguf import quant_tag, split_parts
 from memagent_cli.models.pulling import DOWNLOAD_DIR
 
@@ -135,7 +137,9 @@ def _registry_file(name: str, entry: dict[str, object]) -> list[Path]:
 
 def _converted(value: str) -> list[Path]:
     """A GGUF in the data folder (outside hf/) that `models list` names `value`, with the
-    other parts of a split model and an unfinished conversion of it."""
+    other parts of a split model, an unfinished conversion of it, and the intermediates
+    (NAME.intermediate.BF16, kept or left by a failed run) once no other type of NAME is
+    left beside it to be quantized again."""
     folder = hub.models_dir()
     if not folder.is_dir():
         return []
@@ -152,8 +156,22 @@ def _converted(value: str) -> list[Path]:
             if p.is_file() and _UNFINISHED.search(p.name) and _UNFINISHED.sub("", p.name) in names
         ]
         parts = [path.parent / n for n in names if (path.parent / n).is_file()]
-        return parts + unfinished
+        return parts + unfinished + _intermediates(path)
     return []
+
+
+def _intermediates(model: Path) -> list[Path]:
+    """The intermediates `model` was quantized from (convert.intermediate_path), with their
+    .part and .keep files; none while another model of the same NAME is beside it."""
+
+    def prefix(path: Path) -> Path:  # NAME.intermediate. for NAME.QUANT.gguf
+        return intermediate_path(path, quant_tag(path.name), "")
+
+    if any(p != model and prefix(p) == prefix(model) for p in model.parent.glob("*.gguf")):
+        return []
+    return sorted(
+        p for p in model.parent.glob(glob.escape(prefix(model).name) + "*") if p.is_file()
+    )
 
 
 def _size(path: Path) -> int:

@@ -8,7 +8,9 @@ renamed when complete: an interrupted conversion never leaves a file that looks 
 A quantized model is quantized from an unquantized intermediate, as llama.cpp's converter
 and quantizer do: BF16 when the weights are bf16 (F16 would turn values above 65504 into
 inf), else F16, every block checked for range. The intermediate never shares a name with a
-model file (it does not end in .gguf), and only an intermediate this run wrote is removed.
+model file (it does not end in .gguf). It is removed once the model is quantized, whether
+this run wrote it or an interrupted one did, unless `--keep-intermediate` marked it (a
+NAME.intermediate.BF16.keep file beside it): that one stays for every later quantization.
 """
 
 from __future__ import annotations
@@ -163,18 +165,51 @@ def convert(
     else:
         kind = work.source.intermediate_kind
         write_gguf(work.source, work.intermediate, kind, name, progress, note, release)
-    note(f"quantizing to {work.quant} with llama.cpp")
+    quantize_intermediate(
+        work.intermediate,
+        dest,
+        work.quant,
+        keep=keep_intermediate,
+        label=label,
+        note=note,
+        progress=progress,
+    )
+    return dest
+
+
+def quantize_intermediate(
+    intermediate: Path,
+    dest: Path,
+    quant: str,
+    *,
+    keep: bool = False,
+    label: str = "",
+    note: Note = silent,
+    progress: Progress | None = None,
+) -> None:
+    """Quantize the complete `intermediate` into `dest` with llama.cpp, then delete it
+    unless the user asks to keep it, now (`keep`) or with an earlier --keep-intermediate."""
+    note(f"quantizing to {quant} with llama.cpp")
     part = _part(dest)
     try:
-        quantize.quantize(work.intermediate, part, work.quant, note=note, progress=progress)
+        quantize.quantize(intermediate, part, quant, note=note, progress=progress)
         part.replace(dest)
     finally:
         part.unlink(missing_ok=True)
-    if keep_intermediate:
-        note(f"kept {work.intermediate}: quantizing {label} to another type starts from it")
-    elif not work.reuse_intermediate:  # one kept by an earlier run stays
-        work.intermediate.unlink()
-    return dest
+    # Only the user's ask keeps it: one a failed or interrupted run left (tens of GB for
+    # a real model) goes once it has served.
+    mark = _keep_mark(intermediate)
+    if keep:
+        mark.touch()
+    if mark.is_file():
+        note(f"kept {intermediate}: quantizing {label or dest.name} to another type starts from it")
+    else:
+        intermediate.unlink()
+
+
+def _keep_mark(intermediate: Path) -> Path:
+    """The empty file that says `intermediate` is kept at the user's ask."""
+    return intermediate.with_name(intermediate.name + ".keep")
 
 
 def write_gguf(
