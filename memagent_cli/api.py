@@ -1,5 +1,7 @@
-"""memagent from Python: load a document, open a model, ask. The CLI's `ask` is these calls
-plus options and a view on stderr.
+"""memagent from Python: load a document, open a model, ask. This is the small, stable front
+of the library the commands are built on: they call its parts (run/, documents/, models/)
+directly, for what only a command needs (the trace cache, resuming, batches, the views);
+these functions make the same calls.
 
     from memagent_cli.api import ask, load_document, open_model
 

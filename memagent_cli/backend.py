@@ -6,6 +6,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+# Called as progress(what, done, total) while pages are extracted, bytes move or weights
+# load; `total` is None while unknown. Defined here, the lowest module that reports
+# progress (Backend.prepare), so that progress.py, which sits above reader.py, can
+# re-export it without an import cycle.
+Progress = Callable[[str, int, int | None], None]
+
 
 @dataclass(frozen=True)
 class Sampling:
@@ -84,11 +90,11 @@ class Backend(Protocol):
         self,
         context_tokens: int,
         sequences: int = 1,
-        progress: Callable[[str, int, int | None], None] | None = None,
+        progress: Progress | None = None,
     ) -> None:
         """Make ready to serve `sequences` prompts plus replies of up to `context_tokens`
         tokens each at once. Loading weights can take a while: `progress(what, done, total)`
-        (progress.Progress, which this module cannot import) hears of the bytes loaded."""
+        hears of the bytes loaded."""
         ...
 
     def generate(self, message: str, *, max_tokens: int, sampling: Sampling) -> Generation:

@@ -8,14 +8,13 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
-from memagent_cli.reader import Event
+# Defined beside what produces them (the Backend protocol's loading, the reading loop's
+# events) and taken from here by everything that shows or forwards them.
+from memagent_cli.backend import Progress
+from memagent_cli.reader import Listener
 
 Note = Callable[[str], None]  # one line for the user
-# Called as progress(what, done, total) while pages are extracted or bytes move;
-# `total` is None while unknown.
-Progress = Callable[[str, int, int | None], None]
-Listener = Callable[[Event], None]
-SpanOf = Callable[[int, int], str]
+SpanOf = Callable[[int, int], str]  # the document's text between two character offsets
 
 
 def silent(*_: Any) -> None:

@@ -7,8 +7,7 @@ from pathlib import Path
 import builders
 import pytest
 
-from memagent_cli.documents import load_document
-from memagent_cli.documents.epub import xhtml_to_text
+from memagent_cli.documents import load_document, xhtml
 from memagent_cli.errors import DocumentError
 
 CHAPTERS = [
@@ -75,7 +74,7 @@ def test_without_a_table_of_contents_titles_come_from_headings(tmp_path: Path) -
 
 
 def test_xhtml_blocks_become_paragraphs_and_inline_markup_disappears() -> None:
-    text, heading = xhtml_to_text(
+    text, heading = xhtml.to_text(
         b"<?xml version='1.0' encoding='utf-8'?>\n"
         b"<html xmlns='http://www.w3.org/1999/xhtml'><head><title>Not text</title></head><body>"
         b"<section><h2>Part <em>One</em></h2><p>First   <b>bold</b>\n  line<br/>second line</p>"

@@ -7,17 +7,22 @@ of the parts layer never import each other (a backend finds no models, a trace r
 documents); nothing imports in a cycle; and no module imports its own package's
 `__init__` (re-exports are for the packages' users, not their parts). Imports inside
 functions count like any other, so a lazy import cannot hide an upward edge or a cycle.
+
+The README's code map says the same: every module is named in its package's row, and the
+row's layer is the module's, so the map cannot drift from the tree.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
 PACKAGE = "memagent_cli"
 ROOT = Path(__file__).resolve().parents[1] / PACKAGE
+README = ROOT.parent / "README.md"
 
 # Highest first. A module belongs to the first entry that is it or a package above it.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
@@ -180,6 +185,56 @@ def _path_through(group: list[str], graph: dict[str, set[str]]) -> list[str]:
     return group
 
 
+CODE_MAP_HEADER = "| layer | module | what it owns |"
+
+
+def code_map(readme: str) -> list[tuple[str, set[str], set[str]]]:
+    """(layer, the names in backticks of the module cell, those of the whole row) for each
+    row of the README's code map table."""
+    lines = readme.splitlines()
+    start = lines.index(CODE_MAP_HEADER) + 2  # past the header and its |---| line
+    rows = []
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        layer, module, _ = (cell.strip() for cell in line.strip("|").split("|", 2))
+        rows.append(
+            (layer, set(re.findall(r"`([^`]+)`", module)), set(re.findall(r"`([^`]+)`", line)))
+        )
+    return rows
+
+
+def unmapped(root: Path, package: str, readme: str) -> list[str]:
+    """Every module the code map in `readme` does not name, or names in another layer's
+    row, one sentence each. A package's module is named in the row of `package/`; a
+    module at the top, in a row of its own file name."""
+    rows = code_map(readme)
+    problems = []
+    for name, path in modules(root, package).items():
+        relative = path.relative_to(root)
+        folder = relative.parent.as_posix()
+        if relative == Path("__init__.py"):
+            continue
+        home = relative.name if folder == "." else f"{folder}/"
+        row = next((row for row in rows if home in row[1]), None)
+        if row is None:
+            problems.append(f"{relative}: no row of the README's code map is `{home}`")
+            continue
+        layer, _, named = row
+        if (
+            folder != "."
+            and path.name != "__init__.py"
+            and not {relative.stem, relative.name} & named
+        ):
+            problems.append(
+                f"{relative}: the code map's `{home}` row does not name `{relative.stem}`"
+            )
+        expected = LAYERS[layer_of(name, package)[0]][0]
+        if layer != expected:
+            problems.append(f"{relative}: the code map puts `{home}` in {layer}, not {expected}")
+    return problems
+
+
 def test_memagent_keeps_its_layers() -> None:
     problems = violations(ROOT, PACKAGE)
     assert not problems, "\n".join(problems)
@@ -234,3 +289,33 @@ def test_imports_down_the_layers_are_allowed(tmp_path: Path) -> None:
         },
     )
     assert violations(root, PACKAGE) == []
+
+
+def test_the_readme_code_map_names_every_module_in_its_layer() -> None:
+    problems = unmapped(ROOT, PACKAGE, README.read_text())
+    assert not problems, "\n".join(problems)
+
+
+def test_a_module_missing_from_the_code_map_or_in_the_wrong_layer_is_reported(
+    tmp_path: Path,
+) -> None:
+    root = _package(
+        tmp_path,
+        {"reader.py": "", "run/ask.py": "", "run/journal.py": "", "views/html.py": ""},
+    )
+    readme = textwrap.dedent(
+        f"""\
+        {CODE_MAP_HEADER}
+        |---|---|---|
+        | run | `run/` | a reading: `ask` (the journal is not named) |
+        | parts | `views/` | what a person sees: `html` |
+
+        | core | `reader.py` | below the table's end, so not in it |
+        """
+    )
+    assert unmapped(root, PACKAGE, readme) == [
+        "reader.py: no row of the README's code map is `reader.py`",
+        "run/journal.py: the code map's `run/` row does not name `journal`",
+        "views/__init__.py: the code map puts `views/` in parts, not views",
+        "views/html.py: the code map puts `views/` in parts, not views",
+    ]

@@ -359,7 +359,11 @@ def test_a_split_model_is_pulled_whole(memagent, env, fake_hub, tmp_path):
 
 
 def test_model_option_pulls_an_hf_model_on_first_use_then_works_offline(env, fake_hub):
-    resolve = f"from memagent_cli import models; print(models.resolve('hf:{REPO}:Q4_1').path)"
+    # The library prints nothing itself: its notes go to the callback it is given.
+    resolve = (
+        "from memagent_cli import models; notes = []; "
+        f"print(models.resolve('hf:{REPO}:Q4_1', note=notes.append).path); print(*notes)"
+    )
 
     def run() -> subprocess.CompletedProcess:
         return subprocess.run(
@@ -368,12 +372,14 @@ def test_model_option_pulls_an_hf_model_on_first_use_then_works_offline(env, fak
 
     first = run()
     assert first.returncode == 0, first.stderr
-    assert "not pulled yet, pulling it from the Hugging Face Hub" in words(first.stderr)
-    assert Path(first.stdout.strip()) == pulled_dir(env) / MODEL_FILE
+    assert first.stderr == ""
+    path, notes = first.stdout.splitlines()
+    assert "not pulled yet, pulling it from the Hugging Face Hub" in words(notes)
+    assert Path(path) == pulled_dir(env) / MODEL_FILE
     env["HF_ENDPOINT"] = "http://127.0.0.1:9"  # the Hub is gone: the pulled file is enough
     second = run()
     assert second.returncode == 0, second.stderr
-    assert second.stdout == first.stdout and second.stderr == ""
+    assert second.stdout == f"{path}\n\n" and second.stderr == ""
 
 
 # choosing a file as llama.cpp's -hf does ------------------------------------------------
@@ -529,6 +535,55 @@ def test_rm_refuses_what_it_does_not_know_or_does_not_hold(memagent, env, tmp_pa
     removed = memagent("models", "rm", "Tiny-Qwen2.F16")
     assert removed.returncode == 0, removed.stderr
     assert removed.stdout.startswith(f"removed {model} (") and not model.exists()
+
+
+def test_rm_of_a_converted_model_takes_its_intermediate_once_no_other_type_is_left(
+    memagent, env, tmp_path
+):
+    folder = tmp_path / "Tiny-Qwen2"
+    build(folder)
+
+    def convert(quant: str) -> Path:
+        done = memagent(
+            "models", "convert", str(folder), "--quant", quant, "--keep-intermediate", "--quiet"
+        )
+        assert done.returncode == 0, done.stderr
+        return Path(done.stdout.strip())
+
+    q8, q4 = convert("Q8_0"), convert("Q4_0")
+    intermediate = q8.with_name("Tiny-Qwen2.intermediate.BF16")
+    mark = intermediate.with_name(intermediate.name + ".keep")
+    assert intermediate.is_file() and mark.is_file()
+
+    one = json.loads(memagent("models", "rm", "Tiny-Qwen2.Q8_0", "--json").stdout)
+    assert [r["path"] for r in one["removed"]] == [str(q8)]  # Q4_0 may be quantized again
+    sizes = {p: p.stat().st_size for p in (q4, intermediate, mark)}
+    last = memagent("models", "rm", "Tiny-Qwen2.Q4_0")
+    assert last.returncode == 0, last.stderr
+    assert last.stdout == "".join(f"removed {p} ({decimal(n)})\n" for p, n in sizes.items()) + (
+        f"freed {decimal(sum(sizes.values()))}\n"
+    )
+    assert not list(q4.parent.iterdir())
+
+
+def test_pull_and_convert_help_list_the_types_and_completion_offers_them(memagent, env):
+    types = "F32, F16, BF16, Q8_0, Q6_K, Q5_K_M, Q5_K_S, Q5_1, Q5_0, Q4_K_M, Q4_K_S"
+    for command in ("pull", "convert"):
+        said = words(memagent("models", command, "--help").stdout.replace("│", " "))
+        assert types in said and "IQ3_M, IQ3_S, Q2_K, any case" in said, command
+        assert "need an importance matrix (IQ1_S, IQ1_M, IQ2_XXS" in said, command
+
+    def complete(typed: str) -> list[str]:
+        env.update(
+            _MEMAGENT_COMPLETE="complete_bash",
+            COMP_WORDS=f"memagent models convert folder --quant {typed}",
+            COMP_CWORD="5",
+        )
+        return memagent().stdout.split()
+
+    assert complete("Q4") == ["Q4_K_M", "Q4_K_S", "Q4_1", "Q4_0"]
+    assert complete("q5_k") == ["q5_k_m", "q5_k_s"]  # in the case typed: --quant is any case
+    assert "Q2_K" in complete("") and not [t for t in complete("") if "IQ2" in t]
 
 
 @pytest.mark.model  # needs the default model's package (no model is loaded)

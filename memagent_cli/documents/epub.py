@@ -18,9 +18,6 @@ from memagent_cli.documents.document import Document, assemble
 from memagent_cli.errors import DocumentError
 from memagent_cli.progress import Progress
 
-# Kept importable from here: tests and benchmarks convert single XHTML files with it.
-xhtml_to_text = xhtml.to_text
-
 _CONTAINER = "META-INF/container.xml"
 _ENCRYPTION = "META-INF/encryption.xml"
 # Font obfuscation (IDPF, Adobe) scrambles fonts only; any other algorithm is DRM.

@@ -2,13 +2,12 @@
 `hf:OWNER/NAME[:QUANT]` (pulled from the Hub on first use); then the default model. Also what
 `memagent models` lists and describes.
 
-Nothing here prints through the display: notes (one line for the user) and download or
-conversion progress go to the callbacks a caller passes, plain stderr lines by default."""
+Nothing here prints: notes (one line for the user) and download or conversion progress go
+to the callbacks a caller passes, and are dropped by default, as everywhere in the library."""
 
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,16 +16,12 @@ from memagent_cli.errors import ModelError
 from memagent_cli.models import gguf, hub, pulling, registry
 from memagent_cli.models.gguf import GGUFInfo, split_parts
 from memagent_cli.models.registry import Model
-from memagent_cli.progress import Note, Progress
+from memagent_cli.progress import Note, Progress, silent
 
 ENV_VAR = "MEMAGENT_MODEL"
 
 
-def _stderr(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-def resolve(option: str | None, *, note: Note = _stderr, progress: Progress | None = None) -> Model:
+def resolve(option: str | None, *, note: Note = silent, progress: Progress | None = None) -> Model:
     """The model to use: `option`, else $MEMAGENT_MODEL, else the default; first match wins.
     An `hf:` model not pulled yet is pulled, saying so through `note` and `progress`."""
     if option:
@@ -49,7 +44,7 @@ def _resolve_one(
     value: str,
     where: str,
     fetch: bool = True,
-    note: Note = _stderr,
+    note: Note = silent,
     progress: Progress | None = None,
 ) -> Model:
     if value.startswith(hub.PREFIX):
