@@ -61,6 +61,38 @@ def test_each_word_of_the_answer_names_the_step_that_brought_it():
     ]
 
 
+def test_a_later_step_that_rewrote_the_answers_words_is_a_source():
+    # The rule: the earliest step after which the answer's content is in the memory
+    # and stays there, and any later step that changed it. Step 3 changed "3" to "7".
+    memories = [
+        "The password is PELICAN 3.",
+        "The password is PELICAN 3.",
+        "The password is now PELICAN 7.",
+        "PELICAN 7, says the keeper.",
+    ]
+    assert sources(memories, "\\boxed{PELICAN 7}") == [(1, ("pelican",)), (3, ("7",))]
+    # Rewritten to another word and back: the answer's word came from where it came back.
+    memories = [
+        "The password is PELICAN.",
+        "The password is HERON.",
+        "The password is PELICAN after all.",
+        "PELICAN.",
+    ]
+    assert sources(memories, "\\boxed{PELICAN}") == [(3, ("pelican",))]
+
+
+def test_a_later_step_that_reworded_the_memory_around_the_answer_is_not_a_source():
+    # After step 2 every memory holds the answer's one word: later steps changed the text
+    # around it, not the answer's content, which the rule compares word by word.
+    memories = [
+        "Nothing.",
+        "Maybe the password is PELICAN.",
+        "The password is surely PELICAN; the keeper said so.",
+        "PELICAN.",
+    ]
+    assert sources(memories, "\\boxed{PELICAN}") == [(2, ("pelican",))]
+
+
 @pytest.mark.parametrize(
     "memories",
     [

@@ -40,16 +40,23 @@ REPLY = "The password is \\boxed{PELICAN}."
 
 
 def write_trace(
-    path: Path, memories: list[str], question: str = QUESTION, reply: str = REPLY
+    path: Path,
+    memories: list[str],
+    question: str = QUESTION,
+    reply: str = REPLY,
+    parts: list[tuple[str, str]] = PAGES,
+    unit: str = "page",
 ) -> Path:
-    """A trace of the real loop over a four-page PDF's text with scripted memories: finished,
-    or interrupted after as many steps as there are memories."""
-    book = assemble(PAGES, path="/books/tower.pdf", format="pdf", sha256="ab" * 32, unit="page")
+    """A trace of the real loop over a four-page PDF's text (or an EPUB's, in `parts` named
+    by chapter) with scripted memories: finished, or interrupted after as many steps as there
+    are memories."""
+    kind = "pdf" if unit == "page" else "epub"
+    book = assemble(parts, path=f"/books/tower.{kind}", format=kind, sha256="ab" * 32, unit=unit)
     chunks = make_chunks(list(book.text.encode()), 60, bytes)
     header = Header(
         question=question,
         document={
-            "path": book.path, "sha256": book.sha256, "format": "pdf", "unit": "page",
+            "path": book.path, "sha256": book.sha256, "format": kind, "unit": unit,
             "characters": len(book.text), "tokens": len(book.text.encode()), "chunks": len(chunks),
         },
         model={"path": "/models/tiny.gguf", "name": "tiny-model", "size": 2**28},
@@ -161,8 +168,8 @@ def test_ask_report_has_a_tab_per_question_and_every_step(memagent, fake_server,
     for run in (1, 2):
         assert text.count(f'id="run-{run}-step-') == chunks
         assert f'class="step source" id="run-{run}-step-1"' in text  # "Zanzibar" came in there
-    # Nothing runs and nothing is fetched: links stay in the page, images are data.
-    assert "<script" not in text and not re.search(r'(src|href)="(?!#|data:)', text)
+    # Nothing runs and nothing is fetched: links stay in the page.
+    assert "<script" not in text and not re.search(r'(src|href)="(?!#)', text)
 
 
 def test_ask_report_path_is_checked_before_any_model(memagent, doc, tmp_path):
@@ -212,6 +219,37 @@ def test_a_runaway_reply_is_cut_on_top_and_whole_below(memagent, tmp_path):
     assert "pp. i–1, step 2 of 5</a>" in text  # the reply's content word, "pelican"
 
 
+def strip_of(page: Path) -> str:
+    """The first run's document strip: the page's first SVG drawing."""
+    return re.search(r"<svg.*?</svg>", page.read_text(), re.S)[0]
+
+
+def test_the_strip_reads_as_the_documents_pages(memagent, tmp_path):
+    page = tmp_path / "pages.html"
+    ok(memagent("trace", str(write_trace(tmp_path / "t.jsonl", MEMORIES)), "--html", str(page)))
+    strip = strip_of(page)
+    # A tick where each step starts (288 tokens over 1,000 units), naming its first page ...
+    ticks = re.findall(r'<line x1="([\d.]+)"[^>]*><title>step (\d) starts on (.*?), token', strip)
+    assert ticks == [
+        ("0.00", "1", "p. i"), ("208.33", "2", "p. i"), ("416.67", "3", "p. 1"),
+        ("625.00", "4", "p. 2"), ("833.33", "5", "p. 3"),
+    ]  # fmt: skip
+    # ... and under the ticks each page once, where the first step on it starts.
+    labels = re.findall(r'<text class="dim" x="([\d.]+)" y="84.0">(.*?)</text>', strip)
+    assert labels == [("0.0", "p. i"), ("416.7", "p. 1"), ("625.0", "p. 2"), ("833.3", "p. 3")]
+
+
+def test_the_strip_reads_as_the_documents_chapters(memagent, tmp_path):
+    titles = ["Prologue", "The Vault – Part One", "Noon & <Night>", "The Fall"]
+    parts = [(title, text) for title, (_, text) in zip(titles, PAGES, strict=True)]
+    path = write_trace(tmp_path / "t.jsonl", MEMORIES, parts=parts, unit="chapter")
+    page = tmp_path / "chapters.html"
+    ok(memagent("trace", str(path), "--html", str(page)))
+    labels = re.findall(r'<text class="dim" x="[\d.]+" y="84.0"[^>]*>(.*?)</text>', strip_of(page))
+    # A title holding the separator of spans is cut there ("The Vault"); each is text.
+    assert labels == ["Prologue", "The Vault", "Noon &amp; &lt;Night&gt;", "The Fall"]
+
+
 # ---------------------------------------------------------------- eval report --html
 
 
@@ -230,22 +268,29 @@ def eval_results(path: Path, name: str) -> Path:
 
 
 def test_eval_report_html_holds_the_tables_and_the_plot(memagent, tmp_path):
-    pytest.importorskip("matplotlib")
     runs = [
         eval_results(tmp_path / "q4.jsonl", "<i>Paris</i>"),
-        eval_results(tmp_path / "q8.jsonl", "x"),
+        eval_results(tmp_path / "<q8>.jsonl", "x"),
     ]
     page = tmp_path / "eval.html"
     result = memagent("eval", "report", *map(str, runs), "--html", str(page))
     table = ok(result)  # the terminal table still comes on stdout
     assert "eval_50" in table and f"report: {page}" in words(result.stderr)
     text = page.read_text()
-    assert text.count("<h2>") == 2 and '<img src="data:image/svg+xml;base64,' in text
+    assert text.count("<h2>") == 3  # the chart, then each file
     assert '<td>eval_50</td><td class="num">7K</td><td class="num">2</td>' in text
     assert "&lt;i&gt;Paris&lt;/i&gt;" in text and "<i>Paris" not in text
+    # The chart is inline SVG: a line per run and per paper row, a point per length group.
+    chart = re.search(r'<svg[^>]*aria-label="Accuracy[^"]*">.*?</svg>', text, re.S)[0]
+    assert chart.count("<polyline") == 4 and chart.count('stroke-dasharray="6 4"/>') >= 2
+    assert "<title>q4: 50.00% at 7K tokens</title>" in chart
+    assert "<title>q4: 100.00% at 14K tokens</title>" in chart
+    assert ">&lt;q8&gt;</text>" in chart and "<q8>" not in chart  # a file name is text too
+    assert ">RL-MemAgent-14B (paper)</text>" in chart and ">3.5M</text>" in chart
+    assert "<img" not in text and "<script" not in text
 
 
-def test_eval_report_html_without_matplotlib_is_the_tables_and_a_note(tmp_path, monkeypatch):
+def test_eval_report_html_draws_its_chart_without_matplotlib(tmp_path, monkeypatch):
     from memagent_cli.views import evaluation as views
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
@@ -253,8 +298,31 @@ def test_eval_report_html_without_matplotlib_is_the_tables_and_a_note(tmp_path, 
     run = results.read(eval_results(tmp_path / "q4.jsonl", "Paris"))
     views.write_html([run], tmp_path / "eval.html")
     text = (tmp_path / "eval.html").read_text()
-    assert "No plot: --plot needs matplotlib" in text and "<img" not in text
-    assert "<td>eval_100</td>" in text
+    assert "<title>q4: 50.00% at 7K tokens</title>" in text and "<td>eval_100</td>" in text
+    assert "matplotlib" not in text
+
+
+def test_eval_report_html_of_a_needle_run_has_its_depth_grid(tmp_path):
+    from memagent_cli.views import evaluation as views
+
+    path = tmp_path / "niah.jsonl"
+    with results.Writer(path) as writer:
+        for i, (group, tokens, depth, score) in enumerate(
+            [("niah_8k", 8192, 10.0, 1.0), ("niah_8k", 8192, 90.0, 0.0),
+             ("niah_16k", 16384, 10.0, 1.0)]
+        ):  # fmt: skip
+            writer.add({
+                "id": f"n{i}", "group": group, "tokens": tokens, "depth": depth, "seconds": 1.0,
+                "sub_em": score, "gold": ["PELICAN"], "question": "Which word?",
+                "prediction": "PELICAN" if score else "x",
+            })  # fmt: skip
+    views.write_html([results.read(path)], tmp_path / "niah.html")
+    text = (tmp_path / "niah.html").read_text()
+    grid = re.search(r'<svg[^>]*aria-label="Needle recall[^"]*">.*?</svg>', text, re.S)[0]
+    # Red at 0%, green at 100%, blank where nothing ran (depth 90% of the 16K group).
+    assert 'fill="#1a9850" stroke="#fff"><title>depth 10%, niah_8k: 100%</title>' in grid
+    assert 'fill="#d73027" stroke="#fff"><title>depth 90%, niah_8k: 0%</title>' in grid
+    assert "<title>depth 90%, niah_16k: not run</title>" in grid
 
 
 # ---------------------------------------------------------------- in a real browser
@@ -276,6 +344,34 @@ def browse(page: Path, profile: Path, *args: str) -> subprocess.CompletedProcess
     )  # fmt: skip
 
 
+def console(shown: subprocess.CompletedProcess) -> list[str]:
+    """What the page logged to the browser's console: errors, and requests its policy blocked."""
+    return [line for line in shown.stderr.splitlines() if ":CONSOLE" in line]
+
+
+@needs_browser
+def test_the_console_check_sees_a_blocked_request_and_a_script_error(memagent, tmp_path):
+    # The control for the empty consoles asserted below: the same report, with a remote image
+    # and a script added, logs both; without its policy, the script's error.
+    page = tmp_path / "report.html"
+    ok(memagent("trace", str(write_trace(tmp_path / "kept.jsonl", MEMORIES)), "--html", str(page)))
+    clean = page.read_text()
+    added = '<img src="http://127.0.0.1:9/x.png" alt=""><script>missing()</script></body>'
+    blocked = tmp_path / "blocked.html"
+    blocked.write_text(clean.replace("</body>", added))
+    logged = console(browse(blocked, tmp_path / "profile", "--dump-dom"))
+    policy = [line for line in logged if "Content Security Policy" in line]
+    assert any("'http://127.0.0.1:9/x.png'" in line for line in policy), logged
+    assert any("inline script" in line for line in policy), logged
+    unguarded = tmp_path / "unguarded.html"
+    unguarded.write_text(re.sub(r"<meta http-equiv=\"Content-Security-Policy\"[^>]*>\n", "",
+                                clean.replace("</body>", added)))  # fmt: skip
+    assert "Content-Security-Policy" not in unguarded.read_text()
+    logged = console(browse(unguarded, tmp_path / "profile", "--dump-dom"))
+    assert any("Uncaught ReferenceError: missing is not defined" in line for line in logged)
+    assert console(browse(page, tmp_path / "profile", "--dump-dom")) == []
+
+
 @needs_browser
 def test_the_report_renders_in_a_browser_and_a_hostile_trace_stays_inert(memagent, tmp_path):
     kept = write_trace(tmp_path / "kept.jsonl", MEMORIES)
@@ -287,8 +383,7 @@ def test_the_report_renders_in_a_browser_and_a_hostile_trace_stays_inert(memagen
 
     shown = browse(page, profile, "--dump-dom")
     assert shown.returncode == 0, shown.stderr
-    console = [line for line in shown.stderr.splitlines() if ":CONSOLE" in line]
-    assert console == []  # no error, and nothing the page's policy had to block
+    assert console(shown) == []  # no error, and nothing the page's policy had to block
     dom = shown.stdout
     assert re.search(r"<title>memagent: 2 questions</title>", dom) and "pwned</title>" not in dom
     # No script element and no link to javascript:, only their text.
@@ -318,7 +413,6 @@ def test_the_report_renders_in_a_browser_and_a_hostile_trace_stays_inert(memagen
 
 @needs_browser
 def test_the_eval_report_renders_its_plot_in_a_browser(memagent, tmp_path):
-    pytest.importorskip("matplotlib")
     page = tmp_path / "eval.html"
     ok(
         memagent(
@@ -327,9 +421,8 @@ def test_the_eval_report_renders_its_plot_in_a_browser(memagent, tmp_path):
     )
     shown = browse(page, tmp_path / "profile", "--dump-dom")
     assert shown.returncode == 0, shown.stderr
-    # The plot is a data: image the page's policy allows: nothing blocked, nothing logged.
-    assert [line for line in shown.stderr.splitlines() if ":CONSOLE" in line] == []
-    assert (
-        '<img src="data:image/svg+xml;base64,' in shown.stdout
-        and "<td>eval_100</td>" in shown.stdout
-    )
+    # The chart is inline SVG: nothing blocked, nothing logged.
+    assert console(shown) == []
+    dom = shown.stdout
+    assert 'aria-label="Accuracy (sub_em, %)' in dom and "<td>eval_100</td>" in dom
+    assert "<title>q4: 50.00% at 7K tokens</title>" in dom

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import signal
 import subprocess
 import threading
@@ -575,3 +576,39 @@ def test_follow_goes_on_through_a_resumed_run_to_its_answer(env, tmp_path):
     # The memory carries over the interruption: step 3 is compared with step 2's memory.
     step_3 = next(line for line in printed if line.startswith("step 3/5"))
     assert "+5 -6 words" in step_3
+
+
+# A real trace of the previous release: `memagent ask` of memagent 0.1.0 (commit 9121636) run
+# through its tests/fake_openai.py stand-in on a six-chunk text, with --chunk-tokens 30
+# --memory-tokens 64 --temperature 0. Format 1: steps as "index" counted from 0, the evidence
+# one dict whose "step" also counts from 0.
+OLD_RELEASE = Path(__file__).parent / "data" / "trace-0.1.0.jsonl"
+
+
+def test_a_trace_written_by_memagent_0_1_reads_in_every_view(memagent, tmp_path):
+    raw = [json.loads(line) for line in OLD_RELEASE.read_text().splitlines()]
+    assert raw[0]["format"] == 1 and [r.get("index") for r in raw[1:7]] == [0, 1, 2, 3, 4, 5]
+    assert raw[-1]["evidence"] == {"step": 1, "tokens": [30, 60], "chars": [142, 247], "span": ""}
+
+    out = ok(memagent("trace", str(OLD_RELEASE)))
+    assert step_rows(out) == ["1", "2", "3", "4", "5", "6"]  # counted from 1, as ask counts
+    assert "Answer: chandlery." in out
+    # The 0.1 evidence (step 1 from 0, the second chunk) is step 2 to a person.
+    assert "Evidence: from tokens 30–60, step 2 of 6" in words(out)
+    second = ok(memagent("trace", str(OLD_RELEASE), "--step", "2"))
+    assert "memory after step 2, tokens 30–60" in second and raw[2]["memory"] in second
+
+    data = json.loads(ok(memagent("trace", str(OLD_RELEASE), "--json")))
+    assert data["problems"] == [] and data["status"] == "finished"
+    assert [step["step"] for step in data["steps"]] == [1, 2, 3, 4, 5, 6]
+    assert data["final"]["evidence"] == [
+        {"step": 2, "words": [], "tokens": [30, 60], "chars": [142, 247]}
+    ]
+
+    page = tmp_path / "old.html"
+    ok(memagent("trace", str(OLD_RELEASE), "--html", str(page)))
+    text = page.read_text()
+    assert [int(n) for n in re.findall(r'id="run-1-step-(\d+)"', text)] == [1, 2, 3, 4, 5, 6]
+    assert '<article class="step source" id="run-1-step-2">' in text
+    assert 'From <a href="#run-1-step-2">tokens 30–60, step 2 of 6</a>.' in text
+    assert "chandlery." in text and "Lanterns hung along the harbour wall" in text

@@ -7,7 +7,6 @@ display is needed.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -85,13 +84,6 @@ def heatmap_figure(
     axes.set_title("memagent eval niah: recall by depth and length")
     figure.colorbar(image, ax=axes, label="recall (%)")
     return figure
-
-
-def svg_of(figure: Any) -> bytes:
-    """A figure as SVG, for a report that holds its pictures inline."""
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="svg", metadata={"Date": None})
-    return buffer.getvalue()
 
 
 def require() -> None:

@@ -76,17 +76,11 @@ def _picture(runs: list[Results]) -> Any:
 
 
 def write_html(runs: list[Results], path: Path) -> None:
-    """The HTML report of results files: their tables and cases, and inline the picture
-    `draw` draws; without matplotlib, the tables and a note saying so."""
+    """The HTML report of results files: their tables and cases, and the chart `draw` draws,
+    inline as SVG (no matplotlib needed)."""
     from memagent_cli.views import html
 
-    svg, missing = None, ""
-    try:
-        svg = plot.svg_of(_picture(runs))
-    except plot.PlotError as exc:
-        missing = f"No plot: {exc.message}"
-        display.note(missing)
-    html.write(path, html.eval_report(runs, svg, missing))
+    html.write(path, html.eval_report(runs))
     display.note(f"report: {path}")
 
 

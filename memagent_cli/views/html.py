@@ -2,15 +2,14 @@
 (`trace --html`, `ask --report`) and for evaluations (`eval report --html`).
 
 Inline CSS and inline SVG, no script and nothing fetched: a Content-Security-Policy forbids
-scripts, frames and every request but `data:` images, so a report opens from disk, offline,
-and prints. The renderers are pure functions of trace records and results files; every text
+scripts, frames, images and every other request, so a report opens from disk, offline, and
+prints. The renderers are pure functions of trace records and results files; every text
 that comes from a document, a model or a file is escaped, so a memory holding `<script>` or
 `javascript:` shows as those characters.
 """
 
 from __future__ import annotations
 
-import base64
 import math
 import re
 from collections.abc import Sequence
@@ -20,12 +19,12 @@ from typing import Any
 
 from memagent_cli import __version__, protocol
 from memagent_cli.errors import UserError
-from memagent_cli.evaluation import report
+from memagent_cli.evaluation import plot, report
 from memagent_cli.evaluation.results import Results
 from memagent_cli.trace import StepRecord, Trace
 from memagent_cli.views import traces
 
-POLICY = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
+POLICY = "default-src 'none'; style-src 'unsafe-inline'"
 # Colours the SVG drawings share with the CSS (SVG attributes take no CSS variables).
 STEP, STEP2, SOURCE, UNREAD = "#9fb3d9", "#c3d0ea", "#e8890c", "#eef1f5"
 
@@ -89,8 +88,6 @@ mark { background: var(--mark); border-bottom: 2px solid var(--source); }
   white-space: nowrap; overflow: hidden; text-overflow: ellipsis; }
 .tabs > .run { display: none; }
 table.index label { cursor: pointer; text-decoration: underline; }
-figure { margin: 12px 0; }
-figure img { max-width: 100%; }
 @media print {
   body { max-width: none; padding: 0; font-size: 11pt; }
   .tabs > nav, .tabs > input { display: none; }
@@ -294,14 +291,15 @@ def _facts(loaded: Trace) -> str:
 
 
 def _strip(loaded: Trace, ident: str, sources: dict[int, dict[str, Any]]) -> str:
-    """The document from its first token to its last, each step's chunk a block on it
-    (named by its pages or chapters), the source steps marked with the answer above them."""
+    """The document from its first token to its last, each step's chunk a block on it, a
+    tick where each step starts named by its page or chapter (its first token in a text),
+    the source steps marked with the answer above them."""
     width, top, height = 1000.0, 34.0, 30.0
     total = max(int(loaded.header.document.get("tokens") or 0), 1)
     if loaded.steps:
         total = max(total, loaded.steps[-1].tokens[1])
     out = [
-        f'<svg viewBox="0 0 {width:.0f} 96" role="img" '
+        f'<svg viewBox="0 0 {width:.0f} 116" role="img" '
         f'aria-label="The document, {total:,} tokens, and the chunk each step read">'
     ]
     out.append(
@@ -334,17 +332,9 @@ def _strip(loaded: Trace, ident: str, sources: dict[int, dict[str, Any]]) -> str
             f'<text x="{min(max(x, 30), width - 30):.1f}" y="{top - 14}" text-anchor="middle">'
             f"step {number}</text>"
         )
-    first, last = loaded.steps[:1], loaded.steps[-1:]
-    left = first[0].span.split("–")[0] if first and first[0].span else "token 0"
-    read_all = bool(last) and last[0].tokens[1] >= total  # else the end was never read
-    right = last[0].span if read_all and last[0].span else f"token {total:,}"
-    out.append(f'<text class="dim" x="0" y="{top + height + 18}">{escape(left)}</text>')
+    out.extend(_boundaries(loaded.steps, total, width, top + height))
     out.append(
-        f'<text class="dim" x="{width:.0f}" y="{top + height + 18}" text-anchor="end">'
-        f"{escape(right)}</text>"
-    )
-    out.append(
-        f'<text class="dim" x="{width / 2:.0f}" y="{top + height + 18}" text-anchor="middle">'
+        f'<text class="dim" x="{width / 2:.0f}" y="{top + height + 46}" text-anchor="middle">'
         f"{total:,} tokens, {loaded.header.total_steps} steps</text>"
     )
     out.append("</svg>")
@@ -352,9 +342,69 @@ def _strip(loaded: Trace, ident: str, sources: dict[int, dict[str, Any]]) -> str
         '<div class="legend"><span><i style="background: var(--step)"></i>a step\'s chunk'
         '</span><span><i style="background: var(--source)"></i>a step the answer came from'
         '</span><span><i style="background: #eef1f5; border: 1px solid #d1d9e0"></i>not read'
-        "</span></div>"
+        "</span><span>| where a step starts</span></div>"
     )
     return "".join(out) + legend
+
+
+_LABEL_WIDTH = 6.6  # an SVG unit per 12px character, the strip being about 1,000 px wide
+
+
+def _boundaries(steps: Sequence[StepRecord], total: int, width: float, y: float) -> list[str]:
+    """A tick under the strip where each step starts and where the last one ends, labelled
+    with the page or chapter it starts on whenever that changes, so the strip reads as the
+    document's pages or chapters; labels that would overlap the one before are left out
+    (each tick still says its place on hover)."""
+    out: list[str] = []
+    ticks = []
+    for record in steps:
+        start, number = record.tokens[0], record.index + 1
+        if record.span:
+            place = _starts_on(record.span)
+            tip = f"step {number} starts on {place}, token {start:,}"
+        else:  # a text: no pages, so its tokens
+            place, tip = f"{start:,}", f"step {number} starts at token {start:,}"
+        ticks.append((start, place, tip))
+    # The page or chapter the document ends on, known when the last step read to its end.
+    last_span = steps[-1].span if steps and steps[-1].tokens[1] >= total else ""
+    end = _ends_on(last_span) if last_span else f"token {total:,}"
+    end_left = width - len(end) * _LABEL_WIDTH
+    free, shown = 0.0, None
+    for token, place, tip in ticks:
+        x = token / total * width
+        out.append(
+            f'<line x1="{x:.2f}" x2="{x:.2f}" y1="{y}" y2="{y + 7}" stroke="#59636e">'
+            f"<title>{escape(tip)}</title></line>"
+        )
+        label_end = x + len(place) * _LABEL_WIDTH + 8
+        if place != shown and x >= free and label_end <= end_left:
+            out.append(f'<text class="dim" x="{x:.1f}" y="{y + 20}">{escape(place)}</text>')
+            free, shown = label_end, place
+    if not ticks:
+        out.append(f'<text class="dim" x="0" y="{y + 20}">token 0</text>')
+    out.append(
+        f'<line x1="{width - 0.5:.1f}" x2="{width - 0.5:.1f}" y1="{y}" y2="{y + 7}" '
+        'stroke="#59636e"/>'
+    )
+    if end != shown:  # else the last label already names the page the document ends on
+        out.append(
+            f'<text class="dim" x="{width:.0f}" y="{y + 20}" text-anchor="end">{escape(end)}</text>'
+        )
+    return out
+
+
+def _starts_on(span: str) -> str:
+    """The page or chapter a span starts on: "p. 3" of "p. 3–5", "Intro" of "Intro – Coda"."""
+    if span.startswith("p. "):
+        return span.split("–")[0]
+    return span.split(" – ")[0]
+
+
+def _ends_on(span: str) -> str:
+    """The page or chapter a span ends on: "p. 5" of "p. 3–5", "Coda" of "Intro – Coda"."""
+    if span.startswith("p. "):
+        return "p. " + span.removeprefix("p. ").split("–")[-1]
+    return span.split(" – ")[-1]
 
 
 def _chart(loaded: Trace, sources: dict[int, dict[str, Any]]) -> str:
@@ -503,25 +553,155 @@ def _marked(text: str, held: set[str]) -> str:
 # ---------------------------------------------------------------- evaluations
 
 
-def eval_report(runs: Sequence[Results], plot_svg: bytes | None, plot_note: str = "") -> str:
-    """One page for results files: the plot (an SVG image, when there is one, else
-    `plot_note`), then per file its score table by length group and every case."""
+def eval_report(runs: Sequence[Results]) -> str:
+    """One page for results files: the accuracy chart (for one needle run, its depth x length
+    grid too), drawn inline as SVG, then per file its score table by length group and every
+    case."""
     parts = [
         "<header><h1>memagent eval report</h1>"
         f'<p class="sub">{len(runs)} results file{"s" if len(runs) != 1 else ""}: '
         f"{escape(', '.join(str(r.path) for r in runs))}</p></header>"
     ]
-    if plot_svg is not None:
-        data = base64.b64encode(plot_svg).decode("ascii")
-        parts.append(
-            f'<figure><img src="data:image/svg+xml;base64,{data}" alt="Accuracy by length">'
-            "</figure>"
-        )
-    elif plot_note:
-        parts.append(f'<p class="note">{escape(plot_note)}</p>')
+    parts.append("<h2>Accuracy versus length</h2>")
+    parts.append(_accuracy_chart([(r.label, report.summarize(r.records)) for r in runs]))
+    records = [r for run in runs for r in run.records]
+    if len(runs) == 1 and records and all(r.get("depth") is not None for r in records):
+        parts.append("<h2>Needle recall by depth and length</h2>")
+        parts.append(_depth_grid(*report.depth_grid(records)))
     for run in runs:
         parts.append(_eval_run(run))
     return _page("memagent eval report", "".join(parts))
+
+
+# Lines of the accuracy chart: the runs in these colours, the paper's rows dashed in grey.
+RUN_COLOURS = ("#0969da", "#e8890c", "#1a7f37", "#8250df", "#cf222e", "#bf8700", "#57606a")
+PAPER_COLOURS = ("#8c959f", "#afb8c1")
+
+
+def _accuracy_chart(runs: Sequence[tuple[str, Sequence[report.GroupRow]]]) -> str:
+    """Accuracy (sub_em) versus document tokens on a log scale, as `eval --plot` draws it: a
+    line per run, the paper's RL-MemAgent rows dashed for reference."""
+    lines: list[tuple[str, str, bool, list[tuple[float, float]]]] = []
+    for (name, values), colour in zip(plot.REFERENCE.items(), PAPER_COLOURS, strict=True):
+        points = list(zip(plot.REFERENCE_TOKENS, values, strict=True))
+        lines.append((f"{name} (paper)", colour, True, points))
+    for i, (label, rows) in enumerate(runs):
+        points = [(r.tokens, r.sub_em) for r in rows if r.tokens > 0]
+        lines.append((label, RUN_COLOURS[i % len(RUN_COLOURS)], False, points))
+    ticks = sorted({x for *_, points in lines for x, _ in points})
+    low, high = math.log10(ticks[0]), math.log10(ticks[-1])
+    if high - low < 0.1:  # one length only: give it room
+        low, high = low - 0.5, high + 0.5
+    x0, x1, y0, y1 = 60.0, 700.0, 20.0, 300.0
+
+    def at(tokens: float, percent: float) -> tuple[float, float]:
+        x = x0 + (math.log10(tokens) - low) / (high - low) * (x1 - x0)
+        return x, y1 - (min(max(percent, -2.0), 102.0) + 2) / 104 * (y1 - y0)
+
+    out = [
+        '<svg viewBox="0 0 1000 350" role="img" '
+        'aria-label="Accuracy (sub_em, %) versus document tokens, one line per run">'
+    ]
+    for percent in (0, 25, 50, 75, 100):
+        _, y = at(ticks[0], percent)
+        out.append(f'<line x1="{x0}" x2="{x1}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e5e9ef"/>')
+        out.append(
+            f'<text class="dim" x="{x0 - 6}" y="{y + 4:.1f}" text-anchor="end">{percent}</text>'
+        )
+    free = 0.0
+    for tokens in ticks:
+        x, _ = at(tokens, 0)
+        out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{y0}" y2="{y1}" stroke="#f0f2f5"/>')
+        name = report.length_label(tokens)
+        if x >= free:  # lengths too close to the one before keep their grid line only
+            out.append(
+                f'<text class="dim" x="{x:.1f}" y="{y1 + 18}" text-anchor="middle">'
+                f"{escape(name)}</text>"
+            )
+            free = x + len(name) * _LABEL_WIDTH + 6
+    out.append(
+        f'<text class="dim" x="{(x0 + x1) / 2:.0f}" y="{y1 + 40}" text-anchor="middle">'
+        "document tokens (log scale)</text>"
+        f'<text class="dim" x="{x0 - 44}" y="{(y0 + y1) / 2:.0f}" text-anchor="middle" '
+        f'transform="rotate(-90 {x0 - 44} {(y0 + y1) / 2:.0f})">accuracy (sub_em, %)</text>'
+    )
+    for row, (label, colour, dashed, points) in enumerate(lines):
+        placed = [(*at(t, v), t, v) for t, v in points]
+        dash = ' stroke-dasharray="6 4"' if dashed else ""
+        width = 1.5 if dashed else 2.5
+        path = " ".join(f"{x:.1f},{y:.1f}" for x, y, _, _ in placed)
+        out.append(
+            f'<polyline points="{path}" fill="none" stroke="{colour}" '
+            f'stroke-width="{width}"{dash}/>'
+        )
+        for x, y, tokens, value in placed:
+            tip = f"{label}: {value:.2f}% at {report.length_label(tokens)} tokens"
+            out.append(
+                f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{3 if dashed else 4}" fill="{colour}">'
+                f"<title>{escape(tip)}</title></circle>"
+            )
+        ly = 30 + row * 20
+        out.append(
+            f'<line x1="720" x2="748" y1="{ly - 4}" y2="{ly - 4}" stroke="{colour}" '
+            f'stroke-width="{width}"{dash}/>'
+            f'<text x="756" y="{ly}">{escape(_shorten(label, 36))}</text>'
+        )
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _shorten(text: str, most: int) -> str:
+    return text if len(text) <= most else "…" + text[-(most - 1) :]
+
+
+def _depth_grid(lengths: Sequence[str], depths: Sequence[float], grid: Sequence[Sequence]) -> str:
+    """Needle recall (%) by depth (rows) and length (columns), red to green, blank where
+    nothing ran: the heatmap `eval niah --plot` draws."""
+    x0, y0, cell_w, cell_h = 70.0, 10.0, min(120.0, 900.0 / max(len(lengths), 1)), 28.0
+    height = y0 + cell_h * len(depths) + 40
+    out = [
+        f'<svg viewBox="0 0 1000 {height:.0f}" role="img" '
+        'aria-label="Needle recall by depth and length">'
+    ]
+    for row, (depth, values) in enumerate(zip(depths, grid, strict=True)):
+        y = y0 + row * cell_h
+        out.append(
+            f'<text class="dim" x="{x0 - 6}" y="{y + cell_h / 2 + 4:.1f}" text-anchor="end">'
+            f"{depth:g}%</text>"
+        )
+        for column, value in enumerate(values):
+            x = x0 + column * cell_w
+            fill = UNREAD if value is None else _red_to_green(float(value))
+            tip = f"depth {depth:g}%, {lengths[column]}: " + (
+                "not run" if value is None else f"{float(value):.0f}%"
+            )
+            out.append(
+                f'<rect x="{x:.1f}" y="{y:.1f}" width="{cell_w:.1f}" height="{cell_h}" '
+                f'fill="{fill}" stroke="#fff"><title>{escape(tip)}</title></rect>'
+            )
+            if value is not None:
+                out.append(
+                    f'<text x="{x + cell_w / 2:.1f}" y="{y + cell_h / 2 + 4:.1f}" '
+                    f'text-anchor="middle">{float(value):.0f}</text>'
+                )
+    for column, name in enumerate(lengths):
+        x = x0 + (column + 0.5) * cell_w
+        out.append(
+            f'<text class="dim" x="{x:.1f}" y="{y0 + cell_h * len(depths) + 18:.1f}" '
+            f'text-anchor="middle">{escape(name)}</text>'
+        )
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _red_to_green(percent: float) -> str:
+    """A colour from red (0%) through yellow (50%) to green (100%)."""
+    stops = ((0.0, (215, 48, 39)), (50.0, (254, 224, 139)), (100.0, (26, 152, 80)))
+    value = min(max(percent, 0.0), 100.0)
+    (a, ca), (b, cb) = (stops[0], stops[1]) if value <= 50 else (stops[1], stops[2])
+    t = (value - a) / (b - a)
+    r, g, bl = (round(p + (q - p) * t) for p, q in zip(ca, cb, strict=True))
+    return f"#{r:02x}{g:02x}{bl:02x}"
 
 
 def _eval_run(run: Results) -> str:
