@@ -12,7 +12,7 @@ import pytest
 from conftest import served, story
 
 STEPS = ["--chunk-tokens", "300", "--memory-tokens", "64", "--temperature", "0"]
-CODEWORD = "Zanzibar-Quokka-5521"  # mid-page: the stand-in model never copies it into memory
+CODEWORD = "Zanzibar-Quokka-5521"  # mid-page: the stand-in model copies only a section's start
 INSPECT = ["--tokenizer", "tiktoken", "--no-estimate", "--json", "-q"]
 
 
@@ -35,21 +35,33 @@ def cache_info(memagent) -> dict:
 
 
 def test_an_encrypted_pdfs_text_is_nowhere_on_disk_after_ask(memagent, env, fake_server, tmp_path):
-    data, cache = Path(env["XDG_DATA_HOME"]), Path(env["XDG_CACHE_HOME"])
-    locked = builders.pdf(tmp_path / "locked.pdf", pages(), password="pw-1")
-    result = memagent(
-        "ask", str(locked), "Who wrote on the crate?", "--password", "pw-1",
-        *served(fake_server, *STEPS),
-    )  # fmt: skip
+    # All of memagent's files in one folder, and its temporary files in another.
+    home, temp = tmp_path / "home", tmp_path / "tmp"
+    temp.mkdir()
+    env.update(MEMAGENT_HOME=str(home), TMPDIR=str(temp))
+    # The codeword opens the document: the stand-in copies a section's first words into its
+    # memory, as a model quoting the PDF word for word would.
+    opening = [f"{CODEWORD} " + pages()[0], pages()[1]]
+    locked = builders.pdf(tmp_path / "locked.pdf", opening, password="pw-1")
+    ask = ["ask", str(locked), "Who wrote on the crate?", "--password", "pw-1"]
+    result = memagent(*ask, *served(fake_server, *STEPS), "--json")
     assert result.returncode == 0, result.stderr
-    assert any(CODEWORD in message for message in fake_server.messages)  # it was read
-    assert holding(data, CODEWORD) == [] and holding(cache, CODEWORD) == []
+    memories = [step["memory"] for step in json.loads(result.stdout)["steps"]]
+    assert CODEWORD in memories[0]  # the model's output quotes the document
+    assert "locked.pdf is encrypted, so no trace is written" in " ".join(result.stderr.split())
+    assert holding(tmp_path, CODEWORD) == []  # not the data folder, the cache, nor temp files
     assert cache_info(memagent)["documents"] == 0
+
+    # A trace asked for by name is written, and holds what the model wrote.
+    kept = tmp_path / "kept.jsonl"
+    named = memagent(*ask, *served(fake_server, *STEPS), "--trace", str(kept), "-q")
+    assert named.returncode == 0, named.stderr
+    assert holding(tmp_path, CODEWORD) == [kept]
 
     # The same pages unencrypted are cached, so the search above would have found them.
     plain = builders.pdf(tmp_path / "plain.pdf", pages())
     assert memagent("inspect", str(plain), *INSPECT).returncode == 0
-    assert [p.parent.name for p in holding(cache, CODEWORD)] == ["documents"]
+    assert [p.parent.name for p in holding(home, CODEWORD)] == ["documents"]
 
 
 def test_the_cache_keeps_to_its_limit_dropping_the_least_recently_used(memagent, env, tmp_path):

@@ -50,7 +50,11 @@ def test_no_secret_given_on_the_command_line_comes_back_out(
 ):
     secrets = ("pdf-Secret-2718", "key-Secret-3141")
     fake_server.fail_after, fake_server.fail_status = 2, 400  # stops the run: a resume hint
-    stopped = memagent("ask", str(locked_pdf), QUESTION, *served(fake_server, *STEPS, *spelling))
+    # An encrypted document's run keeps a trace (and so can resume) only when one is named.
+    trace = ["--trace", str(tmp_path / "kept.jsonl")]
+    stopped = memagent(
+        "ask", str(locked_pdf), QUESTION, *served(fake_server, *STEPS, *spelling, *trace)
+    )
     assert_clean_failure(stopped, 1, "Stopped after 2 of", "resume with:")
     assert fake_server.authorizations == {"Bearer key-Secret-3141"}  # the key was used
     for secret in secrets:
@@ -140,3 +144,102 @@ def _pending(fd: int) -> bytes:
 def test_no_prompt_without_a_terminal(memagent, locked_pdf):
     result = memagent("inspect", str(locked_pdf), "--tokenizer", "tiktoken", input="guess\n")
     assert_clean_failure(result, 1, "locked.pdf is encrypted; pass --password")
+
+
+def test_credentials_in_the_server_url_are_sent_but_never_shown(
+    memagent, env, fake_server, tmp_path
+):
+    import base64
+
+    doc = tmp_path / "doc.txt"
+    doc.write_text(story(30))
+    secret = "url-Secret-1618"
+    url = fake_server.url.replace("http://", f"http://reader:{secret}@")
+    fake_server.fail_after, fake_server.fail_status = 2, 400  # an error and a resume hint
+    report = tmp_path / "report.html"
+    stopped = memagent(
+        "ask", str(doc), QUESTION, "--backend", "openai", "--base-url", url, *STEPS,
+        "--report", str(report),
+    )  # fmt: skip
+    assert_clean_failure(stopped, 1, f"The server at {fake_server.url[:-3]} answered HTTP 400")
+    basic = base64.b64encode(f"reader:{secret}".encode()).decode()
+    assert fake_server.authorizations == {f"Basic {basic}"}  # sent with every request
+    assert secret not in stopped.stdout + stopped.stderr
+    assert report.is_file() and files_holding(tmp_path, secret) == []  # trace, report, journal
+
+    # The hint leaves the URL out and says so; it runs as printed with the URL in a variable.
+    assert "(--base-url left out: give it again, or set $MEMAGENT_BASE_URL)" in words(
+        stopped.stderr
+    )
+    hint = words(stopped.stderr).split("resume with: ")[1].split(" (")[0]
+    assert "--base-url" not in hint
+    fake_server.fail_after = None
+    env["MEMAGENT_BASE_URL"] = url
+    resumed = memagent(*shlex.split(hint)[1:], "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming" in resumed.stderr
+    assert json.loads(resumed.stdout)["model"]["path"] == fake_server.url  # recorded without
+    assert secret not in resumed.stdout + resumed.stderr
+    assert files_holding(tmp_path, secret) == []
+
+    # A URL without credentials stays in the hint as it was given.
+    fake_server.fail_after = fake_server.chat_calls + 1
+    plain = memagent("ask", str(doc), "Who?", *served(fake_server, *STEPS))
+    assert plain.returncode == 1 and f"--base-url {fake_server.url}" in words(plain.stderr)
+    assert "left out" not in plain.stderr
+
+
+def test_an_encrypted_documents_run_keeps_no_trace_and_the_hint_says_so(
+    memagent, env, fake_server, locked_pdf, tmp_path
+):
+    env["MEMAGENT_PDF_PASSWORD"] = "pdf-Secret-2718"
+    plain = tmp_path / "plain.txt"
+    plain.write_text(story(30))
+    fake_server.fail_after, fake_server.fail_status = 2, 400
+    alone = memagent("ask", str(locked_pdf), QUESTION, *served(fake_server, *STEPS))
+    assert_clean_failure(alone, 1, "Stopped after 2 of")
+    said = words(alone.stderr)
+    assert "locked.pdf is encrypted, so no trace is written" in said
+    assert "its run cannot be resumed; --trace PATH keeps one" in said
+    assert "resume with:" not in said  # nothing to resume
+    assert "an encrypted document's run keeps no trace, so none resumes" in said
+    assert not list(tmp_path.rglob("*.jsonl"))
+
+    # With a plain document beside it, the hint resumes the plain one and says the other
+    # starts again.
+    fake_server.fail_after = fake_server.chat_calls + 2
+    listed = tmp_path / "documents.txt"
+    listed.write_text(f"{plain}\n")
+    both = memagent(
+        "ask", str(locked_pdf), QUESTION, "--documents", str(listed), *served(fake_server, *STEPS)
+    )
+    assert both.returncode == 1
+    said = words(both.stderr)
+    assert "resume with: memagent ask" in said
+    assert "an encrypted document's run keeps no trace, so none resumes" in said
+    (kept,) = (Path(env["XDG_DATA_HOME"]) / "memagent" / "traces").iterdir()
+    assert "plain" in kept.name  # the plain document's trace, and no other
+
+
+def test_eval_never_shows_the_api_key(memagent, fake_server, tmp_path):
+    data = tmp_path / "eval_50.json"
+    cases = [
+        {"_id": f"c{i}", "input": "Which word opens the text?", "answers": [word],
+         "context": f"{word} opens this text. " + story(20, fact=None, seed=i)}
+        for i, word in enumerate(["Paris", "Rome", "Oslo"])
+    ]  # fmt: skip
+    data.write_text(json.dumps(cases))
+    out = tmp_path / "run.jsonl"
+    secret = "key-Secret-3141"
+    args = ["eval", str(data), *served(fake_server, *STEPS), "-o", str(out), "--api-key", secret]
+    fake_server.fail_after, fake_server.fail_status = 3, 400  # the second case fails
+    stopped = memagent(*args)
+    assert_clean_failure(stopped, 1, "run the same command again to continue")
+    fake_server.fail_after = None
+    finished = memagent(*args, "--json")
+    assert finished.returncode == 0, finished.stderr
+    assert json.loads(finished.stdout)["cases"] == 3
+    assert fake_server.authorizations == {f"Bearer {secret}"}  # the key was used
+    for result in (stopped, finished):
+        assert secret not in result.stdout + result.stderr
+    assert files_holding(tmp_path, secret) == []  # results, traces, journal

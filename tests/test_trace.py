@@ -265,3 +265,46 @@ def test_a_run_with_other_engine_arithmetic_is_another_run():
         "--exact differs (False there, None here)",
     ]
     assert differences(header(), header()) == []
+
+
+def engine_header(**engine) -> Header:
+    made = header()
+    made.settings.update(engine)
+    return made
+
+
+def test_speculation_is_another_run_unless_exact():
+    from memagent_cli.trace import differences
+
+    # Without --exact a verified draft decodes on other kernels: a near-tie token may differ.
+    assert differences(
+        engine_header(speculate=False, exact=False), engine_header(speculate=True, exact=False)
+    ) == ["--speculate differs (False there, True here)"]
+    # With --exact the output is byte-identical either way: the same run.
+    exact = engine_header(speculate=False, exact=True), engine_header(speculate=True, exact=True)
+    assert not differences(*exact)
+    # A header from before the key was recorded speculated, as the default does.
+    assert not differences(engine_header(exact=False), engine_header(speculate=True, exact=False))
+    assert differences(engine_header(exact=False), engine_header(speculate=False, exact=False))
+    # --exact against not: said once, not again as --speculate.
+    assert differences(
+        engine_header(speculate=False, exact=True), engine_header(speculate=True, exact=False)
+    ) == ["--exact differs (True there, False here)"]
+
+
+def test_a_batch_journal_tells_speculation_apart_unless_exact():
+    from types import SimpleNamespace
+
+    from memagent_cli.run.journal import run_identity
+
+    def identity(**engine) -> dict:
+        settings = {"chunk_tokens": 4, "memory_tokens": 8, "temperature": 0.0, **engine}
+        stand_in = SimpleNamespace(
+            model_record={"path": "/m.gguf", "size": 1}, settings_record=lambda: settings
+        )
+        return run_identity(stand_in)  # type: ignore[arg-type]
+
+    assert identity(speculate=False, exact=False) != identity(speculate=True, exact=False)
+    assert identity(speculate=False, exact=True) == identity(speculate=True, exact=True)
+    # A speculating batch (the default) keeps the journal name it had before the key.
+    assert "speculate" not in identity(speculate=True, exact=False)["settings"]

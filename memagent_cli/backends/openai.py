@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import email.utils
 import random
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,6 +38,14 @@ _BUSY_STATUS = {429, 503}
 _MOST_RETRY_AFTER = 60.0  # seconds of one wait, whatever the header says
 _MOST_BUSY_WAIT = 600.0  # seconds of waiting for one call, all retries together
 _UNKNOWN_CONTEXT = 10**9
+# The user:password@ of a URL (also one without a scheme): sent, never shown or recorded.
+_CREDENTIALS = re.compile(r"(^|[A-Za-z][A-Za-z0-9+.-]*://)[^/?#\s]*@")
+
+
+def without_credentials(text: str) -> str:
+    """`text` (a URL, or a message that quotes one) with every URL's user:password@ left
+    out, as a trace, --json, an HTML report or an error may show it."""
+    return _CREDENTIALS.sub(r"\1", text)
 
 
 @dataclass(frozen=True)
@@ -69,10 +78,12 @@ class OpenAIBackend:
             raise UserError("--backend openai needs --base-url (or $MEMAGENT_BASE_URL).")
         api_key, served_model, timeout = options.api_key, options.served_model, options.timeout
         encoding = options.encoding
-        self.base_url = options.base_url.rstrip("/")
-        if not self.base_url.endswith("/v1"):
-            self.base_url += "/v1"
-        self._root = self.base_url[: -len("/v1")]
+        url = options.base_url.rstrip("/")
+        if not url.endswith("/v1"):
+            url += "/v1"
+        self._url, self._root = url, url[: -len("/v1")]  # what requests go to
+        # What is shown and recorded: without any credentials the URL carries.
+        self.base_url, self.server = without_credentials(url), without_credentials(self._root)
         self._timeout = timeout
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx2.Client(
@@ -87,9 +98,9 @@ class OpenAIBackend:
             reraise=True,
         )
         # No retries at first contact: a server that is not there should be said at once.
-        served = self._request(f"{self.base_url}/models", retry=False).get("data") or []
+        served = self._request(f"{self._url}/models", retry=False).get("data") or []
         if not served and not served_model:
-            raise BackendError(f"The server at {self._root} serves no model; pass --served-model.")
+            raise BackendError(f"The server at {self.server} serves no model; pass --served-model.")
         self.served_model = served_model or str(served[0]["id"])
         self.name = self.served_model
         self.context_limit = self._context_limit(served)
@@ -112,23 +123,24 @@ class OpenAIBackend:
         except httpx2.TimeoutException as exc:
             if isinstance(exc, httpx2.ConnectTimeout):
                 raise BackendError(
-                    f"Cannot reach the server at {self._root}: it did not "
+                    f"Cannot reach the server at {self.server}: it did not "
                     "accept the connection; is it running?"
                 ) from None
             raise BackendError(
-                f"The server at {self._root} did not answer {where} within {self._timeout:g} "
+                f"The server at {self.server} did not answer {where} within {self._timeout:g} "
                 "seconds (--timeout)."
             ) from None
         except httpx2.HTTPError as exc:
             tries = f" after {_RETRIES + 1} tries" if retry else ""
+            detail = without_credentials(str(exc)) or "no answer"
             raise BackendError(
-                f"Cannot reach the server at {self._root} ({type(exc).__name__}: "
-                f"{str(exc) or 'no answer'}){tries}; is it running?"
+                f"Cannot reach the server at {self.server} ({type(exc).__name__}: "
+                f"{detail}){tries}; is it running?"
             ) from None
         if response.is_error:
             raise BackendError(
-                f"The server at {self._root} answered HTTP {response.status_code} to {where}: "
-                f"{_error_detail(response)}."
+                f"The server at {self.server} answered HTTP {response.status_code} to {where}: "
+                f"{without_credentials(_error_detail(response))}."
             )
         try:
             payload = response.json()
@@ -136,7 +148,7 @@ class OpenAIBackend:
             payload = None
         if not isinstance(payload, dict):
             raise BackendError(
-                f"The server at {self._root} did not answer a JSON object at {where}; is "
+                f"The server at {self.server} did not answer a JSON object at {where}; is "
                 "--base-url right?"
             )
         return payload
@@ -215,14 +227,14 @@ class OpenAIBackend:
         if sampling.seed is not None:
             body["seed"] = sampling.seed
         start = time.perf_counter()
-        reply = self._request(f"{self.base_url}/chat/completions", body)
+        reply = self._request(f"{self._url}/chat/completions", body)
         seconds = time.perf_counter() - start
         try:
             choice = reply["choices"][0]
             text = choice["message"]["content"] or ""
         except (KeyError, IndexError, TypeError):
             raise BackendError(
-                f"The server at {self._root} sent a reply without a message."
+                f"The server at {self.server} sent a reply without a message."
             ) from None
         usage = reply.get("usage") or {}
         timings = reply.get("timings") or {}  # llama-server reports its own split

@@ -80,13 +80,14 @@ class Result:
 
     def to_trace(self) -> trace.Trace:
         """The run as a trace: its trace file when it holds the finished run, else the
-        records it would hold (--no-trace)."""
+        records it would hold (--no-trace, or an encrypted document)."""
         if self.trace_path is not None and self.trace_path.is_file():
             written = trace.read_trace(self.trace_path)
             if written.finished:
                 return written
         header, steps, final = self._records()
-        path = self.trace_path or Path("(none written: --no-trace)")
+        why = "an encrypted document" if self.session.document.encrypted else "--no-trace"
+        path = self.trace_path or Path(f"(none written: {why})")
         return trace.Trace(path, header, steps=steps, final=final)
 
     def to_json(self) -> dict[str, Any]:
@@ -118,14 +119,22 @@ class Result:
 
 class Stopped(Exception):
     """A run ended before its answer: interrupted, or the backend failed. The trace keeps
-    every finished step."""
+    every finished step; `encrypted`: the run's document is encrypted (then it has a trace
+    only when one was named)."""
 
     def __init__(
-        self, reason: str, exit_code: int, done: int, total: int, trace_path: Path | None
+        self,
+        reason: str,
+        exit_code: int,
+        done: int,
+        total: int,
+        trace_path: Path | None,
+        encrypted: bool = False,
     ) -> None:
         super().__init__(reason)
         self.reason, self.exit_code = reason, exit_code
         self.done, self.total, self.trace_path = done, total, trace_path
+        self.encrypted = encrypted
 
     @property
     def message(self) -> str:
@@ -221,13 +230,14 @@ def _open_trace(session: Session, run: _Run) -> None:
     )
 
 
-def _stop(run: _Run, exc: BaseException, total: int) -> Stopped:
+def _stop(run: _Run, exc: BaseException, session: Session) -> Stopped:
     """The run stopped by `exc` (Ctrl-C, SIGTERM, a failing backend), its trace saying so."""
     reason = exc.message if isinstance(exc, UserError) else (str(exc) or "SIGINT")
     code = 130 if isinstance(exc, KeyboardInterrupt) else exc.exit_code  # type: ignore[attr-defined]
     if run.writer is not None:
         run.writer.interrupted(reason)
-    return Stopped(reason, code, run.finished, total, run.trace_path)
+    total, encrypted = len(session.chunks), session.document.encrypted
+    return Stopped(reason, code, run.finished, total, run.trace_path, encrypted)
 
 
 @dataclass(frozen=True)
@@ -323,7 +333,7 @@ def ask_each(jobs: Iterable[Job], slots: int) -> Iterator[Result | Stopped]:
             yield from passing()
     except (KeyboardInterrupt, Interrupted, UserError) as exc:
         for run, job, view in reading.values():
-            ready[run.index] = _stop(run, exc, len(job.session.chunks))
+            ready[run.index] = _stop(run, exc, job.session)
             close(run, view)
         reading.clear()
         yield from passing()
@@ -381,7 +391,7 @@ def _read(session: Session, runs: list[_Run], watch: int, start: float) -> list[
             if run.answer is not None:
                 outcomes.append(Result(run.answer, session, seconds, run.trace_path))
             else:
-                outcomes.append(_stop(run, exc, len(session.chunks)))
+                outcomes.append(_stop(run, exc, session))
         return outcomes
     finally:
         for run in runs:

@@ -5,7 +5,9 @@ documents (run/ask.py's ask_each); a server gets several runs at once from threa
 (`parallel`).
 
 Each document is read from disk before the model is opened for it, so a bad path fails
-before any model file is touched or any download starts.
+before any model file is touched or any download starts. An encrypted document's runs write
+no trace unless one is named (--trace, --resume): its memories and answer may quote the
+text word for word, and its password must not be a formality that a trace sidesteps.
 """
 
 from __future__ import annotations
@@ -128,6 +130,14 @@ def _journaled(options: Options) -> bool:
     )
 
 
+def _traced_by_default(options: Options) -> bool:
+    """Whether runs write a trace the user did not name: a new one in the data folder."""
+    how = options.run
+    return (
+        options.write_traces and how.trace is None and how.resume is None and not how.resume_latest
+    )
+
+
 def _journal(paths: list[str], questions: list[str], engine: Engine) -> journal.Journal:
     """The journal of this batch: its documents and questions, read by this model so."""
     documents = [path if path == "-" else str(Path(path).resolve()) for path in paths]
@@ -180,6 +190,11 @@ def _groups(
             report.error(f"{exc.message} Skipped; the other documents go on.")
             outcome["code"] = max(outcome["code"], 1)
             continue
+        if document.encrypted and _traced_by_default(options):
+            report.warn(
+                f"{Path(path).name} is encrypted, so no trace is written (its memories and "
+                "answer may quote it) and its run cannot be resumed; --trace PATH keeps one."
+            )
         session = open_session(document, engine(), report)
         if size is None:
             # A server's several runs are threads (--parallel), one reading each.
@@ -204,11 +219,11 @@ def _groups(
 def _run_options(
     job: Job, options: Options, cancel: threading.Event | None, plain: bool
 ) -> run.RunOptions:
-    """How `job` runs: its trace, label and journal line."""
-    trace_path = None
-    if options.write_traces:
-        default = trace.default_path(job.session.document.path, job.index)
-        trace_path = options.run.trace or default
+    """How `job` runs: its trace (none of an encrypted document unless named), label and
+    journal line."""
+    trace_path = options.run.trace if options.write_traces else None
+    if trace_path is None and options.write_traces and not job.session.document.encrypted:
+        trace_path = trace.default_path(job.session.document.path, job.index)
     return dataclasses.replace(
         options.run,
         trace=trace_path,

@@ -91,12 +91,13 @@ class Journal:
             self._write({"reading": key, "trace": str(trace_path)})
 
     def close(self, *, finished: bool) -> None:
-        """Let the journal go: removed when every reading of the batch was answered, else
-        kept for the same command to continue."""
+        """Let the journal go: removed when every reading of the batch was answered or
+        none wrote a trace (those of encrypted documents write none), else kept for the same
+        command to continue."""
         with self._lock:
             if self._file.closed:
                 return
-            if finished:
+            if finished or not self._traces:
                 with contextlib.suppress(OSError):
                     self.path.unlink()
             self._file.close()  # releases the lock
@@ -131,9 +132,12 @@ _SETTINGS += ("flash_attn", "cache_type_k", "cache_type_v", "exact")
 def run_identity(engine: Engine) -> dict[str, Any]:
     """The model and the settings a batch reads with, as its journal is named by them."""
     settings = engine.settings_record()
+    identity = {key: settings.get(key) for key in _SETTINGS}
+    if trace.speculation(settings) is False:  # only then: a speculating batch keeps its name
+        identity["speculate"] = False
     return {
         "model": {key: engine.model_record.get(key) for key in ("path", "size")},
-        "settings": {key: settings.get(key) for key in _SETTINGS},
+        "settings": identity,
     }
 
 

@@ -22,6 +22,7 @@ from memagent_cli.trace.folder import (
     listing,
     locate,
     recent_traces,
+    speculation,
 )
 from memagent_cli.trace.records import (
     FORMAT_VERSION,
@@ -63,5 +64,6 @@ __all__ = [
     "read_trace",
     "recent_traces",
     "records",
+    "speculation",
     "start",
 ]

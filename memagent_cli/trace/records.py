@@ -10,19 +10,17 @@ In Python a step record keeps `index`, counting from 0 as `Chunk.index` does.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from memagent_cli.backend import Generation
 from memagent_cli.chunking import Chunk
 from memagent_cli.errors import UserError
+from memagent_cli.progress import SpanOf
 from memagent_cli.reader import Answer, Step, evidence
 
 FORMAT_VERSION = 2
 FORMATS = (1, 2)  # the formats this memagent reads
-
-SpanOf = Callable[[int, int], str]
 
 
 class TraceError(UserError):
