@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from memagent_cli import protocol
+from memagent_cli.backends.openai import without_credentials
 from memagent_cli.cli import options
 from memagent_cli.cli.options import (
     INPUT,
@@ -107,7 +108,8 @@ def ask(
     trace: Annotated[
         Path | None,
         typer.Option(
-            help="Write the trace here \\[default: a new file in the data folder].",
+            help="Write the trace here \\[default: a new file in the data folder; none for an "
+            "encrypted document].",
             show_default=False,
             dir_okay=False,
             rich_help_panel=OUTPUT,
@@ -154,12 +156,8 @@ def ask(
     verbose: VerboseOpt = False,
     report_file: Annotated[
         Path | None,
-        typer.Option(
-            "--report",
-            metavar="FILE",
-            dir_okay=False,
-            show_default=False,
-            help="Also write an HTML report of the runs to FILE: a tab per question.",
+        options.html_file(
+            "--report", "Also write an HTML report of the runs to FILE: a tab per question.", OUTPUT
         ),
     ] = None,
 ) -> None:
@@ -262,10 +260,10 @@ def ask(
             )
             warned = True
 
-    hinted = False
+    hinted = untraced = False
 
     def stopped(stop: run.Stopped) -> None:
-        nonlocal hinted
+        nonlocal hinted, untraced
         console.error(stop.message)
         if report_file is not None and stop.trace_path is not None and stop.trace_path.is_file():
             reported.append(read_trace(stop.trace_path))
@@ -275,10 +273,16 @@ def ask(
             console.note("resume with: " + command)
             if left_out:
                 names = " and ".join(left_out)
-                variables = " and ".join("$" + SECRET_OPTIONS[name] for name in left_out)
+                variables = " and ".join("$" + _SECRETS[name] for name in left_out)
                 again = "them" if len(left_out) > 1 else "it"
                 console.note(f"({names} left out: give {again} again, or set {variables})")
             hinted = True
+        if stop.trace_path is None and stop.encrypted and not no_trace and not untraced:
+            console.note(
+                "an encrypted document's run keeps no trace, so none resumes: the same "
+                "command reads it again from the first step."
+            )
+            untraced = True
 
     def open_engine() -> engine.Engine:
         with report.progress("bytes") as progress:  # an hf: model may be pulled
@@ -294,24 +298,32 @@ def ask(
         raise typer.Exit(code)
 
 
+# The options a resume hint leaves out, and the variable that gives each instead: secrets,
+# and a server URL with user:password@ in it.
+_BASE_URL = "--base-url"
+_SECRETS = {**SECRET_OPTIONS, _BASE_URL: "MEMAGENT_BASE_URL"}
+
+
 def _resume_command(trace_path: Path | None) -> tuple[str, list[str]]:
     """This command line again, continuing from `trace_path`; with several runs, the same
     command, which continues each run where its trace ends (run/journal.py). Also the
     secret options left out of it: a hint printed to a terminal or a log must never repeat
-    a password or an API key."""
-    dropped = ("--resume", "--trace", *SECRET_OPTIONS) if trace_path else SECRET_OPTIONS
+    a password, an API key or credentials in a URL."""
+    dropped = ("--resume", "--trace", *_SECRETS) if trace_path else tuple(_SECRETS)
     words: list[str] = []
     rest: list[str] = []
     left_out: list[str] = []
     args = iter(sys.argv[1:])
     for arg in args:
-        name, equals, _ = arg.partition("=")
+        name, equals, value = arg.partition("=")
         if arg == "--":  # what follows are arguments, never options
             rest = [arg, *args]
         elif name in dropped:
             if not equals:
-                next(args, None)  # its value is the next word
-            if name in SECRET_OPTIONS and name not in left_out:
+                value = next(args, "")  # its value is the next word
+            if name == _BASE_URL and without_credentials(value) == value:
+                words += [arg] if equals else [arg, value]  # no credentials in it: kept
+            elif name in _SECRETS and name not in left_out:
                 left_out.append(name)
         elif arg != "--resume-latest" or not trace_path:
             words.append(arg)

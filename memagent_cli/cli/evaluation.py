@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -36,6 +37,7 @@ from memagent_cli.cli.options import (
     VerboseOpt,
     user_errors,
 )
+from memagent_cli.evaluation.niah import VARIANTS
 from memagent_cli.run.engine import BackendKind
 from memagent_cli.views.progress import reporter
 
@@ -58,6 +60,8 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 
+# The needle variants evaluation/niah.py defines, as an Enum so that --help lists them.
+Needles = StrEnum("Needles", {name: name for name in VARIANTS})
 EvalOutputOpt = Annotated[
     Path | None,
     typer.Option(
@@ -193,8 +197,12 @@ def eval_niah(
         typer.Option(help="How many depths from 0% to 100% (5), or percents (0,50,100)."),
     ] = "5",
     needles: Annotated[
-        str, typer.Option(help="RULER variant: single, multikey, multivalue or multiquery.")
-    ] = "single",
+        Needles,
+        typer.Option(
+            help="RULER variant: one key and value (single), four keys with one asked "
+            "(multikey), one key with four values (multivalue), four keys all asked (multiquery)."
+        ),
+    ] = Needles.single,
     seed: Annotated[
         int, typer.Option(help="Seed of the cases (keys, values, other needles) and sampling.")
     ] = 0,
@@ -254,12 +262,8 @@ def eval_report(
     plot: PlotOpt = None,
     html: Annotated[
         Path | None,
-        typer.Option(
-            "--html",
-            metavar="FILE",
-            dir_okay=False,
-            show_default=False,
-            help="Also write an HTML report to FILE: the tables, every case and the plot.",
+        options.html_file(
+            "--html", "Also write an HTML report to FILE: the tables, every case and the plot."
         ),
     ] = None,
 ) -> None:

@@ -236,6 +236,17 @@ TimeoutOpt = Annotated[
         rich_help_panel=SERVER_PANEL,
     ),
 ]
+
+
+def html_file(name: str, help: str, panel: str | None = None) -> Any:
+    """The option of a command that also writes an HTML report (views/html.py) to FILE:
+    `ask --report`, `trace --html`, `eval report --html`. Only the name, the help and the
+    help panel differ between them."""
+    return typer.Option(
+        name, metavar="FILE", dir_okay=False, show_default=False, help=help, rich_help_panel=panel
+    )
+
+
 NoTraceOpt = Annotated[
     bool, typer.Option("--no-trace", help="Write no trace.", rich_help_panel=OUTPUT)
 ]
@@ -254,8 +265,8 @@ SpeculateOpt = Annotated[
     bool,
     typer.Option(
         "--speculate/--no-speculate",
-        help="Draft memory tokens from the prompt and verify them in one batch (exact: the "
-        "output is the same either way).",
+        help="Draft memory tokens from the prompt and verify them in one batch (with "
+        "--exact the output is the same either way; without, a near-tie token may differ).",
         rich_help_panel=ENGINE,
     ),
 ]

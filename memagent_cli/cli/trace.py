@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from memagent_cli.cli.options import user_errors
+from memagent_cli.cli.options import html_file, user_errors
 from memagent_cli.errors import UserError
 from memagent_cli.trace import default_dir, listing, locate
 from memagent_cli.views import console as display
@@ -73,12 +73,8 @@ def trace(
     ] = False,
     html: Annotated[
         Path | None,
-        typer.Option(
-            "--html",
-            metavar="FILE",
-            dir_okay=False,
-            show_default=False,
-            help="Write an HTML report of the run(s) to FILE: one page, a tab per trace.",
+        html_file(
+            "--html", "Write an HTML report of the run(s) to FILE: one page, a tab per trace."
         ),
     ] = None,
 ) -> None:
