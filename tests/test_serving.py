@@ -74,8 +74,12 @@ def traces_in(env: dict[str, str]) -> list[Path]:
 
 
 def calls_kept(path: Path) -> int:
-    """Model calls whose result a trace keeps: its steps, and its answer once finished."""
-    kept = read_trace(path)
+    """Model calls whose result a trace keeps: its steps, and its answer once finished (none
+    where a kill came before its header was whole)."""
+    try:
+        kept = read_trace(path)
+    except TraceError:
+        return 0
     return len(kept.steps) + kept.finished
 
 
@@ -161,6 +165,35 @@ def test_a_killed_batch_run_again_reads_only_what_is_missing_and_answers_each_on
     with FakeServer(port=port) as server:
         fresh = memagent(*args, *served(server), "-q")
         assert fresh.returncode == 0 and server.chat_calls == needed
+
+
+def test_a_trace_killed_before_its_header_is_written_again_not_twice(
+    memagent, env, library, tmp_path
+):
+    # A kill lands between the journal's line and the trace's header: the trace the journal
+    # names is missing or holds half a header. The next run writes that same trace.
+    args = ["ask", *library, "Who keeps the tower?", "--chunk-tokens", "300", "--parallel", "2"]
+    with FakeServer(fail_after=4, fail_status=400) as server:
+        stopped = memagent(*args, *served(server))
+        port = server.port
+    assert stopped.returncode != 0
+    journals = list((Path(env["XDG_DATA_HOME"]) / "memagent" / "batches").glob("*.jsonl"))
+    assert len(journals) == 1, stopped.stderr
+    named = [
+        Path(entry["trace"])
+        for entry in map(json.loads, journals[0].read_text().splitlines())
+        if "reading" in entry
+    ]
+    assert len(named) >= 2
+    named[0].write_text(named[0].read_text()[:40])  # half a header, no line end
+    named[1].unlink()
+    with FakeServer(port=port) as server:
+        again = memagent(*args, *served(server))
+    assert again.returncode == 0, again.stderr
+    assert len(again.stdout.splitlines()) == 6
+    traces = traces_in(env)
+    assert len(traces) == 6 and all(read_trace(p).finished for p in traces)
+    assert {named[0], named[1]} <= set(traces)
 
 
 def test_a_killed_evaluation_run_again_reads_only_what_is_missing(memagent, env, tmp_path):

@@ -209,7 +209,7 @@ def _start(
             note(f"answered from the finished trace {earlier.path} (--no-cache reads again)")
         return _result_from(session, earlier, start)
     done = _steps_of(session, earlier) if earlier else []
-    path = earlier.path if earlier else how.trace
+    path = earlier.path if earlier else _unwritten_journaled(how) or how.trace
     return _Run(index, question, how, header, done, path, earlier is not None, finished=len(done))
 
 
@@ -218,11 +218,13 @@ def _open_trace(session: Session, run: _Run) -> None:
     if run.trace_path is None:
         return
     resume_from = len(run.done) if run.resumed else None
+    if run.options.journal is not None:
+        # The journal first: a kill between the two then leaves a trace the journal names
+        # (empty or headless, which the next run writes afresh), never one it does not.
+        run.options.journal.started(run.trace_path)
     run.writer = trace.TraceWriter(
         run.trace_path, run.header, session.span_of, resume_from=resume_from
     )
-    if run.options.journal is not None:
-        run.options.journal.started(run.trace_path)
     _note(run.options)(
         f"resuming {run.trace_path} after step {len(run.done)}"
         if run.resumed
@@ -455,6 +457,26 @@ def _earlier_run(header: trace.Header, options: RunOptions) -> trace.Trace | Non
     if options.use_cache and header.settings["temperature"] == 0:
         return trace.find_run(header, finished=True)
     return None
+
+
+def _unwritten_journaled(options: RunOptions) -> Path | None:
+    """The trace path a stopped run of this batch had taken for this reading but was killed
+    before its header was whole: this run writes it afresh, so each reading keeps one trace."""
+    path = options.journal.earlier if options.journal is not None else None
+    if path is None or options.trace is None:
+        return None
+    try:
+        if path.exists():
+            with path.open("rb") as file:
+                if b"\n" in file.read(_HEADLESS) or file.read(1):
+                    return None  # a whole line, or too long to be a header: never overwritten
+        path.unlink(missing_ok=True)
+    except OSError:
+        return None
+    return path
+
+
+_HEADLESS = 1 << 20  # longer than any trace header
 
 
 def _steps_of(session: Session, earlier: trace.Trace) -> list[Step]:
