@@ -39,8 +39,12 @@ def test_lookup_without_any_match_proposes_nothing() -> None:
     assert lookup.propose(0) == ([], 0)
 
 
-def policy_with(single: float, batch: dict[int, float], acceptance: float) -> DraftPolicy:
-    policy = DraftPolicy()
+def policy_with(
+    single: float, batch: dict[int, float], acceptance: float, min_rows: int = 2
+) -> DraftPolicy:
+    """A policy that measured these batch costs and drafts accepted at this rate: by
+    default an exact decoder's (every round a batch), where measured costs choose."""
+    policy = DraftPolicy(min_rows=min_rows)
     for _ in range(20):
         policy.record_batch(1, single)
         for size, seconds in batch.items():
@@ -58,19 +62,55 @@ def test_cheap_batches_and_good_drafts_draft_long() -> None:
 
 
 def test_compute_bound_batches_switch_drafting_off() -> None:
-    # Each drafted token costs a full decode: nothing can pay, except rare probes.
+    # Each drafted token beyond the free second row costs a full decode: nothing longer pays.
     policy = policy_with(0.01, {3: 0.03, 9: 0.09}, acceptance=0.5)
     lengths = [policy.length(3, 8) for _ in range(2000)]
-    probes = [n for n in lengths if n]
+    probes = [n for n in lengths if n > 1]
+    assert lengths.count(1) > 1900  # the row sent anyway
     assert probes and all(n in DraftPolicy.PROBE_LENGTHS for n in probes)
     # Probes back off: far fewer than one per 32 rounds.
     assert len(probes) < len(lengths) / 100
 
 
+def test_poor_drafts_on_a_cpu_are_not_sent_but_for_probes() -> None:
+    """Where one row is allowed, a CPU's price per row (about 0.6 of a round) makes drafts
+    accepted half the time cost more than they give."""
+    policy = policy_with(0.01, {}, acceptance=0.5, min_rows=1)
+    lengths = [policy.length(3, 8) for _ in range(2000)]
+    probes = [n for n in lengths if n]
+    assert probes and all(n in DraftPolicy.PROBE_LENGTHS for n in probes)
+    assert len(probes) < len(lengths) / 100
+
+
 def test_unmeasured_costs_are_assumed_expensive() -> None:
-    policy = DraftPolicy()
-    assert policy.cost(5) == 5.0
-    assert policy.length(3, 8) == 0
+    policy = DraftPolicy(min_rows=2)
+    assert policy.cost(5) == 4.0  # each row beyond the two a full round
+    assert policy.length(3, 8) == 1  # the second row is sent anyway
+
+
+def test_where_one_row_is_allowed_draft_lengths_follow_counts_never_timings() -> None:
+    """A 1-row decode runs other kernels than a batch in llama.cpp, so lengths that followed
+    timings could make a greedy rerun differ from its first run: two machines' timings, the
+    same acceptance, the same lengths, probes included."""
+    gpu_like = policy_with(0.01, {2: 0.0101, 9: 0.011}, acceptance=0.8, min_rows=1)
+    cpu_like = policy_with(0.01, {2: 0.03, 9: 0.09}, acceptance=0.8, min_rows=1)
+    lengths = []
+    for i in range(3000):
+        source, available = 1 + i % 3, i % 11
+        a, b = gpu_like.length(source, available), cpu_like.length(source, available)
+        assert a == b, i
+        lengths.append(a)
+        accepted = min(a, i % 4)
+        for policy in (gpu_like, cpu_like):
+            policy.record_batch(a + 1, 0.01 * (1 + a) * (1 + i % 2))
+            if a:
+                policy.record_draft(source, a, accepted)
+    assert 0 in lengths and max(lengths) > 1  # some rounds draft, some do not
+    # The price per row is fixed per device: a GPU's batches are priced as nearly free.
+    cheap = DraftPolicy(price=DraftPolicy.GPU_PRICE)
+    for _ in range(30):
+        cheap.record_draft(3, 2, 1)
+    assert cheap.length(3, 8) > DraftPolicy().length(3, 8) == 0
 
 
 def test_fixed_draft_length_is_capped_by_the_proposal() -> None:

@@ -4,7 +4,7 @@ draft length from the measured acceptance and the measured cost of a batch."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 MAX_DRAFT = 16
 
@@ -71,6 +71,15 @@ class DraftPolicy:
     draft, so one length is chosen for all of them: the one whose summed expected tokens
     per unit of that round's cost is best. Costs are kept per number of sequences, since
     Q sequences of r rows cost neither Q nor r times one sequence's row.
+
+    Where one row is allowed (`min_rows` 1), the draft length picks llama.cpp's kernels for
+    the tokens it covers (a 1-row decode runs other ones than a batch, and they differ in
+    near-ties), and it shapes every later round. So there the length comes from counts
+    alone: the acceptance seen so far, priced with a fixed `price` per batch row (about what
+    a row costs on a CPU; a GPU's cost little), and probes counted in rounds. A greedy rerun
+    then repeats itself token for token, whatever the timings. Measured costs choose only
+    where every round is a batch anyway (`min_rows` 2), since there no length changes a
+    token.
     """
 
     PROBE_LENGTHS = (2, 4, 8)  # probes take turns, so several batch sizes get measured
@@ -78,12 +87,19 @@ class DraftPolicy:
     MARGIN = 1.03  # a draft must promise this much over not drafting
     DECAY = 0.97
 
+    CPU_PRICE, GPU_PRICE = 0.6, 0.05  # a batch row's cost, relative to a 1-row round
+
     def __init__(
-        self, max_draft: int = MAX_DRAFT, fixed: int | None = None, min_rows: int = 1
+        self,
+        max_draft: int = MAX_DRAFT,
+        fixed: int | None = None,
+        min_rows: int = 1,
+        price: float = CPU_PRICE,
     ) -> None:
         self.max_draft = max_draft
         self.fixed = fixed  # always draft this many when possible (tests exercise every path)
         self.min_rows = min_rows
+        self.price = price
         self._hits = {n: [1.0, 1.0] for n in range(1, Lookup.ORDER + 1)}  # accepted, rejected
         # Per number of sequences: seconds of a round of min_rows each (running mean), and
         # rows each -> cost relative to that round.
@@ -124,13 +140,10 @@ class DraftPolicy:
         if self.fixed is not None:
             return 1 + min(self.fixed, longest)
         rates = [(min(self.acceptance(s), 0.999), n) for s, n in proposed]
-        best, best_gain = 0, float(len(drafts))  # no draft: one token per sequence
-        for k in range(1, longest + 1):
-            emitted = len(drafts) - len(rates)
-            emitted += sum((1 - a ** (min(k, n) + 1)) / (1 - a) for a, n in rates)
-            cost = self.cost(k + 1, len(drafts))
-            if emitted / cost > best_gain * (self.MARGIN if cost > 1 else 1.0):
-                best, best_gain = k, emitted / cost
+        sequences = len(drafts)
+        # Every round a batch: the length changes no token, and timings may choose it.
+        cost = self.cost if self.min_rows > 1 else self._priced
+        best = self._best(rates, sequences, longest, cost)
         self._rounds += 1
         if self._rounds >= self._probe_after:
             self._rounds = 0
@@ -140,6 +153,28 @@ class DraftPolicy:
                 self._probe_after = min(self._probe_after * 2, self.PROBE_MAX)
                 return 1 + probe
         return 1 + best
+
+    def _best(
+        self,
+        rates: Sequence[tuple[float, int]],
+        sequences: int,
+        longest: int,
+        cost: Callable[[int, int], float],
+    ) -> int:
+        """The draft length up to `longest` that emits the most tokens per unit of
+        `cost(rows, sequences)`, for sequences drafting with (acceptance, tokens) `rates`."""
+        best, best_gain = 0, float(sequences)  # no draft: one token per sequence
+        for k in range(1, longest + 1):
+            emitted = sequences - len(rates)
+            emitted += sum((1 - a ** (min(k, n) + 1)) / (1 - a) for a, n in rates)
+            price = cost(k + 1, sequences)
+            if emitted / price > best_gain * (self.MARGIN if price > 1 else 1.0):
+                best, best_gain = k, emitted / price
+        return best
+
+    def _priced(self, rows: int, sequences: int = 1) -> float:
+        """A round's cost at the fixed price per row beyond `min_rows`: no timing in it."""
+        return 1.0 + self.price * (max(rows, self.min_rows) - self.min_rows)
 
     def record_draft(self, source: int, drafted: int, accepted: int) -> None:
         """Acceptance is geometric along a draft: `accepted` successes, then one failure."""
