@@ -13,6 +13,12 @@ import pytest
 
 MEMAGENT = Path(sys.executable).with_name("memagent")
 
+# A suite started as a shell script's background job inherits SIGINT ignored, and so would
+# every `memagent` it starts (Python keeps an inherited SIG_IGN, as a shell expects): the
+# tests of Ctrl-C would see it ignored. A terminal's foreground process has the default.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 # The README's example document; tests import FACT and story from here.
 from village import FACT, story  # noqa: E402, F401

@@ -86,12 +86,12 @@ def _write(path: Path, text: str) -> Path:
 def test_the_library_answers_as_the_command_does(memagent, tmp_path):
     """The real default model, greedy: the library's answer and memories are the command's."""
     book = tmp_path / "village.txt"
-    book.write_text(story(120))
-    args = ["--chunk-tokens", "1000", "--memory-tokens", "96", "--temperature", "0"]
+    book.write_text(story(60))  # about 680 tokens: 2 chunks
+    args = ["--chunk-tokens", "400", "--memory-tokens", "64", "--temperature", "0"]
     cli = memagent("ask", str(book), FACT_QUESTION, *args, "--json", "--no-trace", "--no-cache")
     assert cli.returncode == 0, cli.stderr
     expected = json.loads(cli.stdout)
-    model = api.open_model(memory_tokens=96, chunk_tokens=1000, sampling=Sampling(0.0))
+    model = api.open_model(memory_tokens=64, chunk_tokens=400, sampling=Sampling(0.0))
     result = api.ask(model, book, FACT_QUESTION)
     assert result.to_json()["reply"] == expected["reply"]
     assert result.memories == [step["memory"] for step in expected["steps"]]

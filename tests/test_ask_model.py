@@ -15,7 +15,9 @@ from memagent_cli.trace import read_trace
 
 pytestmark = pytest.mark.model
 
-SMALL_STEPS = ["--chunk-tokens", "1000", "--memory-tokens", "96", "--temperature", "0"]
+# Small enough to keep the suite short, large enough for several steps per reading.
+CHUNK, MEMORY = 400, 64
+SMALL_STEPS = ["--chunk-tokens", str(CHUNK), "--memory-tokens", str(MEMORY), "--temperature", "0"]
 
 
 def test_the_real_model_reads_deterministically_and_traces_every_chunk(memagent, tmp_path):
@@ -23,7 +25,7 @@ def test_the_real_model_reads_deterministically_and_traces_every_chunk(memagent,
     has one record per chunk and the windows tile the document, --json is the trace, and
     llama.cpp's own log stays off stderr."""
     doc = tmp_path / "village.txt"
-    doc.write_text(story(400))
+    doc.write_text(story(130))  # about 1,460 tokens: 4 chunks
     runs = []
     for name in ("first", "second"):
         path = tmp_path / f"{name}.jsonl"
@@ -48,12 +50,12 @@ def test_the_real_model_reads_deterministically_and_traces_every_chunk(memagent,
     assert out["answer"] == protocol.extract_boxed(out["reply"])
 
     document = trace.header.document
-    assert document["chunks"] == -(-document["tokens"] // 1000) >= 3
+    assert document["chunks"] == -(-document["tokens"] // CHUNK) >= 3
     assert [s.index for s in trace.steps] == list(range(document["chunks"]))
     assert trace.steps[0].tokens[0] == 0 and trace.steps[-1].tokens[1] == document["tokens"]
     for before, after in zip(trace.steps, trace.steps[1:], strict=False):
         assert before.tokens[1] == after.tokens[0] and before.chars[1] == after.chars[0]
-    assert all(s.completion_tokens <= 96 for s in trace.steps)
+    assert all(s.completion_tokens <= MEMORY for s in trace.steps)
     assert all(s.finish_reason in ("stop", "length") for s in trace.steps)
     assert trace.header.settings["context_tokens"] <= 8192  # sized from the budget
 
@@ -68,12 +70,12 @@ def test_the_real_model_reads_deterministically_and_traces_every_chunk(memagent,
     shown = memagent("trace", str(tmp_path / "first.jsonl"), "--step", "1")
     assert shown.returncode == 0, shown.stderr
     first_line, _, memory = shown.stdout.partition("\n")
-    assert first_line.startswith("memory after step 1, tokens 0–1,000")
+    assert first_line.startswith(f"memory after step 1, tokens 0–{CHUNK}")
     assert memory.split() == trace.steps[0].memory.split()
 
 
 def test_json_answers_every_question_from_stdin(memagent, env):
-    text = story(300)
+    text = story(80)  # about 900 tokens: 3 chunks
     result = memagent(
         "ask",
         "-",
@@ -93,7 +95,7 @@ def test_json_answers_every_question_from_stdin(memagent, env):
     assert doc["sha256"] == hashlib.sha256(text.encode()).hexdigest()
     assert doc["chunks"] == len(first["steps"]) == len(second["steps"]) >= 2
     assert first["model"]["name"] == "smollm2-135m"  # the registry's name for the default
-    assert first["settings"]["chunk_tokens"] == 1000 and first["settings"]["backend"] == "llama"
+    assert first["settings"]["chunk_tokens"] == CHUNK and first["settings"]["backend"] == "llama"
     assert first["tokens_per_second"]["prompt"] > 0 and first["tokens_per_second"]["generation"] > 0
     assert first["seconds"] > 0
     traces = {first["trace"], second["trace"]}
@@ -105,7 +107,7 @@ def test_json_answers_every_question_from_stdin(memagent, env):
 
 def test_resume_finishes_like_an_uninterrupted_run(memagent, env, tmp_path):
     doc = tmp_path / "doc.txt"
-    doc.write_text(story(500))
+    doc.write_text(story(170))  # about 1,900 tokens: 5 chunks
     ask = [str(doc), FACT_QUESTION, *SMALL_STEPS]
 
     whole = memagent("ask", *ask, "--json", "--quiet")
@@ -129,12 +131,13 @@ def test_resume_finishes_like_an_uninterrupted_run(memagent, env, tmp_path):
     assert not read_trace(cut).finished
 
     other = tmp_path / "other.txt"
-    other.write_text(story(500, seed=3))
+    other.write_text(story(170, seed=3))
     refused = memagent("ask", str(other), FACT_QUESTION, *SMALL_STEPS, "--resume", str(cut))
     assert refused.returncode == 1 and "the document differs" in refused.stderr
-    refused = memagent("ask", *ask, "--memory-tokens", "64", "--resume", str(cut))
-    assert refused.returncode == 1 and "--memory-tokens differs (96 there, 64 here)" in " ".join(
-        refused.stderr.split()
+    refused = memagent("ask", *ask, "--memory-tokens", "32", "--resume", str(cut))
+    assert (
+        refused.returncode == 1
+        and f"--memory-tokens differs ({MEMORY} there, 32 here)" in " ".join(refused.stderr.split())
     )
 
     resumed = memagent("ask", *ask, "--json", "--resume", str(cut))
@@ -153,7 +156,7 @@ def test_resume_finishes_like_an_uninterrupted_run(memagent, env, tmp_path):
 )
 def test_an_interrupted_run_keeps_its_finished_steps(env, tmp_path, sig):
     doc = tmp_path / "doc.txt"
-    doc.write_text(story(500))
+    doc.write_text(story(170))
     trace_path = tmp_path / "run.jsonl"
     args = [str(doc), FACT_QUESTION, *SMALL_STEPS, "--trace", str(trace_path)]
     process, stdout, stderr = interrupt_after_steps(args, trace_path, env, 1, sig)

@@ -42,7 +42,7 @@ def test_eval_is_interrupted_continued_and_reported(tmp_path, env, memagent):
     data = tmp_path / "data"
     data.mkdir()
     authors_file(data / "eval_short.json", 40, (1, 2))  # about 450 tokens: 2 steps
-    authors_file(data / "eval_long.json", 110, (3, 4))  # about 1.2K tokens: 4 steps
+    authors_file(data / "eval_long.json", 80, (3, 4))  # about 900 tokens: 3 steps
     out = tmp_path / "run.jsonl"
     command = [str(MEMAGENT), "eval", str(data), *TINY, "--output", str(out)]
 

@@ -18,7 +18,8 @@ from conftest import FACT_QUESTION, default_model_path, interrupt_after_steps, s
 from memagent_cli.trace import read_trace
 
 SECOND_QUESTION = "Who painted the red barn?"
-SMALL_STEPS = ["--chunk-tokens", "2000", "--memory-tokens", "128", "--temperature", "0"]
+CHUNK, MEMORY = 500, 64  # small: the suite stays short
+SMALL_STEPS = ["--chunk-tokens", str(CHUNK), "--memory-tokens", str(MEMORY), "--temperature", "0"]
 
 
 class Server:
@@ -96,9 +97,9 @@ def read_single_row(doc, question: str) -> Reading:
         default_model_path(),
         LlamaOptions(threads=2, gpu_layers=0, speculate=False, exact=False, flash_attn="off"),
     )
-    settings = Settings(2000, 128, Sampling(temperature=0.0))
+    settings = Settings(CHUNK, MEMORY, Sampling(temperature=0.0))
     backend.prepare(context_needed(backend, [question], settings))
-    _, chunks = chunk_text(load_document(str(doc)).text, backend, 2000)
+    _, chunks = chunk_text(load_document(str(doc)).text, backend, CHUNK)
     answer = read(backend, question, chunks, settings)
     del backend
     gc.collect()  # the weights go before the server loads its own
@@ -108,7 +109,7 @@ def read_single_row(doc, question: str) -> Reading:
 @pytest.mark.model
 def test_a_server_answers_like_the_in_process_model(memagent, tmp_path, server):
     doc = tmp_path / "doc.txt"
-    doc.write_text(story(200))  # two chunks: a memory carried from one call to the next
+    doc.write_text(story(80))  # two chunks: a memory carried from one call to the next
     ask = [str(doc), FACT_QUESTION, *SMALL_STEPS, "--json", "--no-cache"]
     local = memagent("ask", *ask, "--trace", str(tmp_path / "local.jsonl"))
     assert local.returncode == 0, local.stderr
@@ -162,7 +163,7 @@ def test_a_server_answers_like_the_in_process_model(memagent, tmp_path, server):
 @pytest.mark.model
 def test_a_server_stopped_mid_run_leaves_a_trace_to_resume(memagent, env, tmp_path, server):
     doc = tmp_path / "doc.txt"
-    doc.write_text(story(600))
+    doc.write_text(story(170))  # 4 chunks
     cut = tmp_path / "cut.jsonl"
     server.start()
     args = [

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.model
 
 QUESTIONS = [FACT_QUESTION, "Who lives in the village?", "What happened at the mill?"]
 STEPS = [
-    *("--chunk-tokens", "700", "--memory-tokens", "80", "--temperature", "0", "--no-cache"),
+    *("--chunk-tokens", "300", "--memory-tokens", "48", "--temperature", "0", "--no-cache"),
     "--exact",  # byte-identical together and alone: the promise of --exact
 ]
 
@@ -42,7 +42,7 @@ def answers_of(stdout: str) -> list[dict]:
 @pytest.fixture(scope="module")
 def doc(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("together") / "village.txt"
-    path.write_text(story(170, seed=5))  # about 1,900 tokens: 3 chunks of 700
+    path.write_text(story(75, seed=5))  # about 850 tokens: 3 chunks of 300
     return path
 
 
