@@ -106,8 +106,8 @@ def test_where_one_row_is_allowed_draft_lengths_follow_counts_never_timings() ->
             if a:
                 policy.record_draft(source, a, accepted)
     assert 0 in lengths and max(lengths) > 1  # some rounds draft, some do not
-    # The price per row is fixed per device: a GPU's batches are priced as nearly free.
-    cheap = DraftPolicy(price=DraftPolicy.GPU_PRICE)
+    # The price decides: the same drafts, accepted half the time, pay only where rows are cheap.
+    cheap = DraftPolicy(price=0.05)
     for _ in range(30):
         cheap.record_draft(3, 2, 1)
     assert cheap.length(3, 8) > DraftPolicy().length(3, 8) == 0

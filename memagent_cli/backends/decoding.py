@@ -87,7 +87,6 @@ class Decoder:
         speculate: bool = True,
         exact: bool = True,
         sequences: int = 1,
-        cheap_batches: bool = False,
     ) -> None:
         self.context = context
         self.vocab = llama_cpp.llama_model_get_vocab(model)
@@ -102,11 +101,7 @@ class Decoder:
         # of 2 or more rows gives bit-identical rows. Exact decoding therefore never sends a
         # 1-row batch: then drafts of any length leave every output token unchanged.
         self.exact = exact
-        self.policy = DraftPolicy(
-            max_draft=min(MAX_DRAFT, n_batch - 2),
-            min_rows=1 + exact,
-            price=DraftPolicy.GPU_PRICE if cheap_batches else DraftPolicy.CPU_PRICE,
-        )
+        self.policy = DraftPolicy(max_draft=min(MAX_DRAFT, n_batch - 2), min_rows=1 + exact)
         self._batch = Batch(n_batch, sequences)
         self.engine_seconds = 0.0  # inside llama_decode, all calls together
         self._cached: dict[int, list[int]] = {}  # seq -> tokens at positions 0.. in the cache

@@ -75,8 +75,8 @@ class DraftPolicy:
     Where one row is allowed (`min_rows` 1), the draft length picks llama.cpp's kernels for
     the tokens it covers (a 1-row decode runs other ones than a batch, and they differ in
     near-ties), and it shapes every later round. So there the length comes from counts
-    alone: the acceptance seen so far, priced with a fixed `price` per batch row (about what
-    a row costs on a CPU; a GPU's cost little), and probes counted in rounds. A greedy rerun
+    alone: the acceptance seen so far, priced with a fixed `price` per batch row, and probes
+    counted in rounds. A greedy rerun
     then repeats itself token for token, whatever the timings. Measured costs choose only
     where every round is a batch anyway (`min_rows` 2), since there no length changes a
     token.
@@ -87,14 +87,17 @@ class DraftPolicy:
     MARGIN = 1.03  # a draft must promise this much over not drafting
     DECAY = 0.97
 
-    CPU_PRICE, GPU_PRICE = 0.6, 0.05  # a batch row's cost, relative to a 1-row round
+    # A batch row's cost relative to a 1-row round where one row is allowed: about what it
+    # costs on a 2-core CPU (README, Performance). A GPU running a small model measured more
+    # (2-8 rows cost 2.3-2.9 rounds on an H100 with the default model), a 7B on a GPU less.
+    PRICE = 0.6
 
     def __init__(
         self,
         max_draft: int = MAX_DRAFT,
         fixed: int | None = None,
         min_rows: int = 1,
-        price: float = CPU_PRICE,
+        price: float = PRICE,
     ) -> None:
         self.max_draft = max_draft
         self.fixed = fixed  # always draft this many when possible (tests exercise every path)

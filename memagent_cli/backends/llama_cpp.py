@@ -364,7 +364,6 @@ class _Engine:
             speculate=backend.speculate,
             exact=backend.exact,
             sequences=sequences,
-            cheap_batches=backend.gpu_layers != 0 and can_offload(),
         )
         self.close = weakref.finalize(self, _release, self.decoder, self.context, self.model)
 
