@@ -40,12 +40,13 @@ def note(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def engine_cost(depth: int, threads: int) -> dict[int, float]:
+def engine_cost(depth: int, threads: int, gpu_layers: int | None) -> dict[int, float]:
     """cost(N) of a 1-row-per-sequence decode round at `depth`, N = 1..8."""
     from memagent_cli.backends.llama_cpp import LlamaCppBackend, LlamaOptions
     from memagent_cli.models import resolve
 
-    backend = LlamaCppBackend(resolve(None).path, LlamaOptions(threads=threads))
+    options = LlamaOptions(threads=threads, gpu_layers=gpu_layers)
+    backend = LlamaCppBackend(resolve(None).path, options)
     tokens = backend.tokenize(story(depth // 8, fact=None))
     costs = sequence_costs(backend, tokens, [depth], passes=3)
     return {q: c for q, c in costs["depths"][depth]["cost"][1].items()}
@@ -62,6 +63,8 @@ def run_eval(haystack: Path, args: argparse.Namespace, parallel: int, home: Path
         "--temperature", "0", "-t", str(args.threads), "--parallel", str(parallel),
         "-o", str(out), "--quiet",
     ]  # fmt: skip
+    if args.gpu_layers is not None:
+        command += ["--gpu-layers", str(args.gpu_layers)]
     began = time.perf_counter()
     result = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
     seconds = time.perf_counter() - began
@@ -92,10 +95,13 @@ def main() -> None:
     parser.add_argument("--memory-tokens", type=int, default=64)
     parser.add_argument("--parallel", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--gpu-layers", type=int, help="layers offloaded to the GPU (default: memagent's)"
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "bench" / "continuous.json")
     args = parser.parse_args()
     depth = args.chunk_tokens + 2 * args.memory_tokens + 150  # an update call's depth
-    cost = engine_cost(depth, args.threads)
+    cost = engine_cost(depth, args.threads, args.gpu_layers)
     n = args.parallel
     note(f"a round of {n} sequences costs {cost[n]:.2f}x one sequence's (depth {depth})")
     with tempfile.TemporaryDirectory() as tmp:

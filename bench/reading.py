@@ -425,6 +425,9 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "bench" / "reading.json")
     parser.add_argument("--model", help="a GGUF path or registry name (default: memagent's)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--gpu-layers", type=int, default=0, help="layers offloaded to the GPU (99: all)"
+    )
     parser.add_argument("--sentences", type=int, default=400, help="document length")
     parser.add_argument("--chunk-tokens", type=int, default=1500)
     parser.add_argument("--memory-tokens", type=int, default=512)
@@ -501,7 +504,7 @@ def main() -> None:
     if not args.rss_only:
         options = LlamaOptions(
             threads=args.threads,
-            gpu_layers=0,
+            gpu_layers=args.gpu_layers,
             flash_attn=args.flash_attn,
             cache_type_k=args.cache_type_k,
             cache_type_v=args.cache_type_v,

@@ -2,7 +2,7 @@
 many readings in flight, and what it costs itself.
 
     python bench/serving.py stand-in [--readings 1000 --parallel 64 --latency 1.0]
-    python bench/serving.py llama [--slots 1,2,4]
+    python bench/serving.py llama [--slots 1,2,4] [--llama-server PATH] [--gpu-layers 99]
 
 `stand-in`: the deterministic stand-in server of tests/fake_openai.py on 127.0.0.1, every
 call taking a fixed `--latency`, and `memagent ask` over `--readings` (document, question)
@@ -14,7 +14,8 @@ time against that ideal, and memagent's own CPU seconds and peak RSS.
 `llama`: llama-cpp-python's server (`python -m llama_cpp.server`) with the default model,
 greedy, and `memagent ask --parallel N` for each N: readings per minute. That server
 answers one call at a time (a lock around its one model), so N calls in flight only queue
-there; llama.cpp's own `llama-server -np N` decodes N at once. Run it alone, under the
+there; llama.cpp's own `llama-server -np N` decodes N at once: `--llama-server PATH` starts
+that one instead, with N slots for each N. Run it alone, under the
 machine's model lock: it loads a model, and the cores are the server's.
 """
 
@@ -137,36 +138,43 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def llama_server(args: argparse.Namespace) -> dict[str, object]:
-    """Readings per minute through llama-cpp-python's server with the default model, for
-    each --parallel N."""
-    sys.path.insert(0, str(ROOT))
+def server_command(args: argparse.Namespace, port: int, slots: int) -> list[str]:
+    """llama-cpp-python's server, or llama.cpp's own (--llama-server) with `slots` slots."""
     from memagent_cli.models import resolve
 
+    model, host, ctx, threads = str(resolve(None).path), "127.0.0.1", args.n_ctx, args.threads
+    layers = [] if args.gpu_layers is None else [str(args.gpu_layers)]
+    if args.llama_server:
+        return [
+            args.llama_server, "--model", model, "--host", host, "--port", str(port),
+            "--ctx-size", str(ctx * slots), "--parallel", str(slots), "--threads", str(threads),
+            *(["--n-gpu-layers", *layers] if layers else []),
+        ]  # fmt: skip
+    return [
+        sys.executable, "-m", "llama_cpp.server", "--model", model, "--host", host,
+        "--port", str(port), "--n_ctx", str(ctx), "--n_threads", str(threads),
+        "--n_threads_batch", str(threads), "--verbose", "false",
+        *(["--n_gpu_layers", *layers] if layers else []),
+    ]  # fmt: skip
+
+
+def llama_server(args: argparse.Namespace) -> dict[str, object]:
+    """Readings per minute through llama-cpp-python's server with the default model, for
+    each --parallel N; with --llama-server, llama.cpp's own started with N slots for each N."""
+    sys.path.insert(0, str(ROOT))
+    slots = [int(x) for x in args.slots.split(",")]
+    if not args.llama_server:
+        return {"server": "llama_cpp.server", "rows": measure(args, slots, max(slots))}
+    rows = [row for n in slots for row in measure(args, [n], n)]
+    return {"server": "llama-server -np N", "rows": rows}
+
+
+def measure(args: argparse.Namespace, parallel: list[int], slots: int) -> list[dict]:
+    """Start the server, and time `memagent ask --parallel N` through it for each N."""
     port = free_port()
     url = f"http://127.0.0.1:{port}/v1"
     server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "llama_cpp.server",
-            "--model",
-            str(resolve(None).path),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--n_ctx",
-            str(args.n_ctx),
-            "--n_threads",
-            str(args.threads),
-            "--n_threads_batch",
-            str(args.threads),
-            "--verbose",
-            "false",
-        ],  # fmt: skip
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        server_command(args, port, slots), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     rows = []
     try:
@@ -177,10 +185,10 @@ def llama_server(args: argparse.Namespace) -> dict[str, object]:
                 break
             except OSError:
                 if time.monotonic() > deadline or server.poll() is not None:
-                    raise SystemExit("llama_cpp.server did not start") from None
+                    raise SystemExit("the server did not start") from None
                 time.sleep(0.5)
         questions = list(QUESTIONS[: args.questions])
-        for n in [int(x) for x in args.slots.split(",")]:
+        for n in parallel:
             with tempfile.TemporaryDirectory() as tmp:
                 home = Path(tmp)
                 (home / "docs").mkdir()
@@ -207,7 +215,7 @@ def llama_server(args: argparse.Namespace) -> dict[str, object]:
     finally:
         server.kill()
         server.wait(timeout=30)
-    return {"server": "llama_cpp.server", "rows": rows}
+    return rows
 
 
 def main() -> None:
@@ -230,6 +238,8 @@ def main() -> None:
     s.add_argument("--chunk-tokens", type=int, default=300)
     s.add_argument("--n-ctx", type=int, default=2048)
     s.add_argument("--threads", type=int, default=2)
+    s.add_argument("--gpu-layers", type=int, help="layers offloaded to the GPU (99: all)")
+    s.add_argument("--llama-server", help="a llama-server binary instead, with N slots per N")
     s.set_defaults(run=llama_server)
     args = parser.parse_args()
     result = args.run(args)
