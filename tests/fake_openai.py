@@ -6,7 +6,8 @@ memory and adds the first words of the section; a final reply boxes the memory's
 It has no tokenize endpoint unless told to (`tokenizer`: llama-server's /tokenize and
 /detokenize, one token per byte), so memagent cuts chunks with tiktoken (offline). The server
 can be told to take a fixed time per call, to turn calls away as busy (429 with
-Retry-After), to fail with 503 or to stop answering after a number of calls.
+Retry-After), to fail with 503, to stop answering after a number of calls, or to hold the
+calls after a number until the test releases them (a run that cannot end before a signal).
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ class FakeServer:
     fail_after: int | None = None  # chat calls answered before every call fails
     fail_status: int = 503  # 503 is retried by memagent, 400 is not
     hang_after: int | None = None  # chat calls answered before the server stops answering
+    hold_after: int | None = None  # chat calls answered before the rest wait for release()
+    held: int = 0  # chat calls waiting for release() now
     tokenizer: bool = False  # llama-server's /tokenize and /detokenize, a token per byte
     tokenize_delay: float = 0.0  # seconds before each /tokenize reply
     tokenize_calls: int = 0
@@ -62,6 +65,7 @@ class FakeServer:
     def __enter__(self) -> FakeServer:
         fake = self
         self._lock = threading.Lock()
+        self._released = threading.Event()
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"  # keep-alive, as real servers: one connection per client
@@ -123,6 +127,12 @@ class FakeServer:
                     return
                 if fake.hang_after is not None and calls > fake.hang_after:
                     time.sleep(3600)
+                if fake.hold_after is not None and calls > fake.hold_after:
+                    with fake._lock:
+                        fake.held += 1
+                    fake._released.wait(timeout=600)
+                    with fake._lock:
+                        fake.held -= 1
                 if fake.fail_after is not None and calls > fake.fail_after:
                     self._json(fake.fail_status, {"error": {"message": "the model is unwell"}})
                     return
@@ -168,6 +178,11 @@ class FakeServer:
         self._thread.start()
         return self
 
+    def release(self) -> None:
+        """Answer the calls `hold_after` holds, and every call after them."""
+        self._released.set()
+
     def __exit__(self, *exc: object) -> None:
+        self._released.set()  # a held call's thread ends
         self._server.shutdown()
         self._server.server_close()

@@ -121,7 +121,9 @@ def test_an_interrupted_run_resumes_to_the_uninterrupted_answer(
     memagent, env, fake_server, doc, tmp_path, sig
 ):
     whole = json.loads(ask(memagent, fake_server, doc, "--json", "--quiet").stdout)
-    fake_server.delay = 0.5  # wide enough that the signal lands mid-run on a busy machine
+    # Three steps answered, then the server holds the run until the signal has landed: it
+    # cannot finish first, however busy the machine.
+    fake_server.hold_after = fake_server.chat_calls + 3
     cut = tmp_path / "cut.jsonl"
     args = [
         str(doc),
@@ -140,7 +142,7 @@ def test_an_interrupted_run_resumes_to_the_uninterrupted_answer(
     assert hint.startswith(f"memagent ask {doc} ") and hint.endswith(f"--resume {cut}")
     assert "--trace" not in hint
 
-    fake_server.delay = 0.0
+    fake_server.release()
     resumed = memagent(*shlex.split(hint)[1:], "--json")
     assert resumed.returncode == 0, resumed.stderr
     assert f"resuming {cut} after step {stopped.interruption.steps_done}" in words(resumed.stderr)

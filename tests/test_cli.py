@@ -153,7 +153,7 @@ def test_a_questions_file_that_is_not_a_file_is_refused_at_once(memagent, tmp_pa
         os.mkfifo(path)
     else:
         path = Path("/dev/zero") if kind == "dev-zero" else tmp_path
-    result = memagent("ask", str(doc), "--questions", str(path), timeout=20)
+    result = memagent("ask", str(doc), "--questions", str(path), timeout=60)
     assert_clean_failure(result, 1, "is not a regular file")
 
 
@@ -162,7 +162,7 @@ def test_a_documents_list_that_is_a_fifo_is_refused(memagent, tmp_path, doc):
 
     path = tmp_path / "docs.fifo"
     os.mkfifo(path)
-    result = memagent("ask", str(doc), "q?", "--documents", str(path), timeout=20)
+    result = memagent("ask", str(doc), "q?", "--documents", str(path), timeout=60)
     assert_clean_failure(result, 1, "Documents file", "is not a regular file")
 
 

@@ -94,7 +94,11 @@ def test_a_failing_server_keeps_finished_cases_and_the_same_command_continues(
 
 def test_ctrl_c_with_parallel_runs_loses_at_most_the_cases_in_flight(data, env, tmp_path):
     out = tmp_path / "run.jsonl"
-    with FakeServer(delay=0.2) as server:
+    # The first four calls finish c1 or c2 or both (one chunk each: two calls); the next ones
+    # wait until Ctrl-C is sent, so the run cannot end first however busy the machine. Then
+    # each call takes 0.2 s: c3 and c4 (four chunks each) need four more calls at least, time
+    # for the stop to reach the runs in flight.
+    with FakeServer(delay=0.2, hold_after=4) as server:
         process = subprocess.Popen(
             [str(MEMAGENT), "eval", str(data), *served(server, *STEPS), "-o", str(out)]
             + ["--parallel", "2"],
@@ -103,11 +107,15 @@ def test_ctrl_c_with_parallel_runs_loses_at_most_the_cases_in_flight(data, env, 
             stderr=subprocess.PIPE,
             text=True,
         )
-        deadline = time.monotonic() + 60
-        while not lines_of(out) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        deadline = time.monotonic() + 120
+        while server.held < 2 and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # until both runs in flight wait on the server
+        if server.held < 2:
+            process.kill()
+            pytest.fail(f"the runs never waited on the server: {process.communicate()}")
         process.send_signal(signal.SIGINT)
-        stdout, stderr = process.communicate(timeout=60)
+        server.release()
+        stdout, stderr = process.communicate(timeout=120)
     assert process.returncode == 130, stderr
     assert "Traceback" not in stderr and stdout == ""
     kept = lines_of(out)

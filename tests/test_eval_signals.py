@@ -30,15 +30,17 @@ def mid_case(path: Path) -> bool:
 
 def test_sigterm_exits_143_keeping_results_and_traces(env, memagent, tmp_path):
     data = tmp_path / "eval_100.json"
+    # c0 is one chunk (two calls), the others several: the server answers c0 and c1's first
+    # step, then holds the run there, mid-case, until SIGTERM has landed.
     cases = [
         {"_id": f"c{i}", "input": "Which word opens the text?", "answers": [word],
-         "context": f"{word} opens this text. " + story(60, fact=None, seed=i)}
+         "context": f"{word} opens this text. " + story(60 if i else 20, fact=None, seed=i)}
         for i, word in enumerate(["Paris", "Rome", "Oslo", "Lima"])
     ]  # fmt: skip
     data.write_text(json.dumps(cases))
     out = tmp_path / "run.jsonl"
     traces = Path(env["XDG_DATA_HOME"]) / "memagent" / "traces"
-    with FakeServer(delay=0.2) as server:
+    with FakeServer(delay=0.2, hold_after=3) as server:
         process = subprocess.Popen(
             [str(MEMAGENT), "eval", str(data), *served(server, *STEPS), "-o", str(out)],
             env=env,
@@ -50,7 +52,7 @@ def test_sigterm_exits_143_keeping_results_and_traces(env, memagent, tmp_path):
         # A case finished, and the next one has a step in its trace: mid-case.
         while time.monotonic() < deadline and process.poll() is None:
             started = list(traces.glob("*.jsonl")) if traces.is_dir() else []
-            if lines_of(out) and any(mid_case(path) for path in started):
+            if server.held and lines_of(out) and any(mid_case(path) for path in started):
                 break
             time.sleep(0.05)
         process.send_signal(signal.SIGTERM)
@@ -68,6 +70,7 @@ def test_sigterm_exits_143_keeping_results_and_traces(env, memagent, tmp_path):
         assert stopped[0].interruption.steps_done >= 1
 
         # The same command, on the same server, takes the stopped case up where it ended.
+        server.release()
         server.delay, calls = 0.0, server.chat_calls
         again = memagent("eval", str(data), *served(server, *STEPS), "-o", str(out), "--json")
         assert again.returncode == 0, again.stderr

@@ -146,7 +146,10 @@ def test_a_killed_batch_run_again_reads_only_what_is_missing_and_answers_each_on
             t.steps and not t.finished for t in states
         )
 
-    with FakeServer(delay=0.15, port=port) as slow:
+    # However late the kill comes, the run cannot finish first: its last call waits. One
+    # reading unfinished, missing only its answer or a step after the first, means every
+    # other one has finished and it has a step: some done, some in flight.
+    with FakeServer(delay=0.15, port=port, hold_after=needed - 1) as slow:
         printed = kill_when([*args, *served(slow)], env, some_done_some_in_flight)
     kept = sum(calls_kept(p) for p in traces_in(env))
     assert 0 < kept < needed and len(printed.splitlines()) < 12
@@ -229,7 +232,9 @@ def test_a_killed_evaluation_run_again_reads_only_what_is_missing(memagent, env,
             return False
         return len(recorded()) >= 1 and any(t.steps and not t.finished for t in states)
 
-    with FakeServer(delay=0.15, port=port) as slow:
+    # The run's last call waits, as above: a case with a step is in flight and, results being
+    # written in order, those before it are recorded.
+    with FakeServer(delay=0.15, port=port, hold_after=needed - 1) as slow:
         kill_when([*args, *served(slow)], env, some_done_some_in_flight)
     kept = sum(calls_kept(p) for p in traces_in(env))
     assert 1 <= len(recorded()) < 6

@@ -37,6 +37,7 @@ MEMORIES = [
     "The guard sleeps at noon.\nThe keeper left the village.\nThe tower fell.",
 ]
 REPLY = "The password is \\boxed{PELICAN}."
+PATIENCE = 60  # seconds a `trace` command may take to show a line or end, on a busy machine
 
 
 class ScriptedBackend:
@@ -49,7 +50,7 @@ class ScriptedBackend:
 
     def generate(self, message: str, *, max_tokens: int, sampling: Sampling) -> Generation:
         if self.gate is not None and self.calls > 0:
-            assert self.gate.acquire(timeout=20), "the follower never showed the last step"
+            assert self.gate.acquire(timeout=PATIENCE), "the follower never showed the last step"
         self.calls += 1
         if not self.replies:
             raise KeyboardInterrupt
@@ -440,7 +441,7 @@ def test_a_header_field_of_the_wrong_type_is_one_sentence_in_every_view(
 def test_a_fifo_is_refused_not_waited_on(memagent, tmp_path):
     fifo = tmp_path / "pipe.jsonl"
     os.mkfifo(fifo)
-    assert_clean_failure(memagent("trace", str(fifo), timeout=20), 1, "is not a regular file")
+    assert_clean_failure(memagent("trace", str(fifo), timeout=PATIENCE), 1, "is not a regular file")
 
 
 def test_a_file_that_is_not_a_trace(memagent, tmp_path):
@@ -479,7 +480,7 @@ def start_follow(env: dict[str, str], path: Path) -> tuple[subprocess.Popen, que
 
 def next_line_starting(lines: queue.Queue, prefix: str) -> str:
     while True:
-        line = lines.get(timeout=20)
+        line = lines.get(timeout=PATIENCE)
         assert line is not None, f"the follower ended before a line starting {prefix!r}"
         if line.startswith(prefix):
             return line
@@ -491,7 +492,7 @@ def test_follow_shows_each_step_as_it_is_written(env, tmp_path):
     gate = threading.Semaphore(0)
     writing = threading.Thread(target=write_trace, args=(path,), kwargs={"gate": gate})
     writing.start()
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + PATIENCE
     while not (path.exists() and path.read_text()) and time.monotonic() < deadline:
         time.sleep(0.05)
     process, lines = start_follow(env, path)
@@ -501,12 +502,12 @@ def test_follow_shows_each_step_as_it_is_written(env, tmp_path):
             assert next_line_starting(lines, "step ").startswith(f"step {n + 1}/5  p. ")
             gate.release()
         assert next_line_starting(lines, "Answer:") == "Answer: PELICAN\n"
-        assert process.wait(timeout=20) == 0
+        assert process.wait(timeout=PATIENCE) == 0
     finally:
         process.kill()
         for _ in MEMORIES:
             gate.release()
-        writing.join(timeout=20)
+        writing.join(timeout=PATIENCE)
     assert "Traceback" not in process.stderr.read()
 
 
@@ -519,7 +520,7 @@ def test_follow_stops_quietly_on_ctrl_c(env, tmp_path):
     try:
         next_line_starting(lines, "Question:")
         process.send_signal(signal.SIGINT)
-        assert process.wait(timeout=20) == 130
+        assert process.wait(timeout=PATIENCE) == 130
     finally:
         process.kill()
     stderr = process.stderr.read()
@@ -530,11 +531,11 @@ def follow_to_the_end(env: dict[str, str], path: Path) -> list[str]:
     """Everything `trace --follow` prints for a trace that is already complete; it must end."""
     process, lines = start_follow(env, path)
     try:
-        assert process.wait(timeout=20) == 0, process.stderr.read()
+        assert process.wait(timeout=PATIENCE) == 0, process.stderr.read()
     finally:
         process.kill()
     printed = []
-    while (line := lines.get(timeout=20)) is not None:
+    while (line := lines.get(timeout=PATIENCE)) is not None:
         printed.append(line.rstrip("\n"))
     assert "Traceback" not in process.stderr.read()
     return printed
