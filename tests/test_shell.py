@@ -94,7 +94,10 @@ def bash(script: str, env: dict[str, str]) -> subprocess.CompletedProcess:
 
 
 def test_completion_installs_and_offers_commands_choices_and_models(shell_home, tmp_path):
-    installed = bash("memagent --install-completion", shell_home)  # the shell is found itself
+    # The shell is found itself, from the processes above memagent: bash must be its parent,
+    # as at a prompt (bash would exec a lone command in its own place, leaving whatever
+    # started the tests, make's sh say, as the nearest shell).
+    installed = bash("memagent --install-completion; exit $?", shell_home)
     assert installed.returncode == 0, installed.stderr
     script = Path(shell_home["HOME"]) / ".bash_completions" / "memagent.sh"
     assert f"source '{script}'" in (Path(shell_home["HOME"]) / ".bashrc").read_text()
