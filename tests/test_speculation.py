@@ -114,11 +114,11 @@ def test_default_speculation_equals_plain(plain: LlamaCppBackend) -> None:
     for message in (copying(), fresh()):
         for sampling in (GREEDY, SEEDED):
             same(
-                ours.generate(message, max_tokens=128, sampling=sampling),
-                plain.generate(message, max_tokens=128, sampling=sampling),
+                ours.generate(message, max_tokens=64, sampling=sampling),
+                plain.generate(message, max_tokens=64, sampling=sampling),
             )
             # The time inside llama_decode lies within the call's (the bench's loop share).
-            decoded = ours.decode(message, max_tokens=128, sampling=sampling)
+            decoded = ours.decode(message, max_tokens=64, sampling=sampling)
             assert 0 < decoded.engine_seconds <= decoded.seconds
 
 
@@ -143,7 +143,7 @@ def test_single_row_decoding_equals_create_completion(plain: LlamaCppBackend) ->
         prompt, stop = plain._chat_prompt(message)
         result = llm.create_completion(
             prompt=prompt,
-            max_tokens=256,
+            max_tokens=128,
             temperature=0.0,
             top_p=0.95,
             top_k=0,
@@ -151,7 +151,7 @@ def test_single_row_decoding_equals_create_completion(plain: LlamaCppBackend) ->
             repeat_penalty=1.0,
             stop=stop,
         )
-        got = ours.generate(message, max_tokens=256, sampling=GREEDY)
+        got = ours.generate(message, max_tokens=128, sampling=GREEDY)
         choice = result["choices"][0]
         assert got.text == choice["text"]
         assert got.completion_tokens == result["usage"]["completion_tokens"]
