@@ -1,6 +1,7 @@
 """Where speculative drafts come from and how long they should be: prompt lookup (what
 followed the last few tokens where they occurred before), and a policy that picks the
-draft length from the measured acceptance and the measured cost of a batch."""
+draft length from the acceptance seen so far and the cost of a batch: measured, or a fixed
+price where timings must not change the output."""
 
 from __future__ import annotations
 
@@ -76,10 +77,9 @@ class DraftPolicy:
     the tokens it covers (a 1-row decode runs other ones than a batch, and they differ in
     near-ties), and it shapes every later round. So there the length comes from counts
     alone: the acceptance seen so far, priced with a fixed `price` per batch row, and probes
-    counted in rounds. A greedy rerun
-    then repeats itself token for token, whatever the timings. Measured costs choose only
-    where every round is a batch anyway (`min_rows` 2), since there no length changes a
-    token.
+    counted in rounds. A greedy rerun then repeats itself token for token, whatever the
+    timings. Measured costs choose only where every round is a batch anyway (`min_rows` 2),
+    since there no length changes a token.
     """
 
     PROBE_LENGTHS = (2, 4, 8)  # probes take turns, so several batch sizes get measured
@@ -89,7 +89,7 @@ class DraftPolicy:
 
     # A batch row's cost relative to a 1-row round where one row is allowed: about what it
     # costs on a 2-core CPU (README, Performance). A GPU running a small model measured more
-    # (2-8 rows cost 2.3-2.9 rounds on an H100 with the default model), a 7B on a GPU less.
+    # (2-8 rows cost 2.3-3.7 rounds on an H100 with the default model), a 7B on a GPU less.
     PRICE = 0.6
 
     def __init__(
