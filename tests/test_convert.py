@@ -635,12 +635,6 @@ def big(tmp_path_factory) -> Path:
     return folder
 
 
-def as_in_a_terminal() -> None:
-    """Ctrl-C's default in the child: a background job of a shell (`make test &`) starts
-    with SIGINT ignored, and Python keeps it ignored, so the signal would do nothing."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 @pytest.mark.model  # slow: writes and converts a 380 MB model; loads no model into llama.cpp
 def test_conversion_memory_stays_flat_as_the_model_grows(tmp_path, tied, big):
     """Peak RSS of `models convert` for the tiny model and for the big one."""
@@ -678,7 +672,6 @@ def test_an_interrupted_conversion_leaves_nothing_that_looks_finished(env, big, 
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env,
-        preexec_fn=as_in_a_terminal,
     )
     deadline = time.monotonic() + 30
     while not list(out.iterdir()) and time.monotonic() < deadline:  # writing has begun
@@ -704,7 +697,6 @@ def test_ctrl_c_stops_a_quantization_within_seconds_and_the_same_command_resumes
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env,
-        preexec_fn=as_in_a_terminal,
     )
     deadline = time.monotonic() + 300
     while not part.exists() and process.poll() is None and time.monotonic() < deadline:
