@@ -45,3 +45,13 @@ def test_the_registry_names_the_memagent_models_on_the_hub():
     assert registry["memagent-7b"]["hf"] == "BytedTsinghua-SIA/RL-MemoryAgent-7B:Q4_K_M"
     # The small model that boxes the needle: Qwen's own GGUF, by name (README's table).
     assert registry["qwen2.5-coder-1.5b"]["hf"] == "Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF:Q4_K_M"
+
+
+def test_a_hub_model_not_pulled_yet_says_how_to_pull_it(monkeypatch, tmp_path):
+    monkeypatch.setattr(models.registry, "model_dirs", lambda: [tmp_path])
+    with pytest.raises(ModelError) as error:
+        models.resolve("qwen2.5-coder-1.5b")
+    assert error.value.message == (
+        "Model qwen2.5-coder-1.5b (Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF:Q4_K_M on the Hugging "
+        "Face Hub) is not pulled yet; pull it with `memagent models pull qwen2.5-coder-1.5b`."
+    )

@@ -71,7 +71,8 @@ def how_to_get(name: str, entry: dict[str, object]) -> str:
 def missing_file(name: str, entry: dict[str, object]) -> str:
     where = " or ".join(str(d) for d in model_dirs())
     how = how_to_get(name, entry)
-    file = entry.get("file") or entry.get("hf")
-    return f"Model {name} is known but its file {file} is not in {where}" + (
-        f"; {how}." if how else "."
-    )
+    if entry.get("file"):
+        known = f"Model {name} is known but its file {entry['file']} is not in {where}"
+    else:  # a Hub entry: its file's name is known only once pulled
+        known = f"Model {name} ({entry.get('hf')} on the Hugging Face Hub) is not pulled yet"
+    return known + (f"; {how}." if how else ".")
