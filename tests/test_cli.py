@@ -83,7 +83,9 @@ def test_missing_model_from_env(memagent, env, doc):
 
 def test_registry_model_not_downloaded(memagent, doc):
     result = memagent("ask", str(doc), "q?", "-m", "memagent-7b")
-    assert_clean_failure(result, 1, "memagent-7b is known")
+    assert_clean_failure(
+        result, 1, "memagent-7b", "is not pulled yet", "memagent models pull memagent-7b"
+    )
 
 
 def test_non_gguf_model(memagent, tmp_path, doc):
