@@ -209,6 +209,23 @@ def test_bf16_beyond_f16_range_is_refused_for_f16_with_a_sentence(memagent, tmp_
     assert not list(out.iterdir())
 
 
+def test_f32_beyond_f16_range_is_refused_for_a_quantized_type_without_offering_one(
+    memagent, tmp_path
+):
+    """float32 weights are quantized from an F16 intermediate (as llama.cpp's converter
+    does): the refusal names the types that hold them, not a quantized one."""
+    folder = tmp_path / "Tiny-Qwen2"
+    build(folder, dtype="F32", values={("model.embed_tokens.weight", 5, 3): 99840.0})
+    out = tmp_path / "out"
+    out.mkdir()
+    result = memagent(
+        "models", "convert", str(folder), "--quant", "Q8_0", "--out", str(out / "m.gguf")
+    )
+    assert_clean_failure(result, 1, "beyond F16's range", "convert to BF16 or F32 (")
+    assert "or to a quantized type" not in words(result.stderr)
+    assert not list(out.iterdir())
+
+
 # bad input: one sentence, exit 1, nothing written --------------------------------------
 
 
@@ -293,22 +310,35 @@ def test_help_lists_the_types_memagent_makes_and_those_it_does_not(memagent):
     assert "need an importance matrix (IQ1_S, IQ1_M, IQ2_XXS" in said
 
 
-def test_too_little_disk_space_is_refused_before_writing(tied, tmp_path, env):
-    """On a real 64 KB filesystem (a tmpfs in a private mount namespace)."""
+def on_a_small_disk(
+    env, folder: Path, size: int, *args: str, keep: Path | None = None
+) -> subprocess.CompletedProcess:
+    """`memagent *args` with a real filesystem of `size` bytes (a tmpfs in a private mount
+    namespace) mounted on `folder`; then `ls -A folder` on stderr, and a copy of what it
+    holds in `keep`, since the tmpfs goes with its namespace. Skips where it cannot."""
     if shutil.which("unshare") is None:
         pytest.skip("needs unshare(1) to mount a small filesystem")
-    small = tmp_path / "small"
-    small.mkdir()
+    folder.mkdir(exist_ok=True)
+    command = " ".join(f"'{arg}'" for arg in (MEMAGENT, *args))
+    copy = f'cp -a "{folder}/." "{keep}/"; ' if keep else ""
     script = (
-        f'mount -t tmpfs -o size=64k tmpfs "{small}" || exit 77; '
-        f'"{MEMAGENT}" models convert "{tied[0]}" --quant F16 --out "{small}/m.gguf"; '
-        f'code=$?; ls -A "{small}" >&2; exit $code'
+        f'mount -t tmpfs -o size={size} tmpfs "{folder}" || exit 77; '
+        f'{command}; code=$?; ls -A "{folder}" >&2; {copy}exit $code'
     )
     result = subprocess.run(
         ["unshare", "-r", "-m", "sh", "-c", script], capture_output=True, text=True, env=env
     )
     if result.returncode == 77:
         pytest.skip("cannot mount a tmpfs here")
+    return result
+
+
+def test_too_little_disk_space_is_refused_before_writing(tied, tmp_path, env):
+    small = tmp_path / "small"
+    result = on_a_small_disk(
+        env, small, 64 << 10, "models", "convert", str(tied[0]), "--quant", "F16",
+        "--out", f"{small}/m.gguf",
+    )  # fmt: skip
     assert_clean_failure(result, 1, f"Not enough disk space in {small}", "are free")
     assert len(result.stderr.strip().splitlines()) == 2  # the sentence, then the plan note
     # `ls -A` of the small folder printed nothing: no .part, no half a GGUF
@@ -514,6 +544,30 @@ def test_delete_shards_frees_each_shard_once_converted_for_a_lower_peak(
     assert disk_needed(plain.stderr) - disk_needed(result.stderr) == pytest.approx(
         min(shards), abs=100_000
     )
+
+
+def test_delete_shards_pulls_onto_a_disk_with_room_for_its_lower_peak_only(
+    memagent, env, hub_with_weights, tmp_path
+):
+    """A disk between the two peaks: a plain pull is refused before downloading, one with
+    --delete-shards fits, whole, to the last check before writing the model."""
+    plain = memagent("models", "pull", f"{TINY_REPO}:F16")
+    assert plain.returncode == 0, plain.stderr
+    model = Path(plain.stdout.strip()).read_bytes()
+    shards = [len(f.content) for n, f in hub_with_weights.repos[TINY_REPO].items() if "-of-" in n]
+    size = int(disk_needed(plain.stderr)) - min(shards) // 2  # 4 KB pages: MBs to spare
+    env["XDG_DATA_HOME"] = str(tmp_path / "small")
+    pull = ("models", "pull", f"{TINY_REPO}:F16")
+    refused = on_a_small_disk(env, tmp_path / "small", size, *pull)
+    assert_clean_failure(refused, 1, "Not enough disk space")
+    assert "downloading" not in words(refused.stderr)
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    result = on_a_small_disk(env, tmp_path / "small", size, *pull, "--delete-shards", keep=kept)
+    assert result.returncode == 0, result.stderr
+    assert "deleted model-00002-of-00002.safetensors" in words(result.stderr)
+    pulled = Path(result.stdout.strip()).relative_to(tmp_path / "small")
+    assert (kept / pulled).read_bytes() == model
 
 
 def with_the_quantizer_killed(env, tmp_path, *args: str) -> subprocess.CompletedProcess:

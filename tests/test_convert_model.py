@@ -287,6 +287,25 @@ def test_q4_k_m_of_rows_of_256_is_made_of_q4_k_and_q6_k_and_computes_the_model(t
         assert np.corrcoef(row_got, row_expected)[0, 1] > 0.8
 
 
+def test_every_type_offered_is_made_without_an_importance_matrix(tmp_path):
+    """What --help and the refusals list as types memagent makes, llama.cpp makes from a
+    K-quant-shaped model with no importance matrix, and writes as that file type."""
+    from memagent_cli.models.conversion import convert as conversion
+    from memagent_cli.models.conversion import quantize
+
+    folder = tmp_path / "Tiny-Qwen2"
+    build(folder, tied=False, dtype="BF16", sizes=K_SIZES)
+    source = conversion.convert(folder, tmp_path / "tiny.BF16.gguf", "BF16")
+    made = [t for t in quantize.file_types() if t not in quantize.UNQUANTIZED]
+    assert {"Q4_K_M", "Q8_0", "IQ4_XS", "Q2_K"} <= set(made)
+    for name in made:
+        out = tmp_path / f"tiny.{name}.gguf"
+        quantize.quantize(source, out, name)
+        meta, _ = gguf_files.read(out)
+        assert meta["general.file_type"] == quantize.file_type(name), name
+        out.unlink()
+
+
 def test_bf16_beyond_f16_range_quantizes_through_bf16_and_loads(memagent, tmp_path):
     """The F16 output refuses such a model (tests/test_convert.py); a quantized one is
     quantized from a BF16 intermediate, as llama.cpp's converter writes bf16 weights."""

@@ -391,6 +391,8 @@ def test_model_option_pulls_an_hf_model_on_first_use_then_works_offline(env, fak
         ("", "m-Q4_K_M.gguf"),
         ("q4_k_m", "m-Q4_K_M.gguf"),
         ("Q4_K", "m-Q4_K.gguf"),  # a tag must be followed by . or -, so Q4_K is not Q4_K_M
+        ("F16", "m-F16.gguf"),  # nor follow a letter or digit, so F16 is not the end of BF16
+        ("BF16", "a-BF16.gguf"),
         ("Q8_0", "big-Q8_0-00001-of-00002.gguf"),
         ("sub/m-Q4_K_M.gguf", "sub/m-Q4_K_M.gguf"),  # an exact file
     ],
@@ -399,6 +401,8 @@ def test_choose_follows_llama_cpp(quant, expected):
     files = [
         "README.md",
         "mmproj-m-Q4_K_M.gguf",
+        "a-BF16.gguf",
+        "m-F16.gguf",
         "m-Q4_K.gguf",
         "m-Q4_K_M.gguf",
         "sub/m-Q4_K_M.gguf",
@@ -472,6 +476,23 @@ def test_rm_removes_one_quantization_or_the_whole_model_and_says_what_it_freed(
     rows = json.loads(memagent("models", "list", "--json").stdout)
     assert not [r for r in rows if REPO in r["name"]]
     assert_clean_failure(memagent("models", "rm", f"hf:{REPO}"), 1, f"hf:{REPO} is not pulled")
+
+
+def test_f16_is_never_bf16_for_rm_or_model(memagent, env, fake_hub, tmp_path):
+    """Both pulled: `rm REPO:F16` takes the F16 file only, and `-m hf:REPO:F16` is it."""
+    files = {
+        f"t.{tag}.gguf": tiny_gguf(tmp_path / f"{tag}.gguf", rows=r)
+        for tag, r in (("BF16", 4), ("F16", 6))
+    }
+    fake_hub.add("someone/Both", files)
+    for tag in ("BF16", "F16"):
+        assert memagent("models", "pull", f"someone/Both:{tag}").returncode == 0
+    folder = pulled_dir(env).parent / "Both"
+    info = json.loads(memagent("models", "info", "hf:someone/Both:F16", "--json").stdout)
+    assert Path(info["path"]) == folder / "t.F16.gguf"
+    removed = json.loads(memagent("models", "rm", "someone/Both:F16", "--json").stdout)
+    assert [Path(r["path"]).name for r in removed["removed"]] == ["t.F16.gguf"]
+    assert [p.name for p in folder.iterdir()] == ["t.BF16.gguf"]
 
 
 def test_rm_of_a_split_model_removes_every_part(memagent, env, fake_hub, tmp_path):

@@ -98,7 +98,7 @@ def choose(paths: Iterable[str], quant: str, repo: str = "") -> list[str]:
     """The files to fetch for `quant`: the model file first, then its other split parts.
 
     As llama.cpp: the first model GGUF (not mmproj or imatrix) whose path holds the tag
-    followed by `.` or `-`, ignoring case; without a tag Q4_K_M, then Q8_0, then the first
+    (tag_pattern); without a tag Q4_K_M, then Q8_0, then the first
     model GGUF. A tag ending in .gguf names the file itself.
     """
     paths = sorted(paths)
@@ -108,7 +108,7 @@ def choose(paths: Iterable[str], quant: str, repo: str = "") -> list[str]:
     else:
         primary = None
         for tag in [quant] if quant else DEFAULT_QUANTS:
-            pattern = re.compile(re.escape(tag) + r"[.-]", re.IGNORECASE)
+            pattern = tag_pattern(tag)
             if primary := next((p for p in models if pattern.search(p)), None):
                 break
         if primary is None and not quant and models:
@@ -120,6 +120,12 @@ def choose(paths: Iterable[str], quant: str, repo: str = "") -> list[str]:
         tags = sorted({quant_tag(p) or p for p in models})
         raise ModelError(f"No GGUF file{where} matches {quant}; available: {', '.join(tags)}.")
     return [primary] + _other_parts(primary, paths)
+
+
+def tag_pattern(tag: str) -> re.Pattern[str]:
+    """A quantization tag in a file's path: followed by `.` or `-`, ignoring case, as
+    llama.cpp matches it, and not inside a longer name (F16 is not the end of BF16)."""
+    return re.compile(r"(?<![a-z0-9])" + re.escape(tag) + r"[.-]", re.IGNORECASE)
 
 
 def find_pulled(spec: Spec) -> Path | None:
@@ -157,7 +163,7 @@ def _other_parts(primary: str, paths: list[str]) -> list[str]:
 
 def note_other_matches(spec: Spec, files: dict[str, RemoteFile], primary: str, note: Note) -> None:
     tag = spec.quant or quant_tag(primary)
-    pattern = re.compile(re.escape(tag) + r"[.-]", re.IGNORECASE)
+    pattern = tag_pattern(tag)
     others = [
         p
         for p in sorted(files)

@@ -17,6 +17,7 @@ from memagent_cli.models.conversion import architecture, quantize, vocabulary
 from memagent_cli.models.conversion.convert import (
     DEFAULT_QUANT,
     intermediate_path,
+    peak_releasing_sources,
     plan,
     quantize_intermediate,
 )
@@ -121,13 +122,10 @@ def pull_and_convert(
         written = converted + final
         memory = quantize.memory_needed(_largest_tensor(arch.config), quant)
     needed = to_download + written
-    if delete_shards and not reused:
-        # Each shard goes once its tensors are written: the peak is every shard plus the
-        # converted bytes of the largest, or, once they are gone, what remains written
-        # (less the shards that were already here, which count as used space now).
+    if delete_shards and not reused:  # each shard goes once its tensors are written
         largest = max((files[p].size or 0 for p in shards), default=0)
         here = weights - sum(missing_bytes(folder / p, files[p]) for p in shards)
-        needed = max(to_download + largest * converted // max(weights, 1), written - here)
+        needed = peak_releasing_sources(converted, written, largest, weights, here, to_download)
     note(
         f"{spec.repo} is published as Hugging Face weights ({arch.hf_name}, about "
         f"{parameters / 1e9:.1f}B parameters): "

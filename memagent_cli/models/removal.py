@@ -112,7 +112,7 @@ def _is_of(relative: str, quant: str) -> bool:
         return False
     if quant.lower().endswith(".gguf"):  # an exact file, and the other parts of its split model
         return finished in hub.choose([quant], quant)
-    return re.search(re.escape(quant) + r"[.-]", finished, re.IGNORECASE) is not None
+    return hub.tag_pattern(quant).search(finished) is not None
 
 
 def _registry_file(name: str, entry: dict[str, object]) -> list[Path]:

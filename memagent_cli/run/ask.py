@@ -307,7 +307,8 @@ def ask_each(jobs: Iterable[Job], slots: int) -> Iterator[Result | Stopped]:
                     continue
                 engine = job.session.engine
                 if batch is None:
-                    engine.prepare(slots)
+                    with job.options.report.progress("bytes") as progress:
+                        engine.prepare(slots, progress)
                     batch = Slots(engine.backend, engine.settings, slots)
                 view = _view(job, slots)
                 try:

@@ -101,6 +101,19 @@ class Plan:
         """Bytes of disk this conversion still has to write."""
         return (0 if self.reuse_intermediate else self.intermediate_size) + self.dest_size
 
+    @property
+    def needed_releasing_sources(self) -> int:
+        """Bytes of disk needed when each source file is deleted once its tensors are
+        written (a pull's --delete-shards): the files free room as the conversion goes."""
+        if self.reuse_intermediate:  # no source file is read, so none is released
+            return self.needed
+        sizes = {t.file: t.file.stat().st_size for _, t in self.source.tensors}
+        weights = sum(sizes.values())
+        converted = self.intermediate_size if self.intermediate else self.dest_size
+        return peak_releasing_sources(
+            converted, self.needed, max(sizes.values(), default=0), weights, weights
+        )
+
     def describe(self) -> str:
         params = (
             f"{self.source.parameters / 1e9:.2f}B"
@@ -126,6 +139,17 @@ def plan(folder: Path, dest: Path, quant: str = DEFAULT_QUANT) -> Plan:
     newest = max(t.file.stat().st_mtime for _, t in source.tensors)
     reuse = bool(intermediate and intermediate.is_file() and intermediate.stat().st_mtime >= newest)
     return Plan(source, dest, quant, intermediate, reuse)
+
+
+def peak_releasing_sources(
+    converted: int, written: int, largest: int, weights: int, here: int, to_download: int = 0
+) -> int:
+    """The disk peak, above what is used now, of downloading `to_download` bytes of source
+    files, then converting them (`converted` bytes; `written` with the quantized model)
+    while deleting each source file once its tensors are written: every source file plus
+    the converted bytes of the largest one, or, once they are gone, what remains written
+    less the `here` bytes of source files already on disk (they count as used now)."""
+    return max(to_download + largest * converted // max(weights, 1), written - here)
 
 
 def intermediate_path(dest: Path, quant: str, kind: str) -> Path:
@@ -155,7 +179,8 @@ def convert(
     written (a pull may delete it there, to lower its disk peak)."""
     work = plan(folder, dest, quant)
     note(work.describe())
-    check_space(dest.parent, work.needed, "the conversion")
+    needed = work.needed if release is None else work.needed_releasing_sources
+    check_space(dest.parent, needed, "the conversion")
     label = name or folder.name
     if work.intermediate is None:
         write_gguf(work.source, dest, work.quant, name, progress, note, release)
@@ -305,10 +330,16 @@ def _blocks(gguf_name: str, tensor: Tensor, out: str) -> Iterator[memoryview]:
         else:
             finite = block[np.isfinite(block)]
             if finite.size and float(np.abs(finite).max()) > _F16_MAX:
+                # Only bf16 weights are quantized from a BF16 intermediate (intermediate_kind).
+                via = (
+                    ", or to a quantized type (quantized from a BF16 intermediate)"
+                    if tensor.dtype == "BF16"
+                    else " (a quantized type is made from an F16 intermediate here, as "
+                    "llama.cpp's converter makes it from float32 weights)"
+                )
                 raise ModelError(
                     f"Tensor {gguf_name} holds values beyond F16's range (±65504), which F16 "
-                    "would store as inf; convert to BF16 or F32, or to a quantized type "
-                    "(quantized from a BF16 intermediate)."
+                    f"would store as inf; convert to BF16 or F32{via}."
                 )
             data = block.astype(np.float16)
         yield memoryview(np.ascontiguousarray(data)).cast("B")
