@@ -456,7 +456,8 @@ def test_pull_downloads_only_the_shards_the_index_names_and_reads_dtype(
     assert result.returncode == 0, result.stderr
     assert not server.downloads("consolidated.safetensors")
     assert len(server.downloads("model-00002-of-00002.safetensors")) == 1
-    assert f"writing F16 {decimal(weights // 2)}" in words(result.stderr)  # 2 bytes from 4
+    vocabulary = len(files["tokenizer.json"].content)  # each GGUF holds it
+    assert f"writing F16 {decimal(weights // 2 + vocabulary)}" in words(result.stderr)  # 2 from 4
     assert Path(result.stdout.strip()).is_file()
 
 
@@ -536,38 +537,47 @@ def test_delete_shards_frees_each_shard_once_converted_for_a_lower_peak(
     said = words(result.stderr)
     deleted = [said.index(f"deleted model-0000{i}-of-00002.safetensors") for i in (1, 2)]
     assert deleted[0] < deleted[1] < said.index("removed the downloaded weights")
-    shards = [len(f.content) for n, f in hub_with_weights.repos[TINY_REPO].items() if "-of-" in n]
+    served = hub_with_weights.repos[TINY_REPO]
+    shards = [len(f.content) for n, f in served.items() if "-of-" in n]
     # Without: every shard and the whole F16 at once; with: every shard and the F16 of the
-    # largest one (the tiny model's F16 takes as many bytes as its bf16 weights). The sizes
-    # are read back from stderr, which says them to 0.1 MB (the real vocabulary's embedding
-    # makes the tiny model's shards tens of MB).
+    # largest one, so the smaller shard's share of the F16 (its bf16 bytes, and their share
+    # of the vocabulary, counted as tokenizer.json's bytes) is saved. The sizes are read
+    # back from stderr, which says them to 0.1 MB (the real vocabulary's embedding makes
+    # the tiny model's shards tens of MB).
+    f16 = sum(shards) + len(served["tokenizer.json"].content)
     assert disk_needed(plain.stderr) - disk_needed(result.stderr) == pytest.approx(
-        min(shards), abs=100_000
+        min(shards) * f16 / sum(shards), abs=100_000
     )
 
 
-def test_delete_shards_pulls_onto_a_disk_with_room_for_its_lower_peak_only(
-    memagent, env, hub_with_weights, tmp_path
-):
-    """A disk between the two peaks: a plain pull is refused before downloading, one with
-    --delete-shards fits, whole, to the last check before writing the model."""
-    plain = memagent("models", "pull", f"{TINY_REPO}:F16")
-    assert plain.returncode == 0, plain.stderr
-    model = Path(plain.stdout.strip()).read_bytes()
-    shards = [len(f.content) for n, f in hub_with_weights.repos[TINY_REPO].items() if "-of-" in n]
-    size = int(disk_needed(plain.stderr)) - min(shards) // 2  # 4 KB pages: MBs to spare
-    env["XDG_DATA_HOME"] = str(tmp_path / "small")
-    pull = ("models", "pull", f"{TINY_REPO}:F16")
-    refused = on_a_small_disk(env, tmp_path / "small", size, *pull)
-    assert_clean_failure(refused, 1, "Not enough disk space")
-    assert "downloading" not in words(refused.stderr)
-    kept = tmp_path / "kept"
-    kept.mkdir()
-    result = on_a_small_disk(env, tmp_path / "small", size, *pull, "--delete-shards", keep=kept)
+def test_delete_shards_pulls_onto_a_disk_with_room_for_its_lower_peak_only(env, tmp_path):
+    """A disk 6 MB above the peak a pull with --delete-shards states, and below a plain
+    pull's: the plain pull is refused before any download, the other passes every check
+    and writes the model. The layers weigh as much as the embedding here, so the shards
+    are 26 and 13 MB and the two peaks about 15 MB apart."""
+    folder = tmp_path / "Wide-Qwen2"
+    build(folder, sizes={"intermediate_size": 25600})
+    with FakeHub() as hub:
+        hub.add(TINY_REPO, {p.name: HubFile(p.read_bytes()) for p in sorted(folder.iterdir())})
+        use_hub(env, hub, tmp_path / "hf")
+        pull = (str(MEMAGENT), "models", "pull", f"{TINY_REPO}:F16")
+        roomy = subprocess.run([*pull, "--delete-shards"], capture_output=True, text=True, env=env)
+        assert roomy.returncode == 0, roomy.stderr
+        model = Path(roomy.stdout.strip()).read_bytes()
+        size = int(disk_needed(roomy.stderr)) + 6_000_000
+        small = tmp_path / "small"
+        env["XDG_DATA_HOME"] = str(small)
+        refused = on_a_small_disk(env, small, size, *pull[1:])
+        assert_clean_failure(refused, 1, "Not enough disk space")
+        assert disk_needed(refused.stderr) > size
+        shard = "model-00001-of-00002.safetensors"
+        assert len(hub.downloads(shard)) == 1  # the first pull's: refused before downloading
+        kept = tmp_path / "kept"
+        kept.mkdir()
+        result = on_a_small_disk(env, small, size, *pull[1:], "--delete-shards", keep=kept)
     assert result.returncode == 0, result.stderr
     assert "deleted model-00002-of-00002.safetensors" in words(result.stderr)
-    pulled = Path(result.stdout.strip()).relative_to(tmp_path / "small")
-    assert (kept / pulled).read_bytes() == model
+    assert (kept / Path(result.stdout.strip()).relative_to(small)).read_bytes() == model
 
 
 def with_the_quantizer_killed(env, tmp_path, *args: str) -> subprocess.CompletedProcess:

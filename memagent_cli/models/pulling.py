@@ -100,23 +100,25 @@ def pull_and_convert(
     weights = sum(files[p].size or 0 for p in shards)
     dtype = str(arch.config.get("dtype") or arch.config.get("torch_dtype") or "")
     parameters = weights // (4 if dtype == "float32" else 2)
+    # Every GGUF written holds the vocabulary: less than tokenizer.json takes (Source's sizes).
+    vocabulary_bytes = files["tokenizer.json"].size or 0
     reused = _reusable_intermediate(dest, quant, folder, shards, dtype)
     wanted = [] if reused else [p for p in _SMALL if p in files and p not in first] + shards
     to_download = sum(missing_bytes(folder / p, files[p]) for p in [*first, *wanted])
     if reused:  # what a failed quantization left: only the quantization is still to do
-        final = quantize.estimated_size(parameters, quant)
+        final = quantize.estimated_size(parameters, quant) + vocabulary_bytes
         writing = f"quantizing {reused.name} from an earlier run to {quant} about "
         writing += f"{decimal(final)}, without downloading the weights again"
         written = final
         memory = quantize.memory_needed(_largest_tensor(arch.config), quant)
     elif quant in quantize.UNQUANTIZED:
-        written = parameters * (4 if quant == "F32" else 2)
+        written = parameters * (4 if quant == "F32" else 2) + vocabulary_bytes
         writing = f"writing {quant} {decimal(written)}"
         converted = written  # what the conversion writes while the shards are there
         memory = 0  # the converter streams: no quantizer
     else:
-        converted = parameters * 2
-        final = quantize.estimated_size(parameters, quant)
+        converted = parameters * 2 + vocabulary_bytes
+        final = quantize.estimated_size(parameters, quant) + vocabulary_bytes
         writing = f"writing an intermediate {decimal(converted)} (temporary) and {quant} "
         writing += f"about {decimal(final)}"
         written = converted + final
