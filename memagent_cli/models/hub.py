@@ -98,8 +98,8 @@ def choose(paths: Iterable[str], quant: str, repo: str = "") -> list[str]:
     """The files to fetch for `quant`: the model file first, then its other split parts.
 
     As llama.cpp: the first model GGUF (not mmproj or imatrix) whose path holds the tag
-    (tag_pattern); without a tag Q4_K_M, then Q8_0, then the first
-    model GGUF. A tag ending in .gguf names the file itself.
+    (tag_pattern); without a tag Q4_K_M, then Q8_0, then the first model GGUF. A tag
+    ending in .gguf names the file itself.
     """
     paths = sorted(paths)
     models = [p for p in paths if is_model(p) and split_parts(Path(p))[0] == 1]
@@ -124,7 +124,8 @@ def choose(paths: Iterable[str], quant: str, repo: str = "") -> list[str]:
 
 def tag_pattern(tag: str) -> re.Pattern[str]:
     """A quantization tag in a file's path: followed by `.` or `-`, ignoring case, as
-    llama.cpp matches it, and not inside a longer name (F16 is not the end of BF16)."""
+    llama.cpp matches it, and, unlike a bare substring, not the end of a longer name:
+    F16 is not BF16."""
     return re.compile(r"(?<![a-z0-9])" + re.escape(tag) + r"[.-]", re.IGNORECASE)
 
 
