@@ -20,6 +20,7 @@ from memagent_cli.reader import Reading, Slots, read
 from memagent_cli.run import ask as run
 from memagent_cli.run.engine import Engine
 from memagent_cli.run.session import open_session
+from memagent_cli.views import progress as display
 
 # Documents of 1, 4, 2 and 3 chunks (SETTINGS: 40 tokens a chunk, one token per byte).
 TEXTS = [
@@ -149,3 +150,18 @@ def test_a_queue_that_fails_lets_the_readings_in_flight_finish_first(tmp_path):
             passed.append(outcome)
     assert [type(o) for o in passed] == [run.Result, run.Result]
     assert all(trace.read_trace(tmp_path / f"b{i}.jsonl").finished for i in (0, 1))
+
+
+class LoadingBackend(EchoBackend):
+    """The stand-in, telling its loading as llama.cpp's backend does."""
+
+    def prepare(self, context_tokens: int, sequences: int = 1, progress=None) -> None:
+        super().prepare(context_tokens, sequences)
+        if progress is not None:
+            progress("loading scripted", 1234, 1234)
+
+
+def test_the_model_s_loading_is_told_as_for_one_reading(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(display.Bar, "_DELAY", 0.0)  # the stand-in loads at once
+    list(run.ask_each(jobs(engine_of(LoadingBackend()), tmp_path, report=display.Terminal()), 2))
+    assert "loading scripted: 1.2 kB of 1.2 kB" in capsys.readouterr().err.splitlines()
