@@ -47,6 +47,8 @@ bench:
 	$(BIN)/python bench/extraction.py
 	$(BIN)/python bench/reading.py --predict-with build/bench/shaped-7b.json
 	$(BIN)/python bench/continuous.py
+	@# The same cases with --exact: both ways read the same tokens, so the seconds compare.
+	$(BIN)/python bench/continuous.py --exact --memory-tokens 256 --out build/bench/continuous-exact.json
 
 # The same parts on small sizes (no RSS), to see that the bench runs: a few minutes.
 bench-quick:
