@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -319,11 +320,12 @@ def on_a_small_disk(
     if shutil.which("unshare") is None:
         pytest.skip("needs unshare(1) to mount a small filesystem")
     folder.mkdir(exist_ok=True)
-    command = " ".join(f"'{arg}'" for arg in (MEMAGENT, *args))
-    copy = f'cp -a "{folder}/." "{keep}/"; ' if keep else ""
+    command = shlex.join([str(MEMAGENT), *args])
+    where = shlex.quote(str(folder))
+    copy = f"cp -a {where}/. {shlex.quote(str(keep))}/; " if keep else ""
     script = (
-        f'mount -t tmpfs -o size={size} tmpfs "{folder}" || exit 77; '
-        f'{command}; code=$?; ls -A "{folder}" >&2; {copy}exit $code'
+        f"mount -t tmpfs -o size={size} tmpfs {where} || exit 77; "
+        f"{command}; code=$?; ls -A {where} >&2; {copy}exit $code"
     )
     result = subprocess.run(
         ["unshare", "-r", "-m", "sh", "-c", script], capture_output=True, text=True, env=env
