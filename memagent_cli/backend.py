@@ -101,6 +101,35 @@ class Backend(Protocol):
         """Reply to one user message sent through the model's chat template."""
         ...
 
-    def generate_many(self, calls: Sequence[Call], *, sampling: Sampling) -> list[Generation]:
-        """Reply to each call, in its own sequence; an in-process model decodes them together."""
+    def next_replies(
+        self, calls: Sequence[Call], *, sampling: Sampling
+    ) -> list[tuple[int, Generation]]:
+        """Start `calls` (each in its own sequence, free until now), then work on them and
+        on the calls still in flight until at least one reply is complete; returns the
+        complete replies by sequence (none when nothing is in flight). An in-process model
+        decodes every call in flight together, and calls started while others are in flight
+        join them at once (continuous batching)."""
         ...
+
+    def cancel(self) -> None:
+        """Drop every call in flight (after Ctrl-C or a failure)."""
+        ...
+
+
+class InTurn:
+    """`next_replies` and `cancel` for a backend that replies to one call at a time (`generate`):
+    every call is answered before `next_replies` returns, in sequence order, and none is ever
+    left in flight. Nothing is kept between calls, so threads may share the backend."""
+
+    generate: Callable[..., Generation]  # the backend's own
+
+    def next_replies(
+        self, calls: Sequence[Call], *, sampling: Sampling
+    ) -> list[tuple[int, Generation]]:
+        return [
+            (c.sequence, self.generate(c.message, max_tokens=c.max_tokens, sampling=sampling))
+            for c in sorted(calls, key=lambda call: call.sequence)
+        ]
+
+    def cancel(self) -> None:
+        return None

@@ -97,41 +97,43 @@ class Reading:
 def read_together(
     backend: Backend, readings: Sequence[Reading], chunks: Sequence[Chunk], settings: Settings
 ) -> list[Answer]:
-    """Read the document for several questions at once: each round, every question not yet
-    answered makes its next call (an update, or its answer once the chunks are read), and
-    the backend replies to all of them together. Question i keeps sequence i, so each finds
-    its own earlier prompt in the cache. Each memory and answer is what reading alone gives.
-    """
+    """Read the document for several questions at once, each in its own sequence (question
+    i keeps sequence i, so each finds its own earlier prompt in the cache): Slots. Each
+    memory and answer is what reading alone gives."""
     slots = Slots(backend, settings, len(readings))
     for reading in readings:
         slots.add(Reading(reading.question, reading.listener, reading.done, chunks))
     answers: dict[int, Answer] = {}
     while slots.busy:
-        answers.update((slot, answer) for slot, _, answer in slots.round())
+        answers.update((slot, answer) for slot, _, answer in slots.advance())
     return [answers[slot] for slot in range(len(readings))]
 
 
 @dataclass
 class _Place:
-    """A reading in a slot: its steps so far, and whether its slot still holds another's."""
+    """A reading in a slot: its steps so far, whether its slot still holds another's, and
+    whether it has made its first call (from then on each reply brings the next call)."""
 
     reading: Reading
     question: str
     chunks: Sequence[Chunk]
     steps: list[Step]
     fresh: bool = True
+    asked: bool = False
 
 
 class Slots:
     """Continuous batching: up to `count` readings at once, each in its own sequence (its
-    slot), whatever their documents and lengths. Each round every reading in a slot makes
-    its next call and the backend replies to all of them together; a reading answered
-    leaves its slot, which the next reading added takes, its sequence's cache cleared first
-    (as serving engines do), so every reading sees what it would see alone."""
+    slot), whatever their documents and lengths. Every reading in a slot has one call in
+    flight, and the backend works on all of them together; as soon as a reply is complete,
+    its reading makes its next call. A reading answered leaves its slot, which the next
+    reading added takes, its sequence's cache cleared first (as serving engines do), so
+    every reading sees what it would see alone."""
 
     def __init__(self, backend: Backend, settings: Settings, count: int) -> None:
         self.backend, self.settings = backend, settings
         self._places: list[_Place | None] = [None] * count
+        self._next: list[Call] = []  # calls made, not yet sent to the backend
 
     @property
     def free(self) -> int:
@@ -153,39 +155,63 @@ class Slots:
         self._places[slot] = _Place(reading, question, chunks, list(reading.done))
         return slot
 
-    def round(self) -> list[tuple[int, Reading, Answer]]:
-        """Every reading in a slot makes its next call, answered together; returns the
-        readings answered in this round (slot, reading, answer), whose slots are free now."""
-        live = [(slot, place) for slot, place in enumerate(self._places) if place is not None]
-        calls = []
-        for slot, place in live:
-            steps, chunks = place.steps, place.chunks
-            memory = steps[-1].memory if steps else protocol.INITIAL_MEMORY
-            if len(steps) < len(chunks):
-                place.reading.listener(StepStarted(chunks[len(steps)], len(chunks)))
-                message = protocol.render_update(place.question, memory, chunks[len(steps)].text)
-                calls.append(Call(message, self.settings.memory_tokens, slot, place.fresh))
-            else:
-                place.reading.listener(Answering(memory))
-                message = protocol.render_final(place.question, memory)
-                calls.append(Call(message, protocol.FINAL_MAX_TOKENS, slot, place.fresh))
-            place.fresh = False
-        replies = self.backend.generate_many(calls, sampling=self.settings.sampling)
-        answered = []
-        for (slot, place), generation in zip(live, replies, strict=True):
-            steps, chunks = place.steps, place.chunks
-            if len(steps) < len(chunks):
-                steps.append(
-                    Step(chunks[len(steps)], protocol.strip_think(generation.text), generation)
-                )
-                place.reading.listener(StepFinished(steps[-1], len(chunks)))
-            else:
-                boxed = protocol.extract_boxed(generation.text)
-                answer = Answer(place.question, boxed, generation.text, steps, generation)
-                self._places[slot] = None
-                answered.append((slot, place.reading, answer))
-                place.reading.listener(Finished(answer))
+    def advance(self) -> list[tuple[int, Reading, Answer]]:
+        """Read until at least one reading is answered: readings added since the last
+        advance make their first call, and each reply completed is followed by its
+        reading's next call at once. Returns the readings answered (slot, reading, answer),
+        whose slots are free now."""
+        answered: list[tuple[int, Reading, Answer]] = []
+        calls, self._next = self._next, []
+        calls += [self._call(slot, p) for slot, p in enumerate(self._places) if p and not p.asked]
+        try:
+            while self.busy and not answered:
+                replies = self.backend.next_replies(calls, sampling=self.settings.sampling)
+                if not replies:
+                    raise RuntimeError("readings are waiting and no call is in flight")
+                calls = []
+                for slot, generation in replies:
+                    place = self._places[slot]
+                    assert place is not None
+                    answer = self._take(place, generation)
+                    if answer is None:
+                        calls.append(self._call(slot, place))
+                    else:
+                        self._places[slot] = None
+                        answered.append((slot, place.reading, answer))
+        except BaseException:
+            self.backend.cancel()
+            for place in self._places:  # each makes its call again if reading goes on
+                if place is not None:
+                    place.asked = False
+            raise
+        self._next = calls  # made along with an answer: they go first next time
         return answered
+
+    def _call(self, slot: int, place: _Place) -> Call:
+        """The next call of the reading in `slot`: its next update, or its answer."""
+        steps, chunks = place.steps, place.chunks
+        memory = steps[-1].memory if steps else protocol.INITIAL_MEMORY
+        fresh, place.fresh, place.asked = place.fresh, False, True
+        if len(steps) < len(chunks):
+            place.reading.listener(StepStarted(chunks[len(steps)], len(chunks)))
+            message = protocol.render_update(place.question, memory, chunks[len(steps)].text)
+            return Call(message, self.settings.memory_tokens, slot, fresh)
+        place.reading.listener(Answering(memory))
+        message = protocol.render_final(place.question, memory)
+        return Call(message, protocol.FINAL_MAX_TOKENS, slot, fresh)
+
+    def _take(self, place: _Place, generation: Generation) -> Answer | None:
+        """Record the reply to a reading's call: a step, or its answer (None for a step)."""
+        steps, chunks = place.steps, place.chunks
+        if len(steps) < len(chunks):
+            memory = protocol.strip_think(generation.text)
+            steps.append(Step(chunks[len(steps)], memory, generation))
+            place.reading.listener(StepFinished(steps[-1], len(chunks)))
+            return None
+        boxed = protocol.extract_boxed(generation.text)
+        answer = Answer(place.question, boxed, generation.text, steps, generation)
+        place.reading.listener(Finished(answer))
+        return answer
 
 
 def evidence(answer: Answer) -> Provenance | None:

@@ -23,6 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 # The README's example document; tests import FACT and story from here.
 from village import FACT, story  # noqa: E402, F401
 
+from memagent_cli.backend import InTurn  # noqa: E402
+
 FACT_QUESTION = "What is the secret password for the vault?"
 FACT_VALUE = "PELICAN"
 
@@ -80,7 +82,7 @@ def assert_clean_failure(result: subprocess.CompletedProcess, code: int, *phrase
         assert phrase in words(result.stderr), result.stderr
 
 
-class ScriptedBackend:
+class ScriptedBackend(InTurn):
     """A backend that replies from a script, one token per byte: for unit tests of the loop
     and the run, with no model. `replies` run out: KeyboardInterrupt, as Ctrl-C would."""
 
@@ -93,7 +95,7 @@ class ScriptedBackend:
         self.prepared = 0
         self.sequences = 1
         self.fits = 8  # sequences one prepare() could hold
-        self.rounds: list[list[int]] = []  # the sequences of each generate_many call
+        self.rounds: list[list[int]] = []  # the sequences of each next_replies() call
 
     def tokenize(self, text: str) -> list[int]:
         return list(text.encode())
@@ -126,9 +128,9 @@ class ScriptedBackend:
         text = self.replies.pop(0)
         return Generation(text, len(message), len(text.split()) + 2, 0.1, 0.2, "stop")
 
-    def generate_many(self, calls, *, sampling):
-        self.rounds.append([call.sequence for call in calls])
-        return [self.generate(c.message, max_tokens=c.max_tokens, sampling=sampling) for c in calls]
+    def next_replies(self, calls, *, sampling):
+        self.rounds.append(sorted(call.sequence for call in calls))
+        return super().next_replies(calls, sampling=sampling)
 
 
 @pytest.fixture

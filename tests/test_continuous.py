@@ -39,9 +39,9 @@ class EchoBackend(Echo):
         super().__init__(calls_left)
         self.calls = []
 
-    def generate_many(self, calls, *, sampling):
+    def next_replies(self, calls, *, sampling):
         self.calls += calls
-        return super().generate_many(calls, sampling=sampling)
+        return super().next_replies(calls, sampling=sampling)
 
 
 def test_slots_are_reused_lowest_first_and_every_reading_is_answered_once():
@@ -54,7 +54,7 @@ def test_slots_are_reused_lowest_first_and_every_reading_is_answered_once():
     while waiting or slots.busy:
         while waiting and slots.free:
             order.append(slots.add(waiting.pop(0)))
-        answered += [(slot, reading.chunks) for slot, reading, _ in slots.round()]
+        answered += [(slot, reading.chunks) for slot, reading, _ in slots.advance()]
     # Reading 0 (2 calls) leaves slot 0 after round 2: reading 2 takes it; reading 2 ends
     # after round 5, with reading 1 (5 calls): reading 3 takes slot 0, the lowest free, for
     # its 4 calls alone.
@@ -165,3 +165,64 @@ def test_the_model_s_loading_is_told_as_for_one_reading(tmp_path, capsys, monkey
     monkeypatch.setattr(display.Bar, "_DELAY", 0.0)  # the stand-in loads at once
     list(run.ask_each(jobs(engine_of(LoadingBackend()), tmp_path, report=display.Terminal()), 2))
     assert "loading scripted: 1.2 kB of 1.2 kB" in capsys.readouterr().err.splitlines()
+
+
+class StreamingBackend(EchoBackend):
+    """The stand-in as an engine that decodes calls together: each `next_replies` completes
+    only the oldest call in flight, the others stay in flight (as replies of different
+    lengths end one at a time); Ctrl-C after `calls_left` replies, as the stand-in's."""
+
+    def __init__(self, calls_left: int | None = None) -> None:
+        super().__init__(calls_left)
+        self.flight = []
+        self.alongside = []  # per reply: the sequences in flight with it
+        self.cancelled = 0
+
+    def next_replies(self, calls, *, sampling):
+        assert not {c.sequence for c in calls} & {c.sequence for c in self.flight}
+        self.flight += calls
+        if not self.flight:
+            return []
+        self.alongside.append(sorted(c.sequence for c in self.flight))
+        call = self.flight.pop(0)
+        reply = self.generate(call.message, max_tokens=call.max_tokens, sampling=sampling)
+        return [(call.sequence, reply)]
+
+    def cancel(self):
+        self.cancelled += 1
+        self.flight = []
+
+
+def test_a_reply_complete_brings_its_reading_s_next_call_while_others_are_in_flight(tmp_path):
+    alone_dir, together_dir = tmp_path / "alone", tmp_path / "together"
+    alone_dir.mkdir(), together_dir.mkdir()
+    for job in jobs(engine_of(EchoBackend()), alone_dir):
+        run.ask(job.session, job.question, job.options)
+    backend = StreamingBackend()
+    outcomes = list(run.ask_each(jobs(engine_of(backend), together_dir), 2))
+    assert [o.answer.answer for o in outcomes] == [
+        read(EchoBackend(), QUESTION, o.session.chunks, SETTINGS).answer for o in outcomes
+    ]
+    for i in range(4):
+        assert records(together_dir / f"b{i}.jsonl") == records(alone_dir / f"b{i}.jsonl")
+    # 14 calls (2 + 5 + 3 + 4), one reply each: both slots have a call in flight until
+    # only one reading is left (next_replies checks that no slot ever has two).
+    assert backend.alongside == [[0, 1]] * 10 + [[0]] * 4
+
+
+def test_ctrl_c_while_calls_are_in_flight_cancels_them_and_resumes_to_the_same_answers(
+    tmp_path,
+):
+    whole = [o.answer.answer for o in run.ask_each(jobs(engine_of(EchoBackend()), tmp_path), 2)]
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    backend = StreamingBackend(calls_left=6)
+    outcomes = list(run.ask_each(jobs(engine_of(backend), cut), 2))
+    assert backend.cancelled == 1 and backend.flight == []
+    assert [type(o) for o in outcomes] == [run.Result, run.Stopped, run.Stopped]
+    # Replies in order: A1, B1, A's answer, B2, C1, B3; Ctrl-C with C2 and B4 in flight.
+    assert [s.done for s in outcomes[1:]] == [3, 1]
+    _, *rest = jobs(engine_of(EchoBackend()), cut)
+    for i in (0, 1):  # readings 1 and 2 continue their traces; reading 3 starts
+        rest[i] = replace(rest[i], options=run.RunOptions(resume=rest[i].options.trace))
+    assert [o.answer.answer for o in run.ask_each(rest, 2)] == whole[1:]

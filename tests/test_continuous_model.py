@@ -1,14 +1,19 @@
 """Continuous batching with the real model: readings of several documents of different
 lengths share one llama.cpp context, two sequences, a freed one taken by the next reading;
 with --exact each reading's memories and reply equal the ones it gets alone, byte for
-byte. `ask` over several documents and `eval --parallel` alike."""
+byte. `ask` over several documents and `eval --parallel` alike, and a call that joins
+another one mid-reply."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from conftest import FACT_QUESTION, FACT_VALUE, story
+from conftest import FACT_QUESTION, FACT_VALUE, default_model_path, story
+
+from memagent_cli import protocol
+from memagent_cli.backend import Call, Sampling
+from memagent_cli.backends.llama_cpp import LlamaCppBackend, LlamaOptions
 
 pytestmark = pytest.mark.model
 
@@ -44,14 +49,14 @@ def test_readings_of_several_documents_read_continuously_equal_each_read_alone(m
     together = [json.loads(line) for line in both.stdout.splitlines()]
     assert [r["document"]["path"] for r in together] == paths
     assert [len(r["steps"]) for r in together] == [3, 1, 2]
-    # Read at once: the second document's first step comes before the first's answer, and
-    # the third takes the slot of the second (answered first) before the first is answered.
+    # Read at once: the second document is answered before the first, and the third takes
+    # the slot of the second (its trace opens) before the first is answered.
     lines = both.stderr.splitlines()
     first_answering = lines.index("[d1 q1] answering from the final memory")
     assert lines.index("[d2 q1] answering from the final memory") < first_answering
-    assert min(i for i, line in enumerate(lines) if line.startswith("[d3 q1] step")) < (
-        first_answering
-    )
+    third_opens = next(i for i, line in enumerate(lines) if line.endswith("-book2-q1.jsonl"))
+    assert lines[third_opens].startswith("trace: ")
+    assert third_opens < first_answering
     for path, joint in zip(paths, together, strict=True):
         alone = memagent("ask", path, FACT_QUESTION, *EXACT, "--json")
         assert alone.returncode == 0, alone.stderr
@@ -85,3 +90,42 @@ def test_eval_reads_cases_continuously_in_process_as_one_by_one(memagent, tmp_pa
         replies[parallel] = {r["id"]: r["reply"] for r in records}
     assert sorted(replies["2"]) == ["c1", "c2", "c3"]
     assert replies["2"] == replies["1"]
+
+
+def test_a_call_started_while_another_is_decoded_joins_it_and_both_reply_as_alone():
+    backend = LlamaCppBackend(
+        default_model_path(), LlamaOptions(threads=2, gpu_layers=0, exact=True)
+    )
+    backend.prepare(1024, sequences=2)
+    greedy = Sampling(temperature=0.0)
+    first = protocol.render_update(FACT_QUESTION, protocol.INITIAL_MEMORY, story(25, seed=3))
+    joining = protocol.render_update(FACT_QUESTION, protocol.INITIAL_MEMORY, story(20, seed=4))
+    alone = {
+        name: backend.generate(message, max_tokens=n, sampling=greedy)
+        for name, message, n in (("long", first, 48), ("short", first, 4), ("joining", joining, 24))
+    }
+    decoder = backend.decoder
+    assert decoder is not None
+    members: list[list[int]] = []  # the sequences in each decode round
+    decode_round = decoder._round
+
+    def counted(streams):
+        members.append(sorted(stream.seq_id for stream in streams))
+        return decode_round(streams)
+
+    decoder._round = counted
+    calls = [Call(first, 48, 0, fresh=True), Call(first, 4, 1, fresh=True)]
+    ended = backend.next_replies(calls, sampling=greedy)
+    # The same prompt: the short reply is the long one's first 4 tokens, and ends first.
+    assert [sequence for sequence, _ in ended] == [1]
+    assert decoder.in_flight == 1
+    replies = {"short": ended[0][1]}
+    split = len(members)
+    got = dict(backend.next_replies([Call(joining, 24, 1, fresh=True)], sampling=greedy))
+    while decoder.in_flight:
+        got.update(backend.next_replies([], sampling=greedy))
+    replies |= {"long": got[0], "joining": got[1]}
+    assert members[split] == [0, 1]  # it joined the long reply's rounds at once
+    for name, generation in replies.items():
+        assert generation.text == alone[name].text, name
+        assert generation.completion_tokens == alone[name].completion_tokens, name

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import MEMAGENT, assert_clean_failure, words
 
-from memagent_cli.backend import Generation, Sampling
+from memagent_cli.backend import Generation, InTurn, Sampling
 from memagent_cli.chunking import make_chunks
 from memagent_cli.documents import assemble
 from memagent_cli.reader import Settings, Step, read
@@ -40,7 +40,7 @@ REPLY = "The password is \\boxed{PELICAN}."
 PATIENCE = 60  # seconds a `trace` command may take to show a line or end, on a busy machine
 
 
-class ScriptedBackend:
+class ScriptedBackend(InTurn):
     """Replies from a list; `gate`, when given, is waited on before every call after the first."""
 
     def __init__(self, replies: list[str], gate: threading.Semaphore | None = None) -> None:
@@ -56,9 +56,6 @@ class ScriptedBackend:
             raise KeyboardInterrupt
         text = self.replies.pop(0)
         return Generation(text, len(message), len(text.split()) + 2, 0.1, 1.2, "stop")
-
-    def generate_many(self, calls, *, sampling: Sampling) -> list[Generation]:
-        return [self.generate(c.message, max_tokens=c.max_tokens, sampling=sampling) for c in calls]
 
 
 def book():

@@ -6,7 +6,9 @@ followed there), verifies a whole draft in one `llama_decode` batch, and keeps d
 while the target's own sampled token equals them. Exactly one sampler draw per emitted
 token, as without drafts: greedy and fixed-seed outputs are those of plain decoding.
 
-The loop works on sequences (`Stream`) so that several can share one batch per round.
+The loop works on sequences (`Stream`) so that several share one batch per round, and a
+sequence whose reply ends takes its next request while the others go on decoding
+(continuous batching: `start` and `step`).
 """
 
 from __future__ import annotations
@@ -73,6 +75,11 @@ class Stream:
     drafted: int = 0
     accepted: int = 0
     cut: int = -1  # where a stop string starts in `text`
+    began: float = 0.0  # when its prefill began
+    prompt_seconds: float = 0.0  # prefill and first token
+    reused: int = 0  # prompt tokens already in the cache
+    engine_before: float = 0.0  # the decoder's engine_seconds when it began
+    rounds: list[tuple[int, int]] = field(default_factory=list)  # as Decoded.rounds
 
 
 class Decoder:
@@ -106,8 +113,10 @@ class Decoder:
         self.engine_seconds = 0.0  # inside llama_decode, all calls together
         self._cached: dict[int, list[int]] = {}  # seq -> tokens at positions 0.. in the cache
         self._pieces = Pieces(self.vocab)
+        self._live: list[Stream] = []  # replies in flight, in the order they started
 
     def close(self) -> None:
+        self.cancel()
         self._batch.close()
 
     def forget(self, seq: int) -> None:
@@ -123,72 +132,95 @@ class Decoder:
         return self.generate_many([Request(list(prompt), max_tokens, sampling, stops)])[0]
 
     def generate_many(self, requests: Sequence[Request]) -> list[Decoded]:
-        """Reply to each request in its own sequence, all decoded together: one batch per
-        round holds every unfinished reply's next token and draft.
-
-        Each prompt is prefilled on its own, in the pieces a lone reply would use, so every
-        reply equals the one `generate` gives it alone (exact mode)."""
-        if len({r.seq_id for r in requests}) != len(requests):
-            raise ValueError("each request needs its own sequence")
-        if len(requests) * (1 + self.exact) > self.n_batch:  # a round must fit in one batch
-            raise ValueError(f"{len(requests)} sequences do not fit in a batch of {self.n_batch}")
-        streams: list[Stream] = []
-        engine_before = self.engine_seconds
-        prompt_seconds: list[float] = []
-        reused: list[int] = []
+        """Reply to each request in its own sequence, all decoded together; the replies in
+        the order of the requests."""
+        if self._live:
+            raise ValueError("replies are in flight already")
+        ended: dict[int, Decoded] = {}
         try:
             for request in requests:
-                if request.fresh:
-                    self.forget(request.seq_id)
-                began = time.perf_counter()
-                stream = Stream(
-                    request.seq_id,
-                    list(request.prompt),
-                    request.max_tokens,
-                    Sampler(request.sampling),
-                    Lookup(request.prompt) if self.speculate else None,
-                    [s.encode("utf-8") for s in request.stops if s],
-                )
-                streams.append(stream)
-                kept, row = self._prefill(stream)
-                self._emit(stream, stream.sampler.sample(self.context, row))
-                reused.append(kept)
-                prompt_seconds.append(time.perf_counter() - began)
-            began = time.perf_counter()
-            ended = {id(s): began for s in streams if s.finish is not None}
-            rounds: dict[int, list[tuple[int, int]]] = {id(s): [] for s in streams}
-            while live := [s for s in streams if s.finish is None]:
-                before = [len(s.tokens) for s in live]
-                size = self._round(live)
-                now = time.perf_counter()
-                for stream, count in zip(live, before, strict=True):
-                    rounds[id(stream)].append((size, len(stream.tokens) - count))
-                    if stream.finish is not None:
-                        ended[id(stream)] = now
-            for stream in streams:  # keep the prompt only: the next may share its prefix
-                llama_cpp.llama_memory_seq_rm(self.memory, stream.seq_id, len(stream.prompt), -1)
-        finally:
-            for stream in streams:
-                stream.sampler.close()
-        replies = []
-        for stream, prompt_s, kept in zip(streams, prompt_seconds, reused, strict=True):
-            text = bytes(stream.text if stream.cut < 0 else stream.text[: stream.cut])
-            replies.append(
-                Decoded(
-                    tokens=stream.tokens,
-                    text=text.decode("utf-8", errors="ignore"),
-                    finish_reason=stream.finish or "stop",
-                    prompt_tokens=len(stream.prompt),
-                    reused_tokens=kept,
-                    prompt_seconds=prompt_s,
-                    seconds=prompt_s + ended[id(stream)] - began,
-                    drafted=stream.drafted,
-                    accepted=stream.accepted,
-                    engine_seconds=self.engine_seconds - engine_before,
-                    rounds=rounds[id(stream)],
-                )
-            )
-        return replies
+                self.start(request)
+            while self._live:
+                ended.update(self.step())
+        except BaseException:
+            self.cancel()
+            raise
+        return [ended[request.seq_id] for request in requests]
+
+    @property
+    def in_flight(self) -> int:
+        """Replies started and not yet returned by `step()`."""
+        return len(self._live)
+
+    def start(self, request: Request) -> None:
+        """Put `request`'s prompt in the cache of its sequence and sample the first token:
+        from the next `step()` on, its reply is decoded along with every other in flight.
+
+        Each prompt is prefilled on its own, in the pieces a lone reply would use, so every
+        reply equals the one it gets alone (exact mode), whenever it joins the others."""
+        if any(stream.seq_id == request.seq_id for stream in self._live):
+            raise ValueError(f"sequence {request.seq_id} has a reply in flight already")
+        if (len(self._live) + 1) * (1 + self.exact) > self.n_batch:  # a round fits one batch
+            count = len(self._live) + 1
+            raise ValueError(f"{count} sequences do not fit in a batch of {self.n_batch}")
+        began, engine_before = time.perf_counter(), self.engine_seconds
+        if request.fresh:
+            self.forget(request.seq_id)
+        stream = Stream(
+            request.seq_id,
+            list(request.prompt),
+            request.max_tokens,
+            Sampler(request.sampling),
+            Lookup(request.prompt) if self.speculate else None,
+            [s.encode("utf-8") for s in request.stops if s],
+            began=began,
+            engine_before=engine_before,
+        )
+        self._live.append(stream)  # from here on, cancel() closes its sampler
+        stream.reused, row = self._prefill(stream)
+        self._emit(stream, stream.sampler.sample(self.context, row))
+        stream.prompt_seconds = time.perf_counter() - began
+
+    def step(self) -> list[tuple[int, Decoded]]:
+        """Decode one round of every reply in flight (none while a reply has just ended);
+        returns the replies that ended, by sequence: those sequences take new requests."""
+        if self._live and all(stream.finish is None for stream in self._live):
+            live = list(self._live)
+            before = [len(stream.tokens) for stream in live]
+            size = self._round(live)
+            for stream, count in zip(live, before, strict=True):
+                stream.rounds.append((size, len(stream.tokens) - count))
+        ended = [stream for stream in self._live if stream.finish is not None]
+        self._live = [stream for stream in self._live if stream.finish is None]
+        now = time.perf_counter()
+        return [(stream.seq_id, self._end(stream, now)) for stream in ended]
+
+    def cancel(self) -> None:
+        """Drop every reply in flight (after Ctrl-C or a failure). Their sequences keep at
+        most their prompts: the next prefill there cuts the cache back to what it reuses."""
+        for stream in self._live:
+            stream.sampler.close()
+        self._live = []
+
+    def _end(self, stream: Stream, now: float) -> Decoded:
+        """The reply of a finished stream; its sequence keeps the prompt only (the next
+        call there may share its prefix)."""
+        llama_cpp.llama_memory_seq_rm(self.memory, stream.seq_id, len(stream.prompt), -1)
+        stream.sampler.close()
+        text = bytes(stream.text if stream.cut < 0 else stream.text[: stream.cut])
+        return Decoded(
+            tokens=stream.tokens,
+            text=text.decode("utf-8", errors="ignore"),
+            finish_reason=stream.finish or "stop",
+            prompt_tokens=len(stream.prompt),
+            reused_tokens=stream.reused,
+            prompt_seconds=stream.prompt_seconds,
+            seconds=now - stream.began,
+            drafted=stream.drafted,
+            accepted=stream.accepted,
+            engine_seconds=self.engine_seconds - stream.engine_before,
+            rounds=stream.rounds,
+        )
 
     def _prefill(self, stream: Stream) -> tuple[int, int]:
         """Put the prompt in the cache, reusing the prefix already there; returns the

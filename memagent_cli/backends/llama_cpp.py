@@ -18,7 +18,7 @@ from memagent_cli.files import check_gguf
 from memagent_cli.progress import Progress
 
 if TYPE_CHECKING:  # decoding imports llama_cpp, which loads the library: only when used
-    from memagent_cli.backends.decoding import Decoded, Decoder
+    from memagent_cli.backends.decoding import Decoded, Decoder, Request
 
 
 # Engine settings under llama.cpp's own names (-fa, -ctk/-ctv).
@@ -258,47 +258,67 @@ class LlamaCppBackend:
         return self._engine.decoder if self._engine is not None else None
 
     def generate(self, message: str, *, max_tokens: int, sampling: Sampling) -> Generation:
-        return self.generate_many([Call(message, max_tokens)], sampling=sampling)[0]
+        return _generation(self.decode(message, max_tokens=max_tokens, sampling=sampling))
 
     def decode(self, message: str, *, max_tokens: int, sampling: Sampling) -> Decoded:
         """One reply with its whole decoding record: rounds, drafts, time in llama_decode."""
         return self.decode_many([Call(message, max_tokens)], sampling=sampling)[0]
 
-    def generate_many(self, calls: Sequence[Call], *, sampling: Sampling) -> list[Generation]:
-        return [
-            Generation(
-                text=decoded.text,
-                prompt_tokens=decoded.prompt_tokens,
-                completion_tokens=len(decoded.tokens),
-                prompt_seconds=decoded.prompt_seconds,
-                seconds=decoded.seconds,
-                finish_reason=decoded.finish_reason,
-                drafted=decoded.drafted,
-                accepted=decoded.accepted,
-            )
-            for decoded in self.decode_many(calls, sampling=sampling)
-        ]
-
     def decode_many(self, calls: Sequence[Call], *, sampling: Sampling) -> list[Decoded]:
         """Each call's reply with its decoding record, decoded together."""
-        from memagent_cli.backends.decoding import Request
+        decoder = self._decoder()
+        return decoder.generate_many([self._request(call, sampling) for call in calls])
 
+    def next_replies(
+        self, calls: Sequence[Call], *, sampling: Sampling
+    ) -> list[tuple[int, Generation]]:
+        decoder = self._decoder()
+        try:
+            for call in calls:
+                decoder.start(self._request(call, sampling))
+            while decoder.in_flight:
+                if ended := decoder.step():
+                    return [(sequence, _generation(decoded)) for sequence, decoded in ended]
+        except BaseException:
+            decoder.cancel()
+            raise
+        return []
+
+    def cancel(self) -> None:
+        if self._engine is not None:
+            self._engine.decoder.cancel()
+
+    def _decoder(self) -> Decoder:
         if self._engine is None:
             raise RuntimeError("prepare() must be called before generate()")
-        requests = []
-        for call in calls:
-            if not 0 <= call.sequence < self.sequences:
-                raise RuntimeError(f"sequence {call.sequence} of {self.sequences}")
-            prompt, stop = self._chat_prompt(call.message)
-            if len(prompt) + call.max_tokens > self.context_tokens:
-                raise RuntimeError(
-                    f"prompt {len(prompt)} + reply {call.max_tokens} exceeds context "
-                    f"{self.context_tokens}"
-                )
-            requests.append(
-                Request(prompt, call.max_tokens, sampling, stop, call.sequence, call.fresh)
+        return self._engine.decoder
+
+    def _request(self, call: Call, sampling: Sampling) -> Request:
+        """The call as the decoder takes it: its chat prompt's tokens and stop strings."""
+        from memagent_cli.backends.decoding import Request
+
+        if not 0 <= call.sequence < self.sequences:
+            raise RuntimeError(f"sequence {call.sequence} of {self.sequences}")
+        prompt, stop = self._chat_prompt(call.message)
+        if len(prompt) + call.max_tokens > self.context_tokens:
+            raise RuntimeError(
+                f"prompt {len(prompt)} + reply {call.max_tokens} exceeds context "
+                f"{self.context_tokens}"
             )
-        return self._engine.decoder.generate_many(requests)
+        return Request(prompt, call.max_tokens, sampling, stop, call.sequence, call.fresh)
+
+
+def _generation(decoded: Decoded) -> Generation:
+    return Generation(
+        text=decoded.text,
+        prompt_tokens=decoded.prompt_tokens,
+        completion_tokens=len(decoded.tokens),
+        prompt_seconds=decoded.prompt_seconds,
+        seconds=decoded.seconds,
+        finish_reason=decoded.finish_reason,
+        drafted=decoded.drafted,
+        accepted=decoded.accepted,
+    )
 
 
 class _Engine:

@@ -15,7 +15,7 @@ from typing import Any
 import httpx2
 import tenacity
 
-from memagent_cli.backend import Call, Description, Generation, Sampling
+from memagent_cli.backend import Description, Generation, InTurn, Sampling
 from memagent_cli.backends.tokenizers import DEFAULT_ENCODING, TiktokenTokenizer
 from memagent_cli.errors import UserError
 from memagent_cli.progress import Note, Progress, silent
@@ -67,7 +67,7 @@ class BackendError(UserError):
     """The server could not be reached or refused a request."""
 
 
-class OpenAIBackend:
+class OpenAIBackend(InTurn):
     """Chat completions from a server; tokens from its tokenize endpoint, else tiktoken.
 
     Safe to share between threads: every call is one independent HTTP request.
@@ -203,10 +203,6 @@ class OpenAIBackend:
         self, context_tokens: int, sequences: int = 1, progress: Progress | None = None
     ) -> None:
         return None  # the server sizes its own context and slots
-
-    def generate_many(self, calls: Sequence[Call], *, sampling: Sampling) -> list[Generation]:
-        """One request after another: several at once are --parallel's threads."""
-        return [self.generate(c.message, max_tokens=c.max_tokens, sampling=sampling) for c in calls]
 
     # -- generation -------------------------------------------------------------------
     def generate(self, message: str, *, max_tokens: int, sampling: Sampling) -> Generation:

@@ -328,7 +328,7 @@ def ask_each(jobs: Iterable[Job], slots: int) -> Iterator[Result | Stopped]:
                 if exhausted:
                     break
                 continue
-            for _, item, answer in batch.round():
+            for _, item, answer in batch.advance():
                 run, job, view = reading.pop(id(item))
                 close(run, view)
                 seconds = time.perf_counter() - start
