@@ -135,6 +135,8 @@ def main() -> None:
         "one_by_one_seconds": round(alone["seconds"], 1),
         "n_at_once_seconds": round(together["seconds"], 1),
         "one_by_one_prefill_decode": [round(p, 1), round(d, 1)],
+        # Prefills run one after another either way; at once, decode seconds overlap.
+        "n_at_once_prefill": round(together["prefill_seconds"], 1),
         "measured_gain": round(measured, 3),
         "allowed_gain": round(allowed, 3),
         "fraction_of_allowed": round(measured / allowed, 3),
@@ -148,6 +150,10 @@ def main() -> None:
         f"{together['seconds']:.1f} s: {measured:.3f}x; allowed by the engine "
         f"{allowed:.3f}x ({measured / allowed:.2f} of it); same replies: "
         f"{result['same_replies']}"
+    )
+    note(
+        f"  prefill: one by one {p:.1f} s, {n} at once {together['prefill_seconds']:.1f} s; "
+        f"decode one by one {d:.1f} s"
     )
     for key in COUNTED:
         note(f"  {key}: one by one {alone[key]}, {n} at once {together[key]}")

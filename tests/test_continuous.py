@@ -44,6 +44,31 @@ class EchoBackend(Echo):
         return super().next_replies(calls, sampling=sampling)
 
 
+class StreamingBackend(EchoBackend):
+    """The stand-in as an engine that decodes calls together: each `next_replies` completes
+    only the oldest call in flight, the others stay in flight (as replies of different
+    lengths end one at a time); Ctrl-C after `calls_left` replies, as the stand-in's."""
+
+    def __init__(self, calls_left: int | None = None) -> None:
+        super().__init__(calls_left)
+        self.flight = []
+        self.cancelled = 0
+
+    def next_replies(self, calls, *, sampling):
+        assert not {c.sequence for c in calls} & {c.sequence for c in self.flight}
+        self.flight += calls
+        if not self.flight:
+            return []
+        self.rounds.append(sorted(c.sequence for c in self.flight))  # in flight with it
+        call = self.flight.pop(0)
+        reply = self.generate(call.message, max_tokens=call.max_tokens, sampling=sampling)
+        return [(call.sequence, reply)]
+
+    def cancel(self):
+        self.cancelled += 1
+        self.flight = []
+
+
 def test_slots_are_reused_lowest_first_and_every_reading_is_answered_once():
     backend = EchoBackend()
     slots = Slots(backend, SETTINGS, 2)
@@ -79,12 +104,24 @@ def jobs(engine: Engine, tmp_path, texts=TEXTS, **more) -> list[run.Job]:
     return made
 
 
-def test_readings_of_many_documents_read_continuously_write_what_they_write_alone(tmp_path):
+@pytest.mark.parametrize(
+    "backend, rounds",
+    [
+        # In turn: each round answers every call; as in the test above.
+        (EchoBackend, [[0, 1]] * 5 + [[0]] * 4),
+        # One reply at a time, 14 in all (2 + 5 + 3 + 4 calls): both slots have a call in
+        # flight until one reading is left (next_replies checks that no slot has two).
+        (StreamingBackend, [[0, 1]] * 10 + [[0]] * 4),
+    ],
+)
+def test_readings_of_many_documents_read_continuously_write_what_they_write_alone(
+    tmp_path, backend, rounds
+):
     alone_dir, together_dir = tmp_path / "alone", tmp_path / "together"
     alone_dir.mkdir(), together_dir.mkdir()
     for job in jobs(engine_of(EchoBackend()), alone_dir):
         run.ask(job.session, job.question, job.options)
-    backend = EchoBackend()
+    backend = backend()
     outcomes = list(run.ask_each(jobs(engine_of(backend), together_dir), 2))
     assert backend.sequences == 2  # one context, two sequences
     assert [o.session.document.path for o in outcomes] == [f"/books/b{i}.txt" for i in range(4)]
@@ -93,7 +130,7 @@ def test_readings_of_many_documents_read_continuously_write_what_they_write_alon
         assert records(together_dir / f"b{i}.jsonl") == records(alone_dir / f"b{i}.jsonl")
         alone = read(EchoBackend(), QUESTION, outcome.session.chunks, SETTINGS)
         assert outcome.answer.answer == alone.answer
-    assert backend.rounds == [[0, 1]] * 5 + [[0]] * 4  # as in the test above
+    assert backend.rounds == rounds
 
 
 def test_ctrl_c_keeps_every_trace_valid_and_the_same_jobs_resume_to_the_same_answers(tmp_path):
@@ -165,49 +202,6 @@ def test_the_model_s_loading_is_told_as_for_one_reading(tmp_path, capsys, monkey
     monkeypatch.setattr(display.Bar, "_DELAY", 0.0)  # the stand-in loads at once
     list(run.ask_each(jobs(engine_of(LoadingBackend()), tmp_path, report=display.Terminal()), 2))
     assert "loading scripted: 1.2 kB of 1.2 kB" in capsys.readouterr().err.splitlines()
-
-
-class StreamingBackend(EchoBackend):
-    """The stand-in as an engine that decodes calls together: each `next_replies` completes
-    only the oldest call in flight, the others stay in flight (as replies of different
-    lengths end one at a time); Ctrl-C after `calls_left` replies, as the stand-in's."""
-
-    def __init__(self, calls_left: int | None = None) -> None:
-        super().__init__(calls_left)
-        self.flight = []
-        self.alongside = []  # per reply: the sequences in flight with it
-        self.cancelled = 0
-
-    def next_replies(self, calls, *, sampling):
-        assert not {c.sequence for c in calls} & {c.sequence for c in self.flight}
-        self.flight += calls
-        if not self.flight:
-            return []
-        self.alongside.append(sorted(c.sequence for c in self.flight))
-        call = self.flight.pop(0)
-        reply = self.generate(call.message, max_tokens=call.max_tokens, sampling=sampling)
-        return [(call.sequence, reply)]
-
-    def cancel(self):
-        self.cancelled += 1
-        self.flight = []
-
-
-def test_a_reply_complete_brings_its_reading_s_next_call_while_others_are_in_flight(tmp_path):
-    alone_dir, together_dir = tmp_path / "alone", tmp_path / "together"
-    alone_dir.mkdir(), together_dir.mkdir()
-    for job in jobs(engine_of(EchoBackend()), alone_dir):
-        run.ask(job.session, job.question, job.options)
-    backend = StreamingBackend()
-    outcomes = list(run.ask_each(jobs(engine_of(backend), together_dir), 2))
-    assert [o.answer.answer for o in outcomes] == [
-        read(EchoBackend(), QUESTION, o.session.chunks, SETTINGS).answer for o in outcomes
-    ]
-    for i in range(4):
-        assert records(together_dir / f"b{i}.jsonl") == records(alone_dir / f"b{i}.jsonl")
-    # 14 calls (2 + 5 + 3 + 4), one reply each: both slots have a call in flight until
-    # only one reading is left (next_replies checks that no slot ever has two).
-    assert backend.alongside == [[0, 1]] * 10 + [[0]] * 4
 
 
 def test_ctrl_c_while_calls_are_in_flight_cancels_them_and_resumes_to_the_same_answers(
