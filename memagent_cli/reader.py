@@ -162,8 +162,8 @@ class Slots:
         whose slots are free now."""
         answered: list[tuple[int, Reading, Answer]] = []
         calls, self._next = self._next, []
-        calls += [self._call(slot, p) for slot, p in enumerate(self._places) if p and not p.asked]
         try:
+            calls += [self._call(s, p) for s, p in enumerate(self._places) if p and not p.asked]
             while self.busy and not answered:
                 replies = self.backend.next_replies(calls, sampling=self.settings.sampling)
                 if not replies:
