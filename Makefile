@@ -49,6 +49,8 @@ bench:
 	$(BIN)/python bench/continuous.py
 	@# The same cases with --exact: both ways read the same tokens, so the seconds compare.
 	$(BIN)/python bench/continuous.py --exact --memory-tokens 256 --out build/bench/continuous-exact.json
+	@# Which round sizes give a token the logits it gets without drafts: what --exact rests on.
+	$(BIN)/python bench/widths.py
 
 # The same parts on small sizes (no RSS), to see that the bench runs: a few minutes.
 bench-quick:
