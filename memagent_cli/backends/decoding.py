@@ -196,8 +196,9 @@ class Decoder:
         return [(stream.seq_id, self._end(stream, now)) for stream in ended]
 
     def cancel(self) -> None:
-        """Drop every reply in flight (after Ctrl-C or a failure). Their sequences keep at
-        most their prompts: the next prefill there cuts the cache back to what it reuses."""
+        """Drop every reply in flight (after Ctrl-C or a failure). Whatever their caches
+        hold beyond the prompt's prefix already counted as cached, the next prefill in that
+        sequence cuts."""
         for stream in self._live:
             stream.sampler.close()
         self._live = []
