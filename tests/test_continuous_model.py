@@ -92,20 +92,34 @@ def test_eval_reads_cases_continuously_in_process_as_one_by_one(memagent, tmp_pa
     assert replies["2"] == replies["1"]
 
 
-def test_a_call_started_while_another_is_decoded_joins_it_and_both_reply_as_alone():
+GREEDY = Sampling(temperature=0.0)
+FIRST = protocol.render_update(FACT_QUESTION, protocol.INITIAL_MEMORY, story(25, seed=3))
+JOINING = protocol.render_update(FACT_QUESTION, protocol.INITIAL_MEMORY, story(20, seed=4))
+
+
+@pytest.fixture(scope="module")
+def engine():
+    """The default model with --exact, two sequences, and each reply it gives alone."""
     backend = LlamaCppBackend(
         default_model_path(), LlamaOptions(threads=2, gpu_layers=0, exact=True)
     )
     backend.prepare(1024, sequences=2)
-    greedy = Sampling(temperature=0.0)
-    first = protocol.render_update(FACT_QUESTION, protocol.INITIAL_MEMORY, story(25, seed=3))
-    joining = protocol.render_update(FACT_QUESTION, protocol.INITIAL_MEMORY, story(20, seed=4))
     alone = {
-        name: backend.generate(message, max_tokens=n, sampling=greedy)
-        for name, message, n in (("long", first, 48), ("short", first, 4), ("joining", joining, 24))
+        name: backend.generate(message, max_tokens=n, sampling=GREEDY)
+        for name, message, n in (("long", FIRST, 48), ("short", FIRST, 4), ("joining", JOINING, 24))
     }
+    return backend, alone
+
+
+def same(replies, alone) -> None:
+    for name, generation in replies.items():
+        assert generation.text == alone[name].text, name
+        assert generation.completion_tokens == alone[name].completion_tokens, name
+
+
+def test_a_call_started_while_another_is_decoded_joins_it_and_both_reply_as_alone(engine):
+    backend, alone = engine
     decoder = backend.decoder
-    assert decoder is not None
     members: list[list[int]] = []  # the sequences in each decode round
     decode_round = decoder._round
 
@@ -114,18 +128,32 @@ def test_a_call_started_while_another_is_decoded_joins_it_and_both_reply_as_alon
         return decode_round(streams)
 
     decoder._round = counted
-    calls = [Call(first, 48, 0, fresh=True), Call(first, 4, 1, fresh=True)]
-    ended = backend.next_replies(calls, sampling=greedy)
-    # The same prompt: the short reply is the long one's first 4 tokens, and ends first.
-    assert [sequence for sequence, _ in ended] == [1]
-    assert decoder.in_flight == 1
-    replies = {"short": ended[0][1]}
-    split = len(members)
-    got = dict(backend.next_replies([Call(joining, 24, 1, fresh=True)], sampling=greedy))
-    while decoder.in_flight:
-        got.update(backend.next_replies([], sampling=greedy))
+    try:
+        calls = [Call(FIRST, 48, 0, fresh=True), Call(FIRST, 4, 1, fresh=True)]
+        ended = backend.next_replies(calls, sampling=GREEDY)
+        # The same prompt: the short reply is the long one's first 4 tokens, and ends first.
+        assert [sequence for sequence, _ in ended] == [1]
+        assert decoder.in_flight == 1
+        replies = {"short": ended[0][1]}
+        split = len(members)
+        got = dict(backend.next_replies([Call(JOINING, 24, 1, fresh=True)], sampling=GREEDY))
+        while decoder.in_flight:
+            got.update(backend.next_replies([], sampling=GREEDY))
+    finally:
+        del decoder._round
     replies |= {"long": got[0], "joining": got[1]}
     assert members[split] == [0, 1]  # it joined the long reply's rounds at once
-    for name, generation in replies.items():
-        assert generation.text == alone[name].text, name
-        assert generation.completion_tokens == alone[name].completion_tokens, name
+    same(replies, alone)
+
+
+def test_calls_dropped_mid_reply_and_made_again_reply_as_alone(engine):
+    backend, alone = engine
+    calls = [Call(FIRST, 48, 0, fresh=True), Call(JOINING, 24, 1, fresh=True)]
+    assert len(backend.next_replies(calls, sampling=GREEDY)) == 1  # the other is mid-reply
+    backend.cancel()  # as Ctrl-C does
+    assert backend.decoder.in_flight == 0
+    # Made again in the same sequences, their caches holding what the dropped replies left.
+    got = dict(backend.next_replies([Call(FIRST, 48, 0), Call(JOINING, 24, 1)], sampling=GREEDY))
+    while backend.decoder.in_flight:
+        got.update(backend.next_replies([], sampling=GREEDY))
+    same({"long": got[0], "joining": got[1]}, alone)
