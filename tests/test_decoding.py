@@ -1,5 +1,5 @@
 """The decoding loop's pure parts: prompt-lookup drafts, the adaptive draft length, and
-engine settings llama.cpp would refuse. No model is loaded."""
+engine settings llama.cpp would refuse or cannot keep. No model's weights are loaded."""
 
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from memagent_cli.backends import llama_cpp as llama_cpp_backend
 from memagent_cli.backends.drafting import DraftPolicy, Lookup
 from memagent_cli.backends.llama_cpp import LlamaCppBackend, LlamaOptions
 from memagent_cli.errors import ModelError
+from memagent_cli.run import engine
 
 
 def test_lookup_proposes_what_followed_the_longest_match() -> None:
@@ -162,3 +164,21 @@ def test_quantized_v_cache_needs_flash_attention(tmp_path: Path) -> None:
         LlamaCppBackend(
             tmp_path / "none.gguf", LlamaOptions(threads=1, gpu_layers=0, cache_type_k="q3")
         )
+
+
+@pytest.mark.parametrize(
+    "exact, gpu_layers, warned",
+    [(True, None, True), (True, 0, False), (False, None, False)],
+)
+def test_exact_with_layers_on_a_gpu_says_it_is_exact_on_the_cpu_only(
+    monkeypatch, exact: bool, gpu_layers: int | None, warned: bool
+) -> None:
+    # As a CUDA or Metal build of llama.cpp would answer: its vocabulary loads as on a CPU.
+    monkeypatch.setattr(llama_cpp_backend, "can_offload", lambda: True)
+    monkeypatch.setattr(engine, "can_offload", lambda: True)
+    notes: list[str] = []
+    options = engine.BackendOptions(llama=LlamaOptions(exact=exact, gpu_layers=gpu_layers))
+    backend = engine.open_backend(options, note=notes.append)
+    assert backend.gpu_layers == (-1 if gpu_layers is None else gpu_layers)  # all layers
+    said = [n for n in notes if "--exact is byte-exact on the CPU only" in n]
+    assert len(said) == warned

@@ -276,7 +276,8 @@ ExactOpt = Annotated[
         "--exact",
         help="Decode every token on llama.cpp's batched kernels, so that the output is "
         "byte-identical with and without speculation and with and without other questions "
-        "read together; up to 1.9x slower per token on a CPU where few drafts are accepted.",
+        "read together (on the CPU; not yet with layers on a GPU); up to 1.9x slower per "
+        "token on a CPU where few drafts are accepted.",
         rich_help_panel=ENGINE,
     ),
 ]

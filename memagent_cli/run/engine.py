@@ -9,7 +9,7 @@ from enum import StrEnum
 from typing import Any
 
 from memagent_cli.backend import Backend
-from memagent_cli.backends.llama_cpp import LlamaCppBackend, LlamaOptions
+from memagent_cli.backends.llama_cpp import LlamaCppBackend, LlamaOptions, can_offload
 from memagent_cli.backends.openai import OpenAIBackend, ServerOptions
 from memagent_cli.errors import BudgetError
 from memagent_cli.models import resolve
@@ -43,7 +43,14 @@ def open_backend(
     if options.kind == BackendKind.openai:
         return OpenAIBackend(options.server, note=note)
     found = resolve(options.model, note=note, progress=progress)
-    return LlamaCppBackend(found.path, options.llama, name=found.name)
+    backend = LlamaCppBackend(found.path, options.llama, name=found.name)
+    if backend.exact and backend.gpu_layers != 0 and can_offload():
+        note(
+            "warning: --exact is byte-exact on the CPU only for now: with layers on a GPU, "
+            "a draft or another reading in the same round can still change a near-tie "
+            "token (README, On a GPU); --gpu-layers 0 keeps the promise."
+        )
+    return backend
 
 
 class Engine:
