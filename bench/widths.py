@@ -33,9 +33,11 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "examples"))
 
 import llama_cpp  # noqa: E402
+from engine import note  # noqa: E402
 from village import story  # noqa: E402
 
 from memagent_cli.backends.llama_cpp import LlamaCppBackend, LlamaOptions  # noqa: E402
@@ -43,10 +45,6 @@ from memagent_cli.backends.llama_parts import Batch  # noqa: E402
 from memagent_cli.models import resolve  # noqa: E402
 
 MOST = 16  # the largest round: a draft of 15
-
-
-def note(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
 
 
 def logits(context: Any, row: int, n_vocab: int) -> bytes:
