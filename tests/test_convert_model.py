@@ -47,6 +47,9 @@ def models(tmp_path_factory) -> dict[str, tuple[Path, Path, dict[str, np.ndarray
 def load(path: Path, **kwargs):
     from llama_cpp import Llama
 
+    from memagent_cli.backends.build import guard_llama_class
+
+    guard_llama_class(path)  # llama.cpp's AMX buffers crash (backends/build.py)
     return Llama(model_path=str(path), n_threads=2, verbose=False, **kwargs)
 
 

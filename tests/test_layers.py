@@ -40,6 +40,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "backend",
             "progress",
             "errors",
+            "crash",
             "files",
             "folders",
             "",

@@ -1,5 +1,5 @@
 """The OpenAI-compatible backend against a real server on 127.0.0.1: llama-cpp-python's own
-(`llama_cpp.server`) running the default model."""
+(`llama_cpp.server`, started with memagent's weight placement) running the default model."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ SMALL_STEPS = ["--chunk-tokens", str(CHUNK), "--memory-tokens", str(MEMORY), "--
 
 
 class Server:
-    """llama_cpp.server with the default model on a free loopback port; stops itself."""
+    """llama_cpp.server (through backends/llama_server.py) with the default model on a free loopback port; stops itself."""
 
     def __init__(self) -> None:
         with socket.socket() as probe:
@@ -37,7 +37,7 @@ class Server:
             [
                 sys.executable,
                 "-m",
-                "llama_cpp.server",
+                "memagent_cli.backends.llama_server",
                 "--model",
                 str(default_model_path()),
                 "--host",

@@ -129,7 +129,10 @@ def test_single_row_decoding_equals_create_completion(plain: LlamaCppBackend) ->
     batched ones.)"""
     from llama_cpp import Llama
 
+    from memagent_cli.backends.build import guard_llama_class
+
     ours = _backend(speculate=False, exact=False)
+    guard_llama_class(default_model_path())  # as memagent loads it (backends/build.py)
     llm = Llama(
         model_path=str(default_model_path()),
         n_ctx=CONTEXT,

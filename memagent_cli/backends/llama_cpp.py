@@ -6,18 +6,20 @@ import ctypes
 import os
 import sys
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from memagent_cli import crash
 from memagent_cli.backend import Call, Description, Generation, Sampling
 from memagent_cli.errors import ModelError
 from memagent_cli.files import check_gguf
 from memagent_cli.progress import Progress
 
 if TYPE_CHECKING:  # decoding imports llama_cpp, which loads the library: only when used
+    from memagent_cli.backends.build import Placement
     from memagent_cli.backends.decoding import Decoded, Decoder, Request
 
 
@@ -97,6 +99,9 @@ class LlamaOptions:
     cache_type_v: CacheType = CacheType.f16
     batch_size: int = 512
     ubatch_size: int = 512
+    # llama.cpp's --repack/--no-repack. None: its repacked layouts, never its AMX buffers,
+    # which crash (backends/build.py); True: its own choice, AMX included; False: neither.
+    repack: bool | None = None
 
     def __post_init__(self) -> None:
         """Refuse settings llama.cpp cannot run, with a sentence instead of a crash."""
@@ -209,6 +214,20 @@ class LlamaCppBackend:
                 "cache_type_v": self.cache_type_v,
             },
         )
+
+    def placement(self) -> Placement:
+        """Where llama.cpp keeps the weights on the CPU (backends/build.py)."""
+        import llama_cpp
+
+        from memagent_cli.backends import build
+
+        info = llama_cpp.llama_print_system_info().decode(errors="replace")
+        offload = self.gpu_layers != 0 and can_offload()
+
+        def tensors() -> Iterator[build.Tensor]:  # read only where the rule picks tensors
+            yield from build.gguf_tensors(self.path)
+
+        return build.place_weights(info, tensors(), repack=self.options.repack, offload=offload)
 
     def sequences_that_fit(self, context_tokens: int) -> int:
         """Sequences whose KV caches fit in the memory free now, beside the weights. With
@@ -333,16 +352,23 @@ class _Engine:
     ) -> None:
         import llama_cpp
 
+        from memagent_cli.backends import build
         from memagent_cli.backends.decoding import Decoder
 
         model_params = llama_cpp.llama_model_default_params()
         model_params.n_gpu_layers = backend.gpu_layers
+        self.placement = backend.placement()
+        overrides = build.apply(model_params, self.placement)
+        crash.note("weights", self.placement.why)
+        if backend.options.verbose:
+            sys.stderr.write(f"memagent: weights: {self.placement.why}\n")
         loading = _Loading(progress, f"loading {backend.name}", backend.path.stat().st_size)
         model_params.progress_callback = loading.callback
         self._loading = loading  # llama.cpp holds a pointer to its callback
         self.model = llama_cpp.llama_model_load_from_file(
             str(backend.path).encode("utf-8"), model_params
         )
+        del overrides  # llama.cpp reads the patterns while loading only
         if loading.error is not None:  # Ctrl-C, or a failing callback: loading was cancelled
             if self.model:
                 llama_cpp.llama_model_free(self.model)

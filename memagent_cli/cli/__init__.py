@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from memagent_cli import __version__
+from memagent_cli import crash
 from memagent_cli.cli import ask, cache, evaluation, inspect, models, paths, trace
 from memagent_cli.cli.options import CONTEXT
 from memagent_cli.errors import Interrupted
@@ -29,24 +29,36 @@ app.add_typer(cache.app, name="cache")
 app.command("paths")(paths.paths)
 
 
-def _version(value: bool) -> None:
-    if value:
-        print(f"memagent {__version__}")
-        raise typer.Exit()
-
-
-@app.callback()
+@app.callback(invoke_without_command=True)
 def _root(
+    context: typer.Context,
     version: Annotated[
         bool,
-        typer.Option("--version", callback=_version, is_eager=True, help="Show the version."),
+        typer.Option(
+            "--version",
+            help="Show memagent's version and its llama.cpp build: CPU features, GPU offload "
+            "and devices.",
+        ),
+    ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="With --version: one JSON object, for bug reports.")
     ] = False,
 ) -> None:
     """Answer questions about book-scale documents with a MemAgent model run locally."""
+    if version:
+        from memagent_cli.backends import build
+        from memagent_cli.views import build as views
+
+        views.show(build.describe(), as_json=as_json)
+        raise typer.Exit()
+    if context.invoked_subcommand is None:
+        typer.echo(context.get_help(), err=True)
+        raise typer.Exit(2)
 
 
 def main() -> None:
     """Console entry point."""
+    crash.install()
     try:
         app()
     except KeyboardInterrupt:

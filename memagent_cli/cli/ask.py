@@ -41,6 +41,7 @@ from memagent_cli.cli.options import (
     NoTraceOpt,
     PasswordOpt,
     QuietOpt,
+    RepackOpt,
     SeedOpt,
     ServedModelOpt,
     SpeculateOpt,
@@ -153,6 +154,7 @@ def ask(
     cache_type_v: CacheTypeVOpt = LLAMA.cache_type_v,
     batch_size: BatchSizeOpt = LLAMA.batch_size,
     ubatch_size: UbatchSizeOpt = LLAMA.ubatch_size,
+    repack: RepackOpt = LLAMA.repack,
     verbose: VerboseOpt = False,
     report_file: Annotated[
         Path | None,
@@ -207,6 +209,7 @@ def ask(
         cache_type_v=cache_type_v,
         batch_size=batch_size,
         ubatch_size=ubatch_size,
+        repack=repack,
     )
     paths = inputs.document_paths(document, documents_file, glob)
     if len(paths) > 1 and (trace is not None or resume is not None):

@@ -28,6 +28,7 @@ from memagent_cli.cli.options import (
     NoTraceOpt,
     ParallelOpt,
     QuietOpt,
+    RepackOpt,
     SeedOpt,
     ServedModelOpt,
     TemperatureOpt,
@@ -114,7 +115,7 @@ def _eval_options(
 
 _BACKEND_FIELDS = (
     "model", "base_url", "api_key", "served_model", "encoding", "threads", "gpu_layers",
-    "timeout", "verbose", "exact",
+    "timeout", "verbose", "exact", "repack",
 )  # fmt: skip
 
 
@@ -153,6 +154,7 @@ def eval_run(
     gpu_layers: GpuLayersOpt = None,
     threads: ThreadsOpt = None,
     exact: ExactOpt = LLAMA.exact,
+    repack: RepackOpt = LLAMA.repack,
     no_trace: NoTraceOpt = False,
     no_cache: NoCacheOpt = False,
     quiet: QuietOpt = False,
@@ -168,7 +170,7 @@ def eval_run(
         settings=(chunk_tokens, memory_tokens, temperature, top_p, seed),
         model=model, base_url=base_url, api_key=api_key, served_model=served_model,
         encoding=encoding, threads=threads, gpu_layers=gpu_layers, timeout=timeout,
-        verbose=verbose, exact=exact, output=output, write_traces=not no_trace,
+        verbose=verbose, exact=exact, repack=repack, output=output, write_traces=not no_trace,
         use_cache=not no_cache, quiet=quiet, as_json=as_json, plot=plot,
     )  # fmt: skip
     try:
@@ -224,6 +226,7 @@ def eval_niah(
     gpu_layers: GpuLayersOpt = None,
     threads: ThreadsOpt = None,
     exact: ExactOpt = LLAMA.exact,
+    repack: RepackOpt = LLAMA.repack,
     no_trace: NoTraceOpt = False,
     no_cache: NoCacheOpt = False,
     quiet: QuietOpt = False,
@@ -239,7 +242,7 @@ def eval_niah(
         settings=(chunk_tokens, memory_tokens, temperature, top_p, seed),
         model=model, base_url=base_url, api_key=api_key, served_model=served_model,
         encoding=encoding, threads=threads, gpu_layers=gpu_layers, timeout=timeout,
-        verbose=verbose, exact=exact, output=output, write_traces=not no_trace,
+        verbose=verbose, exact=exact, repack=repack, output=output, write_traces=not no_trace,
         use_cache=not no_cache, quiet=quiet, as_json=as_json, plot=plot,
     )  # fmt: skip
     try:

@@ -24,6 +24,7 @@ from memagent_cli.cli.options import (
     NoDocumentCacheOpt,
     PasswordOpt,
     QuietOpt,
+    RepackOpt,
     ThreadsOpt,
     VerboseOpt,
     user_errors,
@@ -57,6 +58,7 @@ def inspect(
     no_document_cache: NoDocumentCacheOpt = False,
     gpu_layers: GpuLayersOpt = None,
     threads: ThreadsOpt = None,
+    repack: RepackOpt = None,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
     verbose: VerboseOpt = False,
@@ -71,7 +73,9 @@ def inspect(
         format=format,
         model=BackendOptions(
             model=model,
-            llama=LlamaOptions(threads=threads, gpu_layers=gpu_layers, verbose=verbose),
+            llama=LlamaOptions(
+                threads=threads, gpu_layers=gpu_layers, verbose=verbose, repack=repack
+            ),
         )
         if tokenizer == "model"
         else None,

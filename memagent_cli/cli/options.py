@@ -315,6 +315,18 @@ UbatchSizeOpt = Annotated[
     ),
 ]
 
+RepackOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--repack/--no-repack",
+        show_default=False,
+        help="llama.cpp's weight repacking. Default: its repacked CPU layouts, but never its "
+        "AMX buffers, which crash on AMX Xeons; --repack: llama.cpp's own choice, AMX "
+        "included; --no-repack: plain layouts only.",
+        rich_help_panel=ENGINE,
+    ),
+]
+
 
 def user_errors(command: F) -> F:
     """Turn errors a user can cause into one sentence on stderr and a non-zero exit."""
