@@ -151,8 +151,8 @@ def server_command(args: argparse.Namespace, port: int, slots: int) -> list[str]
             *(["--n-gpu-layers", *layers] if layers else []),
         ]  # fmt: skip
     return [
-        sys.executable, "-m", "memagent_cli.backends.llama_server", "--model", model, "--host", host,
-        "--port", str(port), "--n_ctx", str(ctx), "--n_threads", str(threads),
+        sys.executable, "-m", "memagent_cli.backends.llama_server", "--model", model,
+        "--host", host, "--port", str(port), "--n_ctx", str(ctx), "--n_threads", str(threads),
         "--n_threads_batch", str(threads), "--verbose", "false",
         *(["--n_gpu_layers", *layers] if layers else []),
     ]  # fmt: skip

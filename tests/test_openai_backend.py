@@ -23,7 +23,8 @@ SMALL_STEPS = ["--chunk-tokens", str(CHUNK), "--memory-tokens", str(MEMORY), "--
 
 
 class Server:
-    """llama_cpp.server (through backends/llama_server.py) with the default model on a free loopback port; stops itself."""
+    """llama_cpp.server (through backends/llama_server.py) with the default model on a free
+    loopback port; stops itself."""
 
     def __init__(self) -> None:
         with socket.socket() as probe:
