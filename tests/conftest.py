@@ -29,10 +29,63 @@ FACT_QUESTION = "What is the secret password for the vault?"
 FACT_VALUE = "PELICAN"
 
 
+# The property tests' model: Qwen2's shape and real tokenizer and chat template, random
+# weights, Q4_1 as the default model, a head size of 32 (llama.cpp's q8_0 KV cache needs a
+# multiple of 32). Properties hold for any model, so none of them needs trained weights.
+TINY_SIZES = {
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
+TINY_SEED = 7
+# A random model rarely ends a reply, so every final answer would run to the protocol's 1,024
+# tokens. A longer <|im_end|> row in the (tied) embeddings makes it end most replies after
+# 10-60 tokens (measured on a few MemAgent prompts): short calls, and both finish reasons.
+TINY_EOS_SCALE = 2.6
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model, made once a session by memagent's own converter (under a second).
+    $MEMAGENT_TEST_TINY_MODEL names one made already, for a machine without the test
+    material that makes it (the GPU machine of docs/development.md)."""
+    if made := os.environ.get("MEMAGENT_TEST_TINY_MODEL"):
+        return Path(made)
+    import hf_model
+
+    from memagent_cli.models.conversion import convert
+
+    folder = tmp_path_factory.mktemp("tiny") / "Tiny-Qwen2"
+    eos = {("model.embed_tokens.weight", hf_model.EOS): TINY_EOS_SCALE}
+    hf_model.build(folder, sizes=TINY_SIZES, seed=TINY_SEED, scale_rows=eos)
+    return convert.convert(folder, folder.parent / "tiny-qwen2.Q4_1.gguf", "Q4_1")
+
+
+def _tiny_for(request: pytest.FixtureRequest) -> str | None:
+    """The tiny model's path where the test is a model test not marked real_model."""
+    node = request.node
+    if node.get_closest_marker("model") and not node.get_closest_marker("real_model"):
+        return str(request.getfixturevalue("tiny_model"))
+    return None
+
+
+@pytest.fixture(autouse=True)
+def _model_under_test(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model test reads with the tiny model unless it is marked real_model: through
+    $MEMAGENT_MODEL, so the command, the library and default_model_path() all find it."""
+    if tiny := _tiny_for(request):
+        monkeypatch.setenv("MEMAGENT_MODEL", tiny)
+
+
 @pytest.fixture
-def env(tmp_path: Path) -> dict[str, str]:
-    """The environment of a user with no settings of their own and a private data folder."""
+def env(tmp_path: Path, request: pytest.FixtureRequest) -> dict[str, str]:
+    """The environment of a user with no settings of their own and a private data folder
+    (in a model test, $MEMAGENT_MODEL names the model under test)."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("MEMAGENT_")}
+    if tiny := _tiny_for(request):
+        clean["MEMAGENT_MODEL"] = tiny
     # Settings memagent also reads: the OpenAI SDK's, and one that tests counting tokens in
     # this process set.
     for name in ("OPENAI_BASE_URL", "OPENAI_API_KEY", "TIKTOKEN_CACHE_DIR"):
@@ -63,9 +116,32 @@ def memagent(env: dict[str, str]):
 
 
 def default_model_path() -> Path:
+    """The model under test: the tiny one in a model test, else the default model."""
     from memagent_cli import models
 
     return models.resolve(None).path
+
+
+def real_model_path() -> Path:
+    """The real default model (SmolLM2-135M), whatever $MEMAGENT_MODEL says."""
+    from memagent_cli.models import registry
+
+    found = registry.find_file(registry.default_name() or "")
+    assert found is not None, "the default model is not installed: make install"
+    return found
+
+
+# A test (or module fixture) parametrized by this runs on the tiny model in `make test` and
+# on the real default model in `make test-real`.
+BOTH_MODELS = ["tiny", pytest.param("real", marks=pytest.mark.real_model)]
+
+
+@pytest.fixture(scope="module", params=BOTH_MODELS)
+def model_file(request: pytest.FixtureRequest) -> Path:
+    """The model a module's shared runs read with: tiny, or the real default model."""
+    if request.param == "tiny":
+        return request.getfixturevalue("tiny_model")
+    return real_model_path()
 
 
 def words(text: str) -> str:

@@ -82,9 +82,11 @@ def build(
     qwen3: bool = False,
     sizes: dict[str, int] | None = None,
     values: dict[tuple[str, int, int], float] | None = None,
+    scale_rows: dict[tuple[str, int], float] | None = None,
 ) -> dict[str, np.ndarray]:
     """Write a tiny Qwen2 model folder; returns its weights as a reader decodes them.
-    `values` sets single weights: {(name, row, column): value}."""
+    `values` sets single weights: {(name, row, column): value}; `scale_rows` multiplies
+    rows: {(name, row): factor}."""
     folder.mkdir(parents=True, exist_ok=True)
     write_tokenizer(folder)
     vocab_size = VOCAB_SIZE
@@ -138,6 +140,8 @@ def build(
         tensors = {k: v for k, v in tensors.items() if not k.endswith("_proj.bias")}
     for (name, row, column), value in (values or {}).items():
         tensors[name][row, column] = value
+    for (name, row), factor in (scale_rows or {}).items():
+        tensors[name][row] *= factor
     # Two shards and an index, as the released models come.
     names = list(tensors)
     shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2],

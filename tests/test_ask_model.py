@@ -8,7 +8,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from conftest import FACT_QUESTION, interrupt_after_steps, story
+from conftest import BOTH_MODELS, FACT_QUESTION, interrupt_after_steps, story
 
 from memagent_cli import protocol
 from memagent_cli.trace import read_trace
@@ -20,10 +20,12 @@ CHUNK, MEMORY = 400, 64
 SMALL_STEPS = ["--chunk-tokens", str(CHUNK), "--memory-tokens", str(MEMORY), "--temperature", "0"]
 
 
-def test_the_real_model_reads_deterministically_and_traces_every_chunk(memagent, tmp_path):
+@pytest.mark.parametrize("model", BOTH_MODELS)
+def test_a_model_reads_deterministically_and_traces_every_chunk(memagent, tmp_path, model):
     """What any model must keep, whatever it writes: greedy runs repeat exactly, the trace
     has one record per chunk and the windows tile the document, --json is the trace, and
-    llama.cpp's own log stays off stderr."""
+    llama.cpp's own log stays off stderr. On the tiny model, and on the real default model
+    (named by its registry name) in `make test-real`."""
     doc = tmp_path / "village.txt"
     doc.write_text(story(130))  # about 1,460 tokens: 4 chunks
     runs = []
@@ -48,6 +50,8 @@ def test_the_real_model_reads_deterministically_and_traces_every_chunk(memagent,
     assert [s.memory for s in trace.steps] == [s.memory for s in trace_again.steps]
     assert trace.final.reply == trace_again.final.reply and out["reply"] == again["reply"]
     assert out["answer"] == protocol.extract_boxed(out["reply"])
+    if model == "real":
+        assert out["model"]["name"] == "smollm2-135m"  # the registry's name for the default
 
     document = trace.header.document
     assert document["chunks"] == -(-document["tokens"] // CHUNK) >= 3
@@ -94,7 +98,7 @@ def test_json_answers_every_question_from_stdin(memagent, env):
     assert doc["path"] == "<stdin>"
     assert doc["sha256"] == hashlib.sha256(text.encode()).hexdigest()
     assert doc["chunks"] == len(first["steps"]) == len(second["steps"]) >= 2
-    assert first["model"]["name"] == "smollm2-135m"  # the registry's name for the default
+    assert first["model"]["name"] == Path(env["MEMAGENT_MODEL"]).stem  # a path: its stem
     assert first["settings"]["chunk_tokens"] == CHUNK and first["settings"]["backend"] == "llama"
     assert first["tokens_per_second"]["prompt"] > 0 and first["tokens_per_second"]["generation"] > 0
     assert first["seconds"] > 0

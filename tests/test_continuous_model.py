@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import FACT_QUESTION, FACT_VALUE, default_model_path, story
+from conftest import FACT_QUESTION, FACT_VALUE, story
 
 from memagent_cli import protocol
 from memagent_cli.backend import Call, Sampling
@@ -98,11 +98,9 @@ JOINING = protocol.render_update(FACT_QUESTION, protocol.INITIAL_MEMORY, story(2
 
 
 @pytest.fixture(scope="module")
-def engine():
-    """The default model with --exact, two sequences, and each reply it gives alone."""
-    backend = LlamaCppBackend(
-        default_model_path(), LlamaOptions(threads=2, gpu_layers=0, exact=True)
-    )
+def engine(tiny_model):
+    """The tiny model with --exact, two sequences, and each reply it gives alone."""
+    backend = LlamaCppBackend(tiny_model, LlamaOptions(threads=2, gpu_layers=0, exact=True))
     backend.prepare(1024, sequences=2)
     alone = {
         name: backend.generate(message, max_tokens=n, sampling=GREEDY)

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import qwen_material
 
-pytestmark = pytest.mark.model  # converts a 0.5B model and loads it into llama.cpp
+pytestmark = pytest.mark.real_model  # converts a 0.5B model and loads it into llama.cpp
 
 NAME = qwen_material.FOLDER_NAME
 # Texts whose tokens llama.cpp's qwen2 pre-tokenizer and BPE must split the same way from

