@@ -69,6 +69,8 @@ readme:
 # NIAH cases one by one against 3 at once. Under an hour on 2 cores.
 bench:
 	$(BIN)/python bench/extraction.py
+	@# Where llama.cpp keeps weights: memagent's placement against extra buffers off.
+	$(BIN)/python bench/amx.py
 	$(BIN)/python bench/reading.py --predict-with build/bench/shaped-7b.json
 	$(BIN)/python bench/continuous.py
 	@# The same cases with --exact: both ways read the same tokens, so the seconds compare.

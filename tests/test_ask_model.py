@@ -111,7 +111,7 @@ def test_json_answers_every_question_from_stdin(memagent, env):
 
 def test_resume_finishes_like_an_uninterrupted_run(memagent, env, tmp_path):
     doc = tmp_path / "doc.txt"
-    doc.write_text(story(170))  # about 1,900 tokens: 5 chunks
+    doc.write_text(story(400))  # about 4,500 tokens: 12 chunks, so that a cut falls mid-run
     ask = [str(doc), FACT_QUESTION, *SMALL_STEPS]
 
     whole = memagent("ask", *ask, "--json", "--quiet")
@@ -132,7 +132,9 @@ def test_resume_finishes_like_an_uninterrupted_run(memagent, env, tmp_path):
     cut = tmp_path / "cut.jsonl"
     process, _, _ = interrupt_after_steps([*ask, "--no-cache", "--trace", str(cut)], cut, env, 2)
     assert process.returncode == 130
-    assert not read_trace(cut).finished
+    before = read_trace(cut)
+    chunks = expected["document"]["chunks"]
+    assert not before.finished and 2 <= len(before.steps) < chunks
 
     other = tmp_path / "other.txt"
     other.write_text(story(170, seed=3))
@@ -148,6 +150,16 @@ def test_resume_finishes_like_an_uninterrupted_run(memagent, env, tmp_path):
     assert resumed.returncode == 0, resumed.stderr
     result = json.loads(resumed.stdout)
     assert "resuming" in resumed.stderr
+    # The finished steps were not computed again: no progress line for them, and their
+    # records (timings included) are the ones written before the interruption.
+    done = len(before.steps)
+    lines = [line for line in resumed.stderr.splitlines() if line.startswith("step ")]
+    assert [line.split()[1] for line in lines] == [
+        f"{i}/{chunks}" for i in range(done + 1, chunks + 1)
+    ]
+    assert [s.to_json() for s in read_trace(cut).steps[:done]] == [
+        s.to_json() for s in before.steps
+    ]
     assert result["reply"] == expected["reply"] and result["answer"] == expected["answer"]
     trace = read_trace(cut)
     assert trace.finished and trace.interruption is None
@@ -160,14 +172,14 @@ def test_resume_finishes_like_an_uninterrupted_run(memagent, env, tmp_path):
 )
 def test_an_interrupted_run_keeps_its_finished_steps(env, tmp_path, sig):
     doc = tmp_path / "doc.txt"
-    doc.write_text(story(170))
+    doc.write_text(story(900))  # about 25 chunks: a fast model is stopped well before the end
     trace_path = tmp_path / "run.jsonl"
     args = [str(doc), FACT_QUESTION, *SMALL_STEPS, "--trace", str(trace_path)]
     process, stdout, stderr = interrupt_after_steps(args, trace_path, env, 1, sig)
 
     assert stdout == ""
     trace = read_trace(trace_path)
-    assert not trace.finished and len(trace.steps) >= 1
+    assert not trace.finished and 1 <= len(trace.steps) < trace.header.document["chunks"]
     if sig == signal.SIGKILL:  # no chance to say anything: the trace alone must hold
         assert process.returncode == -signal.SIGKILL
         assert trace.interruption is None

@@ -238,26 +238,6 @@ def test_a_failed_quantization_gives_llama_cpp_s_reason_and_what_is_left(models,
     assert not dest.exists() and cut.is_file()
 
 
-def test_loading_a_model_reports_its_bytes_and_can_be_stopped(models):
-    from memagent_cli.backends.llama_cpp import LlamaCppBackend, LlamaOptions
-
-    _, path, _ = models["tied"]
-    backend = LlamaCppBackend(path, LlamaOptions(threads=2))
-    calls: list[tuple[str, int, int | None]] = []
-    backend.prepare(256, progress=lambda *c: calls.append(c))
-    size = path.stat().st_size
-    assert {what for what, _, _ in calls} == {f"loading {path.stem}"}
-    assert calls[-1][1:] == (size, size) and [c[1] for c in calls] == sorted(c[1] for c in calls)
-
-    def ctrl_c(*_: object) -> None:
-        raise KeyboardInterrupt  # as Ctrl-C arrives while llama.cpp loads
-
-    with pytest.raises(KeyboardInterrupt):
-        backend.prepare(256, progress=ctrl_c)
-    backend.prepare(256)  # the cancelled load left nothing behind
-    assert backend.decoder is not None
-
-
 # Rows of 256 values: K-quant blocks fit, so llama.cpp keeps Q4_K_M's own types instead of
 # falling back to Q5_0/Q8_0 as it does for the tiny model (64) and Qwen2.5-0.5B (896).
 K_SIZES = {"hidden_size": 256, "intermediate_size": 512}

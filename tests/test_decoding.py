@@ -171,13 +171,15 @@ def test_quantized_v_cache_needs_flash_attention(tmp_path: Path) -> None:
     [(True, None, True), (True, 0, False), (False, None, False)],
 )
 def test_exact_with_layers_on_a_gpu_says_it_is_exact_on_the_cpu_only(
-    monkeypatch, exact: bool, gpu_layers: int | None, warned: bool
+    monkeypatch, tiny_model, exact: bool, gpu_layers: int | None, warned: bool
 ) -> None:
     # As a CUDA or Metal build of llama.cpp would answer: its vocabulary loads as on a CPU.
     monkeypatch.setattr(llama_cpp_backend, "can_offload", lambda: True)
     monkeypatch.setattr(engine, "can_offload", lambda: True)
     notes: list[str] = []
-    options = engine.BackendOptions(llama=LlamaOptions(exact=exact, gpu_layers=gpu_layers))
+    # The tiny model of tests/conftest.py: this test needs no installed model.
+    llama = LlamaOptions(exact=exact, gpu_layers=gpu_layers)
+    options = engine.BackendOptions(model=str(tiny_model), llama=llama)
     backend = engine.open_backend(options, note=notes.append)
     assert backend.gpu_layers == (-1 if gpu_layers is None else gpu_layers)  # all layers
     said = [n for n in notes if "--exact is byte-exact on the CPU only" in n]
