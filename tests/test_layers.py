@@ -42,6 +42,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "errors",
             "crash",
             "files",
+            "gguf_header",
             "folders",
             "",
         ),

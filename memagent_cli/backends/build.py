@@ -12,11 +12,12 @@ from __future__ import annotations
 import ctypes
 import mmap
 import re
-import struct
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from memagent_cli import gguf_header
 
 # Weight types that llama.cpp's repack buffer rearranges on x86, with the CPU feature each
 # needs, when the tensor's row count is a multiple of 8: ggml_repack_get_optimal_repack_type
@@ -128,73 +129,19 @@ def gguf_tensors(path: Path) -> list[Tensor]:
         prefix, count = match.group(1), int(match.group(3))
         names = (f"{prefix}-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1))
         parts = [path.with_name(name) for name in names]
+    from gguf import GGMLQuantizationType
+
+    def type_name(kind: int) -> str:
+        try:
+            return GGMLQuantizationType(kind).name
+        except ValueError:
+            return str(kind)
+
     found = []
     for part in parts:
         with part.open("rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            found += _tensor_infos(data)
-    return found
-
-
-# GGUF value types by id: struct format of the fixed-size ones; 8 is a string, 9 an array.
-_SCALARS = {
-    0: "B",
-    1: "b",
-    2: "H",
-    3: "h",
-    4: "I",
-    5: "i",
-    6: "f",
-    7: "?",
-    10: "Q",
-    11: "q",
-    12: "d",
-}
-
-
-def _tensor_infos(data: mmap.mmap) -> list[Tensor]:
-    """GGUF v2/v3: magic, version, tensor count, key count, the keys (skipped), then each
-    tensor's name, dimensions, type and offset."""
-    from gguf import GGMLQuantizationType
-
-    if data[:4] != b"GGUF":
-        raise ValueError("not a GGUF file")
-    tensors, keys = struct.unpack_from("<QQ", data, 8)
-    at = 24
-
-    def skip_string(at: int) -> int:
-        return at + 8 + struct.unpack_from("<Q", data, at)[0]
-
-    def skip_value(kind: int, at: int) -> int:
-        if kind == 8:
-            return skip_string(at)
-        if kind == 9:
-            inner, count = struct.unpack_from("<IQ", data, at)
-            at += 12
-            if inner in _SCALARS:
-                return at + count * struct.calcsize(_SCALARS[inner])
-            for _ in range(count):
-                at = skip_value(inner, at)
-            return at
-        return at + struct.calcsize(_SCALARS[kind])
-
-    for _ in range(keys):
-        at = skip_string(at)
-        (kind,) = struct.unpack_from("<I", data, at)
-        at = skip_value(kind, at + 4)
-    found = []
-    for _ in range(tensors):
-        (length,) = struct.unpack_from("<Q", data, at)
-        name = bytes(data[at + 8 : at + 8 + length]).decode("utf-8", "replace")
-        at += 8 + length
-        (dims,) = struct.unpack_from("<I", data, at)
-        shape = struct.unpack_from(f"<{dims}Q", data, at + 4)
-        (kind,) = struct.unpack_from("<I", data, at + 4 + 8 * dims)
-        at += 4 + 8 * dims + 4 + 8  # the type, then the data offset
-        try:
-            type_name = GGMLQuantizationType(kind).name
-        except ValueError:
-            type_name = str(kind)
-        found.append(Tensor(name, type_name, tuple(int(n) for n in shape)))
+            _, tensors = gguf_header.parse(data)
+        found += [Tensor(t.name, type_name(t.type), t.shape) for t in tensors]
     return found
 
 

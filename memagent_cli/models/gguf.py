@@ -16,28 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from memagent_cli import gguf_header
 from memagent_cli.errors import ModelError
 from memagent_cli.files import check_gguf
 
-_MAX_DIMS = 4  # GGML_MAX_DIMS
 _SPLIT = re.compile(r"^(.+)-(\d{5})-of-(\d{5})$", re.IGNORECASE)
 _TAG = re.compile(r"[-.]([A-Z0-9_]+)$", re.IGNORECASE)
-# Scalar value types by GGUF type id: struct format and size.
-_SCALARS = {
-    0: "B",
-    1: "b",
-    2: "H",
-    3: "h",
-    4: "I",
-    5: "i",
-    6: "f",
-    7: "?",
-    10: "Q",
-    11: "q",
-    12: "d",
-}
-_STRING, _ARRAY = 8, 9
-_KEPT_ARRAYS = {"tokenizer.ggml.tokens"}  # arrays whose length we report
 
 
 @dataclass(frozen=True)
@@ -97,7 +81,7 @@ def read(path: Path) -> GGUFInfo:
     try:
         # mmap only maps: the pages of the header are the only ones read from disk.
         with path.open("rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            fields, tensor_types = _parse(data)
+            fields, tensors = gguf_header.parse(data)
     except OSError as exc:
         raise ModelError(f"Cannot read {path}: {exc.strerror or exc}.") from None
     except (struct.error, ValueError, UnicodeDecodeError):
@@ -117,7 +101,7 @@ def read(path: Path) -> GGUFInfo:
         path=path,
         size=size,
         architecture=arch or "?",
-        quantization=_quantization(fields.get("general.file_type"), tensor_types),
+        quantization=_quantization(fields.get("general.file_type"), _elements(tensors)),
         context_length=int(context) if context is not None else None,
         chat_template=str(template) if template else None,
         name=str(fields.get("general.name", "")),
@@ -129,83 +113,22 @@ def read(path: Path) -> GGUFInfo:
     )
 
 
+def _elements(tensors: list[gguf_header.TensorInfo]) -> Counter[int]:
+    """How many elements each tensor type holds, counting matrices only: 1-D norms and
+    biases stay F32 whatever the quantization."""
+    elements: Counter[int] = Counter()
+    for tensor in tensors:
+        if len(tensor.shape) > 1:
+            count = 1
+            for dim in tensor.shape:
+                count *= dim
+            elements[tensor.type] += count
+    return elements
+
+
 def _part(path: Path, index: int, count: int) -> Path:
     prefix = _SPLIT.match(path.name.removesuffix(".gguf"))[1]  # type: ignore[index]
     return path.with_name(f"{prefix}-{index:05d}-of-{count:05d}.gguf")
-
-
-def _parse(data: mmap.mmap) -> tuple[dict[str, Any], Counter[int]]:
-    """Key-value pairs (arrays: their length, for the few we report) and, from the tensor
-    list, how many elements each tensor type holds."""
-    version = struct.unpack_from("<I", data, 4)[0]
-    endian = "<"
-    if version & 0xFFFF == 0:  # written on a big-endian machine
-        endian, version = ">", struct.unpack_from(">I", data, 4)[0]
-    if version < 2:
-        raise ValueError("GGUF version 1 is not supported")
-    n_tensors, n_kv = struct.unpack_from(endian + "QQ", data, 8)
-    # A key-value pair takes at least 12 bytes, a tensor's description at least 24.
-    if n_kv * 12 > len(data) or n_tensors * 24 > len(data):
-        raise ValueError("counts larger than the file")
-    offset = 24
-    u64 = struct.Struct(endian + "Q")
-    u32 = struct.Struct(endian + "I")
-
-    def string(at: int) -> tuple[str, int]:
-        (length,) = u64.unpack_from(data, at)
-        at += 8
-        if at + length > len(data):
-            raise ValueError("string past the end of the file")
-        return data[at : at + length].decode("utf-8"), at + length
-
-    def skip(kind: int, at: int, count: int) -> int:
-        if kind in _SCALARS:
-            return at + struct.calcsize(_SCALARS[kind]) * count
-        if kind == _STRING:
-            if count * 8 > len(data) - at:
-                raise ValueError("array larger than the file")
-            for _ in range(count):
-                at += 8 + u64.unpack_from(data, at)[0]
-            return at
-        raise ValueError(f"unknown GGUF value type {kind}")
-
-    fields: dict[str, Any] = {"GGUF.tensor_count": n_tensors}
-    for _ in range(n_kv):
-        key, offset = string(offset)
-        (kind,) = u32.unpack_from(data, offset)
-        offset += 4
-        if kind in _SCALARS:
-            fmt = endian + _SCALARS[kind]
-            fields[key] = struct.unpack_from(fmt, data, offset)[0]
-            offset += struct.calcsize(fmt)
-        elif kind == _STRING:
-            fields[key], offset = string(offset)
-        elif kind == _ARRAY:
-            item_kind, length = struct.unpack_from(endian + "IQ", data, offset)
-            offset = skip(item_kind, offset + 12, length)
-            if key in _KEPT_ARRAYS:
-                fields[key] = length
-        else:
-            raise ValueError(f"unknown GGUF value type {kind}")
-        if offset > len(data):
-            raise ValueError("metadata past the end of the file")
-
-    elements: Counter[int] = Counter()
-    for _ in range(n_tensors):
-        _, offset = string(offset)
-        (n_dims,) = u32.unpack_from(data, offset)
-        if n_dims > _MAX_DIMS:
-            raise ValueError("too many dimensions")
-        dims = struct.unpack_from(endian + "Q" * n_dims, data, offset + 4)
-        offset += 4 + 8 * n_dims
-        (kind,) = u32.unpack_from(data, offset)
-        offset += 4 + 8  # type, then the data offset
-        count = 1
-        for dim in dims:
-            count *= dim
-        if n_dims > 1:  # 1-D norms and biases stay F32 whatever the quantization
-            elements[kind] += count
-    return fields, elements
 
 
 def _quantization(file_type: Any, tensor_types: Counter[int]) -> str:
