@@ -61,7 +61,7 @@ def parse(data: mmap.mmap) -> tuple[dict[str, Any], list[TensorInfo]]:
             raise ValueError("string past the end of the file")
         return data[at : at + length].decode("utf-8"), at + length
 
-    def skip(kind: int, at: int, count: int) -> int:
+    def skip(kind: int, at: int, count: int, depth: int = 0) -> int:
         if kind in _SCALARS:
             return at + struct.calcsize(_SCALARS[kind]) * count
         if kind == _STRING:
@@ -69,6 +69,13 @@ def parse(data: mmap.mmap) -> tuple[dict[str, Any], list[TensorInfo]]:
                 raise ValueError("array larger than the file")
             for _ in range(count):
                 at += 8 + u64.unpack_from(data, at)[0]
+            return at
+        if kind == _ARRAY and depth < 8:  # arrays of arrays: each its own kind and length
+            if count * 12 > len(data) - at:
+                raise ValueError("array larger than the file")
+            for _ in range(count):
+                inner, length = struct.unpack_from(endian + "IQ", data, at)
+                at = skip(inner, at + 12, length, depth + 1)
             return at
         raise ValueError(f"unknown GGUF value type {kind}")
 
