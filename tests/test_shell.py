@@ -1,6 +1,7 @@
 """memagent at home in the shell: -h wherever --help works, completion that installs and
-offers choices and model names, ask's options grouped in help panels, README tables that
-are `--help`, and a missing default model that names the command `make install` runs."""
+offers choices and model names, ask's options grouped in help panels, a command reference
+(docs/cli.md) that is `--help`, and a missing default model that names the command
+`make install` runs."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import re
 import subprocess
 from pathlib import Path
 
+import cli_docs
 import pytest
-import readme_tables as readme
 import typer.main
 from conftest import MEMAGENT, assert_clean_failure
 from typer.testing import CliRunner
@@ -66,17 +67,20 @@ def test_ask_help_groups_its_options_in_panels(memagent):
         assert holding.startswith(title), (option, holding)
 
 
-def test_the_readme_tables_are_the_help(memagent):
-    text = (ROOT / "README.md").read_text()
-    assert text.count("<!-- options: ask -->") == 1 and "<!-- options: trace -->" in text
-    assert readme.updated(text) == text, "README.md's option tables differ: run `make readme`"
-    ask = readme.table("ask")
+def test_the_cli_reference_is_the_help(memagent):
+    text = (ROOT / "docs" / "cli.md").read_text()
+    assert cli_docs.reference() == text, "docs/cli.md differs from --help: run `make docs`"
+    headings = sorted(re.findall(r"^#+ memagent ?(.*)$", text, re.M))
+    assert headings == sorted(" ".join(words) for words in every_command())  # each once
+    ask = cli_docs.table("ask")
     for option in ("--no-document-cache", "`$OPENAI_API_KEY`", "`--flash-attn`, `-fa`"):
         assert option in ask
     help_text = " ".join(memagent("ask", "--help").stdout.split())
-    for row in ask.splitlines():  # every option of a table is one that --help shows
-        for name in re.findall(r"`(--?[a-z][a-z-]*)", row.split("|")[1] if "|" in row else ""):
-            assert name in help_text, name
+    shown = set(re.findall(r"`(--?[a-z][a-z-]*)", ask))
+    for name in shown:  # every option of the tables is one that --help shows
+        assert name in help_text, name
+    for name in set(re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", help_text)) - {"--help"}:
+        assert name in shown, name  # and every option --help shows is in the tables
 
 
 @pytest.fixture
