@@ -50,6 +50,8 @@ class CacheType(StrEnum):
 _TYPE_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "q8_0": 34 / 32, "q4_0": 18 / 32}
 _TYPE_BYTES |= {"q4_1": 20 / 32, "iq4_nl": 18 / 32, "q5_0": 22 / 32, "q5_1": 24 / 32}
 _RESERVE = 1 << 30  # compute buffers and everything else: leave a GiB free
+# Stands for the user's message while the chat template renders: no text holds it.
+_PLACEHOLDER = "\x00memagent-message\x00"
 
 
 def physical_cores() -> int:
@@ -189,10 +191,25 @@ class LlamaCppBackend:
         return self._vocab.detokenize(list(tokens))
 
     def _chat_prompt(self, message: str) -> tuple[list[int], list[str]]:
-        rendered = self._formatter(messages=[{"role": "user", "content": message}])
-        tokens = self._vocab.tokenize(
-            rendered.prompt.encode("utf-8"), add_bos=not rendered.added_special, special=True
-        )
+        """The chat prompt's tokens: the template's own markup with its control tokens, and
+        the message (a document's words, a memory, a question) as plain text, so that a
+        document spelling `<|im_end|>` cannot write a turn. The template is rendered around
+        a placeholder, and the message is never parsed for special tokens. The tokens are
+        those of the whole prompt parsed at once, unless the message spells a special token
+        (or starts with a newline, which a tokenizer may join with the template's: MemAgent's
+        messages never do)."""
+        rendered = self._formatter(messages=[{"role": "user", "content": _PLACEHOLDER}])
+        before, found, after = rendered.prompt.partition(_PLACEHOLDER)
+        if not found:
+            raise ModelError(
+                f"{self.path}'s chat template does not put the user's message in the prompt "
+                "as it is; memagent cannot keep the document's text out of its markup."
+            )
+        vocab, tokens = self._vocab, []
+        for text, special in ((before, True), (message, False), (after, True)):
+            if text:
+                first = not tokens and not rendered.added_special
+                tokens += vocab.tokenize(text.encode("utf-8"), add_bos=first, special=special)
         stop = rendered.stop if isinstance(rendered.stop, list) else [rendered.stop]
         return tokens, [s for s in stop if s]
 
