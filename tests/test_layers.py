@@ -8,8 +8,8 @@ documents); nothing imports in a cycle; and no module imports its own package's
 `__init__` (re-exports are for the packages' users, not their parts). Imports inside
 functions count like any other, so a lazy import cannot hide an upward edge or a cycle.
 
-The README's code map says the same: every module is named in its package's row, and the
-row's layer is the module's, so the map cannot drift from the tree.
+The code map of docs/development.md says the same: every module is named in its package's
+row, and the row's layer is the module's, so the map cannot drift from the tree.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 
 PACKAGE = "memagent_cli"
 ROOT = Path(__file__).resolve().parents[1] / PACKAGE
-README = ROOT.parent / "README.md"
+CODE_MAP_PAGE = ROOT.parent / "docs" / "development.md"
 
 # Highest first. A module belongs to the first entry that is it or a package above it.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
@@ -190,10 +190,10 @@ def _path_through(group: list[str], graph: dict[str, set[str]]) -> list[str]:
 CODE_MAP_HEADER = "| layer | module | what it owns |"
 
 
-def code_map(readme: str) -> list[tuple[str, set[str], set[str]]]:
+def code_map(page: str) -> list[tuple[str, set[str], set[str]]]:
     """(layer, the names in backticks of the module cell, those of the whole row) for each
-    row of the README's code map table."""
-    lines = readme.splitlines()
+    row of the code map table in `page`."""
+    lines = page.splitlines()
     start = lines.index(CODE_MAP_HEADER) + 2  # past the header and its |---| line
     rows = []
     for line in lines[start:]:
@@ -206,11 +206,11 @@ def code_map(readme: str) -> list[tuple[str, set[str], set[str]]]:
     return rows
 
 
-def unmapped(root: Path, package: str, readme: str) -> list[str]:
-    """Every module the code map in `readme` does not name, or names in another layer's
+def unmapped(root: Path, package: str, page: str) -> list[str]:
+    """Every module the code map in `page` does not name, or names in another layer's
     row, one sentence each. A package's module is named in the row of `package/`; a
     module at the top, in a row of its own file name."""
-    rows = code_map(readme)
+    rows = code_map(page)
     problems = []
     for name, path in modules(root, package).items():
         relative = path.relative_to(root)
@@ -220,7 +220,7 @@ def unmapped(root: Path, package: str, readme: str) -> list[str]:
         home = relative.name if folder == "." else f"{folder}/"
         row = next((row for row in rows if home in row[1]), None)
         if row is None:
-            problems.append(f"{relative}: no row of the README's code map is `{home}`")
+            problems.append(f"{relative}: no row of the code map is `{home}`")
             continue
         layer, _, named = row
         if (
@@ -293,8 +293,8 @@ def test_imports_down_the_layers_are_allowed(tmp_path: Path) -> None:
     assert violations(root, PACKAGE) == []
 
 
-def test_the_readme_code_map_names_every_module_in_its_layer() -> None:
-    problems = unmapped(ROOT, PACKAGE, README.read_text())
+def test_the_code_map_names_every_module_in_its_layer() -> None:
+    problems = unmapped(ROOT, PACKAGE, CODE_MAP_PAGE.read_text())
     assert not problems, "\n".join(problems)
 
 
@@ -305,7 +305,7 @@ def test_a_module_missing_from_the_code_map_or_in_the_wrong_layer_is_reported(
         tmp_path,
         {"reader.py": "", "run/ask.py": "", "run/journal.py": "", "views/html.py": ""},
     )
-    readme = textwrap.dedent(
+    page = textwrap.dedent(
         f"""\
         {CODE_MAP_HEADER}
         |---|---|---|
@@ -315,8 +315,8 @@ def test_a_module_missing_from_the_code_map_or_in_the_wrong_layer_is_reported(
         | core | `reader.py` | below the table's end, so not in it |
         """
     )
-    assert unmapped(root, PACKAGE, readme) == [
-        "reader.py: no row of the README's code map is `reader.py`",
+    assert unmapped(root, PACKAGE, page) == [
+        "reader.py: no row of the code map is `reader.py`",
         "run/journal.py: the code map's `run/` row does not name `journal`",
         "views/__init__.py: the code map puts `views/` in parts, not views",
         "views/html.py: the code map puts `views/` in parts, not views",
