@@ -1,4 +1,5 @@
-"""memagent from Python: the README's example, and the library against the command."""
+"""memagent from Python: the example of docs/python-api.md, and the library against the
+command."""
 
 from __future__ import annotations
 
@@ -16,17 +17,17 @@ from memagent_cli.backend import Sampling
 from memagent_cli.reader import Finished, StepFinished, StepStarted
 from memagent_cli.run import ask as run
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "python-api.md"
 
 
-def readme_example() -> str:
-    section = README.read_text().split("## From Python", 1)[1].split("\n## ", 1)[0]
-    found = re.search(r"```python\n(.*?)```", section, re.S)
-    assert found, "the README's From Python section has no python example"
+def page_example() -> str:
+    """The first python example of docs/python-api.md."""
+    found = re.search(r"```python\n(.*?)```", PAGE.read_text(), re.S)
+    assert found, "docs/python-api.md has no python example"
     return found[1]
 
 
-def test_the_readme_example_runs_as_written(tmp_path, monkeypatch):
+def test_the_python_api_example_runs_as_written(tmp_path, monkeypatch):
     """The example as printed, with a stand-in backend for the default model."""
     (tmp_path / "book.txt").write_text("The vault is in the old tower. " * 3)
     stand_in = ScriptedBackend(["The vault is in the tower.", "It is \\boxed{the tower}."])
@@ -34,7 +35,7 @@ def test_the_readme_example_runs_as_written(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        exec(compile(readme_example(), "README.md", "exec"), {})
+        exec(compile(page_example(), "docs/python-api.md", "exec"), {})
     lines = out.getvalue().splitlines()
     assert lines[0] == "the tower"
     assert lines[1] == "1 The vault is in the tower."
