@@ -43,7 +43,7 @@ def test_the_registry_names_the_memagent_models_on_the_hub():
     registry = models.registry.registry()
     assert registry["memagent-14b"]["hf"] == "BytedTsinghua-SIA/RL-MemoryAgent-14B:Q4_K_M"
     assert registry["memagent-7b"]["hf"] == "BytedTsinghua-SIA/RL-MemoryAgent-7B:Q4_K_M"
-    # The small model that boxes the needle: Qwen's own GGUF, by name (README's table).
+    # The small model that boxes the needle: Qwen's own GGUF, by name (docs/development.md's table).
     assert registry["qwen2.5-coder-1.5b"]["hf"] == "Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF:Q4_K_M"
 
 
