@@ -18,7 +18,7 @@ prompt prefilled to each depth p:
 
 Prints, per depth, which round sizes give every row's logits bit for bit: on this CPU all
 of them (what `--exact` relies on). A build with CUDA shows which sizes differ there, and
-by how much (README, On a GPU). Depths next to a multiple of 256 let a round cross the
+by how much (docs/performance.md, On a GPU). Depths next to a multiple of 256 let a round cross the
 KV cache's padding.
 """
 

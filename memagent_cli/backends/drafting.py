@@ -88,7 +88,7 @@ class DraftPolicy:
     DECAY = 0.97
 
     # A batch row's cost relative to a 1-row round where one row is allowed: about what it
-    # costs on a 2-core CPU (README, Performance). A GPU running a small model measured more
+    # costs on a 2-core CPU (docs/performance.md). A GPU running a small model measured more
     # (2-8 rows cost 2.3-3.7 rounds on an H100 with the default model), a 7B on a GPU less.
     PRICE = 0.6
 

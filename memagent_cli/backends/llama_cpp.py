@@ -94,9 +94,9 @@ class LlamaOptions:
     speculate: bool = True  # draft from the prompt, verify in one batch
     # Every decode on llama.cpp's batched kernels (decoding.py): byte-identical output across
     # speculation and sequences read together, at a cost. Off: single-row kernels where no
-    # draft is verified, the path llama.cpp's server and every peer take (README, Performance).
+    # draft is verified, the path llama.cpp's server and every peer take (docs/performance.md).
     exact: bool = False
-    flash_attn: FlashAttn = FlashAttn.off  # measured faster on CPU: README, Performance
+    flash_attn: FlashAttn = FlashAttn.off  # measured faster on CPU: docs/performance.md
     cache_type_k: CacheType = CacheType.f16
     cache_type_v: CacheType = CacheType.f16
     batch_size: int = 512

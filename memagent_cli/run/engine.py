@@ -48,7 +48,7 @@ def open_backend(
         note(
             "warning: --exact is byte-exact on the CPU only for now: with layers on a GPU, "
             "a draft or another reading in the same round can still change a near-tie "
-            "token (README, On a GPU); --gpu-layers 0 keeps the promise."
+            "token (docs/performance.md, On a GPU); --gpu-layers 0 keeps the promise."
         )
     return backend
 
