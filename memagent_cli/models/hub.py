@@ -195,7 +195,27 @@ def list_files(repo: str, endpoint: str | None = None) -> tuple[str, dict[str, R
         )
         for s in info.siblings or []
     }
+    for name in files:
+        if not _safe_name(name):
+            raise ModelError(
+                f"{repo} lists a file named {name!r}, which would be written outside the "
+                "model's folder; memagent refuses to pull from it."
+            )
     return info.sha or "main", files
+
+
+def _safe_name(name: str) -> bool:
+    """Whether a repository file name stays inside the folder it is written to: relative,
+    no `..` part, no backslash or NUL (a Windows separator, a truncated C string)."""
+    parts = name.split("/")
+    return (
+        bool(name)
+        and not name.startswith("/")
+        and "\\" not in name
+        and "\x00" not in name
+        and not (len(name) > 1 and name[1] == ":")  # C:...
+        and all(part not in ("", ".", "..") for part in parts)
+    )
 
 
 def partial_path(dest: Path, remote: RemoteFile) -> Path:
@@ -251,8 +271,22 @@ def download(
             "Run the same command again to resume."
         ) from None
     _verify(partial, remote, note, progress)
-    os.replace(partial, dest)
+    _durable_rename(partial, dest)
     note(f"pulled {dest}")
+
+
+def _durable_rename(partial: Path, dest: Path) -> None:
+    """Rename a complete file into place so that a power loss leaves either no file or the
+    whole one: its bytes reach the disk before the rename, and the rename before return."""
+    with partial.open("rb+") as file:
+        os.fsync(file.fileno())
+    os.replace(partial, dest)
+    if hasattr(os, "O_DIRECTORY"):  # POSIX: the folder's entry too
+        folder = os.open(dest.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
 
 
 def _fetch(
