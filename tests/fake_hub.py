@@ -28,6 +28,11 @@ class HubFile:
     drop_after: int | None = None  # the first download stops after this many bytes
     then_fail: bool = False  # after the drop, every download answers 503
     lfs: bool = True
+    announced_size: int | None = None  # default: the content's own length
+
+    @property
+    def size(self) -> int:
+        return len(self.content) if self.announced_size is None else self.announced_size
 
     @property
     def sha256(self) -> str:
@@ -111,11 +116,11 @@ class _Handler(BaseHTTPRequestHandler):
         for name, f in sorted(files.items()):
             sibling = {
                 "rfilename": name,
-                "size": len(f.content),
+                "size": f.size,
                 "blobId": hashlib.sha1(b"blob %d\0" % len(f.content) + f.content).hexdigest(),
             }
             if f.lfs:
-                sibling["lfs"] = {"size": len(f.content), "sha256": f.sha256, "pointerSize": 134}
+                sibling["lfs"] = {"size": f.size, "sha256": f.sha256, "pointerSize": 134}
             siblings.append(sibling)
         data = json.dumps({"id": repo, "modelId": repo, "sha": COMMIT, "siblings": siblings})
         self._send(200, data.encode(), {"Content-Type": "application/json"})

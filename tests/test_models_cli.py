@@ -4,6 +4,7 @@ default model is needed only by the test of its own metadata)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import resource
@@ -641,3 +642,19 @@ def test_only_names_inside_the_folder_are_safe():
         assert _safe_name(name), name
     for name in ("", "/a", "../a", "a/../b", "a//b", "./a", "a\\b", "C:a", "a\x00b"):
         assert not _safe_name(name), name
+
+
+def test_a_download_stops_at_its_declared_size(memagent, env, fake_hub, tmp_path):
+    """A server that sends more than the repository declares cannot fill the disk: the
+    pull reads the declared bytes, checks them, and stops."""
+    model = tiny_gguf(tmp_path / "m.gguf")
+    flood = HubFile(
+        model + b"\0" * 1_000_000,
+        announced_size=len(model),
+        announced_sha256=hashlib.sha256(model).hexdigest(),
+    )
+    fake_hub.add("someone/Flood-GGUF", {"model-Q8_0.gguf": flood})
+    result = memagent("models", "pull", "someone/Flood-GGUF")
+    assert result.returncode == 0, result.stderr
+    pulled = Path(result.stdout.strip())
+    assert pulled.read_bytes() == model

@@ -323,11 +323,15 @@ def _fetch(
                 # As they arrive: a fixed chunk size would lose the bytes buffered
                 # toward a chunk when the connection drops.
                 for block in response.iter_bytes():
+                    if size is not None and have + len(block) > size:
+                        block = block[: size - have]  # a server sending more is not read on
                     file.write(block)
                     have += len(block)
                     failures = 0
                     if progress:
                         progress(label, have, size)
+                    if size is not None and have >= size:
+                        break
             if size is not None and have < size:
                 raise httpx2.RemoteProtocolError("the connection closed early")
         except httpx2.TransportError:
