@@ -5,8 +5,10 @@ file's size before it is used, so a damaged or hostile file costs no more than i
 from __future__ import annotations
 
 import mmap
+import re
 import struct
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 _MAX_DIMS = 4  # GGML_MAX_DIMS
@@ -26,6 +28,31 @@ _SCALARS = {
 }
 _STRING, _ARRAY = 8, 9
 _KEPT_ARRAYS = {"tokenizer.ggml.tokens"}  # arrays whose length is reported
+SPLIT_NAME = re.compile(r"^(.+)-(\d{5})-of-(\d{5})$", re.IGNORECASE)
+
+
+def split_parts(path: Path) -> tuple[int, int]:
+    """(index, count) of a split model's part from its name, `-00001-of-00003.gguf`; (1, 1)."""
+    match = SPLIT_NAME.match(path.name.removesuffix(".gguf"))
+    return (int(match[2]), int(match[3])) if match else (1, 1)
+
+
+def part_paths(path: Path) -> list[Path]:
+    """Every part of the model whose first (or only) file is `path`."""
+    match = SPLIT_NAME.match(path.name.removesuffix(".gguf"))
+    if match is None:
+        return [path]
+    count = int(match[3])
+    return [path.with_name(f"{match[1]}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
+
+
+def tensors(path: Path) -> list[TensorInfo]:
+    """The tensor list of the model at `path`, every part of a split one included."""
+    found = []
+    for part in part_paths(path):
+        with part.open("rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            found += parse(data)[1]
+    return found
 
 
 @dataclass(frozen=True)

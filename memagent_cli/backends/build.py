@@ -10,8 +10,9 @@ string, so it is tested on machines without AMX (tests/test_build.py).
 from __future__ import annotations
 
 import ctypes
-import mmap
+import functools
 import re
+import struct
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -121,14 +122,8 @@ def _patterns(names: Sequence[str]) -> tuple[str, ...]:
 
 
 def gguf_tensors(path: Path) -> list[Tensor]:
-    """The weights of a GGUF file (and of its other parts when it is split), from the
-    tensor infos of its header: milliseconds, where gguf's GGUFReader takes seconds to
-    decode a 150K-token vocabulary first."""
-    parts = [path]
-    if match := re.fullmatch(r"(.*)-(\d{5})-of-(\d{5})\.gguf", path.name):
-        prefix, count = match.group(1), int(match.group(3))
-        names = (f"{prefix}-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1))
-        parts = [path.with_name(name) for name in names]
+    """The weights of a GGUF file (every part of a split one), read from its header in
+    milliseconds, where gguf's GGUFReader takes seconds to decode a 150K-token vocabulary."""
     from gguf import GGMLQuantizationType
 
     def type_name(kind: int) -> str:
@@ -137,12 +132,12 @@ def gguf_tensors(path: Path) -> list[Tensor]:
         except ValueError:
             return str(kind)
 
-    found = []
-    for part in parts:
-        with part.open("rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            _, tensors = gguf_header.parse(data)
-        found += [Tensor(t.name, type_name(t.type), t.shape) for t in tensors]
-    return found
+    try:
+        listed = gguf_header.tensors(path)
+    except (OSError, ValueError, struct.error, UnicodeDecodeError):
+        # Missing or damaged: llama.cpp says so when it loads; AMX stays out, nothing repacked.
+        return []
+    return [Tensor(t.name, type_name(t.type), t.shape) for t in listed]
 
 
 class _Override(ctypes.Structure):
@@ -192,6 +187,7 @@ def offloads() -> bool:
 _DEVICE_KINDS = {0: "CPU", 1: "GPU", 2: "IGPU", 3: "ACCEL"}
 
 
+@functools.cache
 def _ggml() -> ctypes.CDLL:
     from llama_cpp._ggml import libggml  # the library llama_cpp itself loaded
 

@@ -175,6 +175,7 @@ class LlamaCppBackend:
             bos_token=self._token_text(bos_id),
             stop_token_ids=[eos_id] if eos_id >= 0 else None,
         )
+        self._template = self._render_template()  # once: every call's prompt wraps it
         self._engine: _Engine | None = None
         self.context_tokens = 0  # per sequence
         self.sequences = 1
@@ -193,25 +194,35 @@ class LlamaCppBackend:
     def _chat_prompt(self, message: str) -> tuple[list[int], list[str]]:
         """The chat prompt's tokens: the template's own markup with its control tokens, and
         the message (a document's words, a memory, a question) as plain text, so that a
-        document spelling `<|im_end|>` cannot write a turn. The template is rendered around
-        a placeholder, and the message is never parsed for special tokens. The tokens are
-        those of the whole prompt parsed at once, unless the message spells a special token
-        (or starts with a newline, which a tokenizer may join with the template's: MemAgent's
+        document spelling `<|im_end|>` cannot write a turn. The tokens are those of the
+        whole prompt parsed at once, unless the message spells a special token (or starts
+        with a newline, which a tokenizer may join with the template's: MemAgent's
         messages never do)."""
+        before, after, bos, stop = self._template
+        text = self._vocab.tokenize(message.encode("utf-8"), add_bos=bos, special=False)
+        return [*before, *text, *after], stop
+
+    def _render_template(self) -> tuple[list[int], list[int], bool, list[str]]:
+        """The chat template rendered once around a placeholder for the message: the tokens
+        before and after it (control tokens parsed), whether the message's first token is
+        the BOS, and the stop strings."""
         rendered = self._formatter(messages=[{"role": "user", "content": _PLACEHOLDER}])
-        before, found, after = rendered.prompt.partition(_PLACEHOLDER)
+        head, found, tail = rendered.prompt.partition(_PLACEHOLDER)
         if not found:
             raise ModelError(
                 f"{self.path}'s chat template does not put the user's message in the prompt "
                 "as it is; memagent cannot keep the document's text out of its markup."
             )
-        vocab, tokens = self._vocab, []
-        for text, special in ((before, True), (message, False), (after, True)):
-            if text:
-                first = not tokens and not rendered.added_special
-                tokens += vocab.tokenize(text.encode("utf-8"), add_bos=first, special=special)
+        bos = not rendered.added_special  # the BOS goes before the first piece of text
+
+        def tokens(text: str, first: bool) -> list[int]:
+            if not text:
+                return []
+            return self._vocab.tokenize(text.encode("utf-8"), add_bos=first, special=True)
+
+        before = tokens(head, bos)
         stop = rendered.stop if isinstance(rendered.stop, list) else [rendered.stop]
-        return tokens, [s for s in stop if s]
+        return before, tokens(tail, False), bos and not head, [s for s in stop if s]
 
     def chat_overhead(self) -> int:
         return len(self._chat_prompt("")[0])

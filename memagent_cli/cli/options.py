@@ -41,8 +41,8 @@ SECRET_OPTIONS = {"--password": PASSWORD_VARIABLE, "--api-key": API_KEY_VARIABLE
 def complete_model(incomplete: str) -> list[str]:
     """Shell completion for --model: registry names and the GGUFs in the models folders
     (an empty list lets the shell complete file names instead)."""
+    from memagent_cli.gguf_header import split_parts
     from memagent_cli.models import hub, registry
-    from memagent_cli.models.gguf import split_parts
 
     names = list(registry.registry())
     for folder in registry.model_dirs():

@@ -20,7 +20,6 @@ from memagent_cli import gguf_header
 from memagent_cli.errors import ModelError
 from memagent_cli.files import check_gguf
 
-_SPLIT = re.compile(r"^(.+)-(\d{5})-of-(\d{5})$", re.IGNORECASE)
 _TAG = re.compile(r"[-.]([A-Z0-9_]+)$", re.IGNORECASE)
 
 
@@ -58,16 +57,10 @@ class GGUFInfo:
         }
 
 
-def split_parts(path: Path) -> tuple[int, int]:
-    """(index, count) of a split model's part from its name, `-00001-of-00003.gguf`; (1, 1)."""
-    match = _SPLIT.match(path.name.removesuffix(".gguf"))
-    return (int(match[2]), int(match[3])) if match else (1, 1)
-
-
 def quant_tag(filename: str) -> str:
     """The quantization tag llama.cpp reads from a file name: `x.Q4_K_M.gguf` -> `Q4_K_M`."""
     stem = Path(filename).name.removesuffix(".gguf")
-    if match := _SPLIT.match(stem):
+    if match := gguf_header.SPLIT_NAME.match(stem):
         stem = match[1]
     found = _TAG.search(stem)
     return found[1].upper() if found else ""
@@ -89,10 +82,10 @@ def read(path: Path) -> GGUFInfo:
             f"{path} is a damaged GGUF file: its header is cut short or malformed."
         ) from None
     arch = str(fields.get("general.architecture", ""))
-    index, count = split_parts(path)
+    index, count = gguf_header.split_parts(path)
     size = path.stat().st_size
     if count > 1 and index == 1:
-        parts = [_part(path, i, count) for i in range(1, count + 1)]
+        parts = gguf_header.part_paths(path)
         size = sum(p.stat().st_size for p in parts if p.is_file())
     context = fields.get(f"{arch}.context_length")
     layers = fields.get(f"{arch}.block_count")
@@ -124,11 +117,6 @@ def _elements(tensors: list[gguf_header.TensorInfo]) -> Counter[int]:
                 count *= dim
             elements[tensor.type] += count
     return elements
-
-
-def _part(path: Path, index: int, count: int) -> Path:
-    prefix = _SPLIT.match(path.name.removesuffix(".gguf"))[1]  # type: ignore[index]
-    return path.with_name(f"{prefix}-{index:05d}-of-{count:05d}.gguf")
 
 
 def _quantization(file_type: Any, tensor_types: Counter[int]) -> str:

@@ -27,7 +27,8 @@ from rich.filesize import decimal
 
 from memagent_cli.errors import ModelError
 from memagent_cli.folders import data_dir
-from memagent_cli.models.gguf import quant_tag, split_parts
+from memagent_cli.gguf_header import split_parts
+from memagent_cli.models.gguf import quant_tag
 from memagent_cli.progress import Note, Progress, silent
 
 PREFIX = "hf:"

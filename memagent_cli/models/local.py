@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from memagent_cli.errors import ModelError
+from memagent_cli.gguf_header import split_parts
 from memagent_cli.models import gguf, hub, pulling, registry
-from memagent_cli.models.gguf import GGUFInfo, split_parts
+from memagent_cli.models.gguf import GGUFInfo
 from memagent_cli.models.registry import Model
 from memagent_cli.progress import Note, Progress, silent
 

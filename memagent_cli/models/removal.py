@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from memagent_cli.errors import ModelError
+from memagent_cli.gguf_header import split_parts
 from memagent_cli.models import hub, registry
 from memagent_cli.models.conversion.convert import intermediate_path
-from memagent_cli.models.gguf import quant_tag, split_parts
+from memagent_cli.models.gguf import quant_tag
 from memagent_cli.models.pulling import DOWNLOAD_DIR
 
 # What a download or a conversion writes before the file is complete: NAME.part (the
