@@ -310,3 +310,15 @@ def test_on_amx_the_default_reads_repacked_and_llama_cpps_own_choice_crashes(
     sentence = crashed.stderr.strip().splitlines()[-1]
     assert sentence.startswith("memagent: native code crashed with SIGSEGV in llama_decode")
     assert "--no-repack" in sentence
+
+
+def test_the_guarded_server_refuses_a_missing_model_in_one_sentence(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "memagent_cli.backends.llama_server", "--model",
+         str(tmp_path / "nope.gguf")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 1 and result.stdout == ""
+    assert (
+        result.stderr.strip() == f"error: model not found: {tmp_path / 'nope.gguf'} is not a file."
+    )

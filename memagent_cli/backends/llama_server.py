@@ -29,6 +29,8 @@ def main(argv: list[str]) -> None:
     repack = True if "--repack" in argv else False if "--no-repack" in argv else None
     argv = [arg for arg in argv if arg not in ("--repack", "--no-repack")]
     model = _value(argv, "--model")
+    if model is not None and not Path(model).is_file():
+        sys.exit(f"error: model not found: {model} is not a file.")
     layers = int(_value(argv, "--n_gpu_layers") or 0)
     offload = layers != 0 and build.offloads()
     build.guard_llama_class(Path(model) if model else None, repack=repack, offload=offload)
