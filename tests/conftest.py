@@ -244,8 +244,11 @@ def interrupt_after_steps(
     )
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and process.poll() is None:
-        if trace_path.exists() and trace_path.read_text().count('"type": "step"') >= steps:
-            break
+        try:  # memagent probes that it can write the trace: the file may come and go once
+            if trace_path.read_text().count('"type": "step"') >= steps:
+                break
+        except FileNotFoundError:
+            pass
         time.sleep(0.05)
     if interrupt is None:
         process.send_signal(sig)
