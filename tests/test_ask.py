@@ -31,13 +31,13 @@ def doc(tmp_path) -> Path:
     return path
 
 
-def ask(memagent, server, doc: Path, *more: str):
-    return memagent("ask", str(doc), FACT_QUESTION, *served(server, *STEPS, *more))
+def ask(cli, server, doc: Path, *more: str):
+    return cli("ask", str(doc), FACT_QUESTION, *served(server, *STEPS, *more))
 
 
-def test_an_answer_on_stdout_and_a_trace_with_one_record_per_chunk(memagent, fake_server, doc):
+def test_an_answer_on_stdout_and_a_trace_with_one_record_per_chunk(cli, fake_server, doc):
     trace_path = doc.with_suffix(".jsonl")
-    result = ask(memagent, fake_server, doc, "--trace", str(trace_path))
+    result = ask(cli, fake_server, doc, "--trace", str(trace_path))
     assert result.returncode == 0, result.stderr
     trace = read_trace(trace_path)
     assert trace.finished and not trace.problems
@@ -55,8 +55,8 @@ def test_an_answer_on_stdout_and_a_trace_with_one_record_per_chunk(memagent, fak
     assert f"step {chunks}/{chunks}" in result.stderr and str(trace_path) in result.stderr
 
 
-def test_json_carries_the_records_the_trace_holds(memagent, fake_server, doc):
-    result = ask(memagent, fake_server, doc, "--json", "--quiet")
+def test_json_carries_the_records_the_trace_holds(cli, fake_server, doc):
+    result = ask(cli, fake_server, doc, "--json", "--quiet")
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
     out = json.loads(result.stdout)
@@ -80,47 +80,47 @@ def test_json_carries_the_records_the_trace_holds(memagent, fake_server, doc):
     assert out["settings"]["backend"] == "openai" and "threads" not in out["settings"]
 
 
-def test_a_fresh_run_refuses_an_existing_trace_before_any_model(memagent, fake_server, doc):
+def test_a_fresh_run_refuses_an_existing_trace_before_any_model(cli, fake_server, doc):
     trace_path = doc.with_suffix(".jsonl")
-    assert ask(memagent, fake_server, doc, "--trace", str(trace_path)).returncode == 0
+    assert ask(cli, fake_server, doc, "--trace", str(trace_path)).returncode == 0
     before, calls = trace_path.read_bytes(), fake_server.chat_calls
-    again = ask(memagent, fake_server, doc, "--trace", str(trace_path), "--no-cache")
+    again = ask(cli, fake_server, doc, "--trace", str(trace_path), "--no-cache")
     assert_clean_failure(again, 1, f"{trace_path} already exists", f"--resume {trace_path}")
     assert trace_path.read_bytes() == before  # one run per trace, never two mixed
     assert fake_server.chat_calls == calls
-    missing_model = memagent("ask", str(doc), "q?", "--trace", str(trace_path), "-m", "nope.gguf")
+    missing_model = cli("ask", str(doc), "q?", "--trace", str(trace_path), "-m", "nope.gguf")
     assert_clean_failure(missing_model, 1, "already exists")  # said before the model is sought
 
 
 @pytest.mark.parametrize("where", ["file-as-folder", "proc"])
-def test_a_trace_path_that_cannot_be_written_is_one_sentence(memagent, tmp_path, doc, where):
+def test_a_trace_path_that_cannot_be_written_is_one_sentence(cli, tmp_path, doc, where):
     blocker = tmp_path / "plain-file"
     blocker.write_text("x")
     path = blocker / "t.jsonl" if where == "file-as-folder" else Path("/proc/memagent.jsonl")
     # A model that does not exist: the trace check must come first.
-    result = memagent("ask", str(doc), "q?", "--trace", str(path), "-m", "nope.gguf")
+    result = cli("ask", str(doc), "q?", "--trace", str(path), "-m", "nope.gguf")
     assert_clean_failure(result, 1, f"Cannot write the trace {path}")
 
 
-def test_the_same_greedy_run_is_answered_from_its_trace(memagent, fake_server, doc):
-    first = json.loads(ask(memagent, fake_server, doc, "--json", "--quiet").stdout)
+def test_the_same_greedy_run_is_answered_from_its_trace(cli, fake_server, doc):
+    first = json.loads(ask(cli, fake_server, doc, "--json", "--quiet").stdout)
     calls = fake_server.chat_calls
-    again = ask(memagent, fake_server, doc, "--json")
+    again = ask(cli, fake_server, doc, "--json")
     assert again.returncode == 0, again.stderr
     cached = json.loads(again.stdout)
     assert cached["cached"] is True and cached["trace"] == first["trace"]
     assert cached["steps"] == first["steps"] and cached["reply"] == first["reply"]
     assert fake_server.chat_calls == calls and "answered from the finished trace" in again.stderr
-    fresh = json.loads(ask(memagent, fake_server, doc, "--json", "--no-cache", "-q").stdout)
+    fresh = json.loads(ask(cli, fake_server, doc, "--json", "--no-cache", "-q").stdout)
     assert fresh["cached"] is False and fresh["trace"] != first["trace"]
     assert [s["memory"] for s in fresh["steps"]] == [s["memory"] for s in first["steps"]]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_an_interrupted_run_resumes_to_the_uninterrupted_answer(
-    memagent, env, fake_server, doc, tmp_path, sig
+    cli, env, fake_server, doc, tmp_path, sig
 ):
-    whole = json.loads(ask(memagent, fake_server, doc, "--json", "--quiet").stdout)
+    whole = json.loads(ask(cli, fake_server, doc, "--json", "--quiet").stdout)
     # Three steps answered, then the server holds the run until the signal has landed: it
     # cannot finish first, however busy the machine.
     fake_server.hold_after = fake_server.chat_calls + 3
@@ -143,7 +143,7 @@ def test_an_interrupted_run_resumes_to_the_uninterrupted_answer(
     assert "--trace" not in hint
 
     fake_server.release()
-    resumed = memagent(*shlex.split(hint)[1:], "--json")
+    resumed = cli(*shlex.split(hint)[1:], "--json")
     assert resumed.returncode == 0, resumed.stderr
     assert f"resuming {cut} after step {stopped.interruption.steps_done}" in words(resumed.stderr)
     out = json.loads(resumed.stdout)
@@ -155,82 +155,78 @@ def test_an_interrupted_run_resumes_to_the_uninterrupted_answer(
     )
 
 
-def test_resume_refuses_another_run(memagent, fake_server, doc, tmp_path):
+def test_resume_refuses_another_run(cli, fake_server, doc, tmp_path):
     fake_server.fail_after, fake_server.fail_status = 2, 400
     cut = tmp_path / "cut.jsonl"
-    stopped = ask(memagent, fake_server, doc, "--trace", str(cut))
+    stopped = ask(cli, fake_server, doc, "--trace", str(cut))
     assert stopped.returncode == 1 and "HTTP 400" in stopped.stderr
     assert "Stopped after 2 of" in words(stopped.stderr)
     fake_server.fail_after = None
-    other = memagent("ask", str(doc), "Who?", *served(fake_server, *STEPS, "--resume", str(cut)))
+    other = cli("ask", str(doc), "Who?", *served(fake_server, *STEPS, "--resume", str(cut)))
     assert_clean_failure(other, 1, f"Cannot resume {cut}", "the question differs")
-    smaller = ask(memagent, fake_server, doc, "--memory-tokens", "32", "--resume", str(cut))
+    smaller = ask(cli, fake_server, doc, "--memory-tokens", "32", "--resume", str(cut))
     assert_clean_failure(smaller, 1, "--memory-tokens differs (64 there, 32 here)")
-    latest = ask(memagent, fake_server, doc, "--resume-latest")
+    latest = ask(cli, fake_server, doc, "--resume-latest")
     assert_clean_failure(latest, 1, "no unfinished trace")  # --trace put it outside the folder
-    assert ask(memagent, fake_server, doc, "--resume", str(cut)).returncode == 0
+    assert ask(cli, fake_server, doc, "--resume", str(cut)).returncode == 0
     assert read_trace(cut).finished
 
 
-def test_resume_needs_a_trace_and_never_becomes_a_question(memagent, doc):
-    result = memagent("ask", str(doc), "q?", "--resume", "missing.trace")
+def test_resume_needs_a_trace_and_never_becomes_a_question(cli, doc):
+    result = cli("ask", str(doc), "q?", "--resume", "missing.trace")
     assert_clean_failure(result, 1, "Trace not found: missing.trace")
-    result = memagent("ask", str(doc), "q?", "--resume")
+    result = cli("ask", str(doc), "q?", "--resume")
     assert result.returncode == 2 and "requires an argument" in result.stderr
 
 
 def test_a_server_that_stops_answering_times_out_and_keeps_the_trace(
-    memagent, fake_server, doc, tmp_path
+    cli, fake_server, doc, tmp_path
 ):
     fake_server.hang_after = 3
     trace_path = tmp_path / "t.jsonl"
-    result = ask(memagent, fake_server, doc, "--trace", str(trace_path), "--timeout", "2")
+    result = ask(cli, fake_server, doc, "--trace", str(trace_path), "--timeout", "2")
     assert_clean_failure(result, 1, "did not answer /v1/chat/completions within 2 seconds")
     assert "resume with:" in result.stderr
     assert len(read_trace(trace_path).steps) == 3
 
 
-def test_a_step_larger_than_the_served_context(memagent, fake_server, doc):
-    result = memagent(
-        "ask", str(doc), FACT_QUESTION, *served(fake_server, "--chunk-tokens", "9000")
-    )
+def test_a_step_larger_than_the_served_context(cli, fake_server, doc):
+    result = cli("ask", str(doc), FACT_QUESTION, *served(fake_server, "--chunk-tokens", "9000"))
     assert_clean_failure(result, 1, "context holds 8192", "lower --chunk-tokens or --memory-tokens")
-    result = memagent("ask", str(doc), "why " * 6000, *served(fake_server))
+    result = cli("ask", str(doc), "why " * 6000, *served(fake_server))
     assert_clean_failure(result, 1, "question is too long")
     assert fake_server.chat_calls == 0
 
 
-def test_resume_of_a_damaged_trace_names_the_bad_line(memagent, fake_server, doc, tmp_path):
+def test_resume_of_a_damaged_trace_names_the_bad_line(cli, fake_server, doc, tmp_path):
     fake_server.fail_after, fake_server.fail_status = 3, 400
     cut = tmp_path / "cut.jsonl"
-    assert ask(memagent, fake_server, doc, "--trace", str(cut)).returncode == 1
+    assert ask(cli, fake_server, doc, "--trace", str(cut)).returncode == 1
     lines = cut.read_text().splitlines(keepends=True)
     step = json.loads(lines[2])
     del step["memory"]
     cut.write_text(lines[0] + lines[1] + json.dumps(step) + "\n" + "".join(lines[3:]))
     fake_server.fail_after = None
-    result = ask(memagent, fake_server, doc, "--resume", str(cut))
+    result = ask(cli, fake_server, doc, "--resume", str(cut))
     assert_clean_failure(result, 1, f"{cut}, line 3 has no 'memory' field")
 
 
-def test_a_damaged_trace_in_the_data_folder_is_passed_over_by_the_cache(
-    memagent, fake_server, doc, env
-):
-    first = json.loads(ask(memagent, fake_server, doc, "--json", "-q").stdout)
+def test_a_damaged_trace_in_the_data_folder_is_passed_over_by_the_cache(cli, fake_server, doc, env):
+    first = json.loads(ask(cli, fake_server, doc, "--json", "-q").stdout)
     path = Path(first["trace"])
     records = [json.loads(line) for line in path.read_text().splitlines()]
     records[1]["tokens"] = "0-300"  # a mistyped field: this trace cannot answer again
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    again = json.loads(ask(memagent, fake_server, doc, "--json", "-q").stdout)
+    again = json.loads(ask(cli, fake_server, doc, "--json", "-q").stdout)
     assert again["cached"] is False and again["reply"] == first["reply"]
 
 
-def test_a_trace_of_format_1_resumes_in_its_own_format(memagent, fake_server, doc, tmp_path):
+def test_a_trace_of_format_1_resumes_in_its_own_format(cli, fake_server, doc, tmp_path):
     """A run interrupted before steps counted from 1 (format 1: "index" from 0) goes on."""
-    whole = json.loads(ask(memagent, fake_server, doc, "--json", "-q").stdout)
+    whole = json.loads(ask(cli, fake_server, doc, "--json", "-q").stdout)
     fake_server.fail_after, fake_server.fail_status = 2, 400
     cut = tmp_path / "cut.jsonl"
-    assert ask(memagent, fake_server, doc, "--trace", str(cut), "--no-cache").returncode == 1
+    assert ask(cli, fake_server, doc, "--trace", str(cut), "--no-cache").returncode == 1
     records = [json.loads(line) for line in cut.read_text().splitlines()]
     for record in records:  # as memagent wrote traces before format 2
         if record["type"] == "header":
@@ -240,7 +236,7 @@ def test_a_trace_of_format_1_resumes_in_its_own_format(memagent, fake_server, do
     cut.write_text("".join(json.dumps(r) + "\n" for r in records))
 
     fake_server.fail_after = None
-    resumed = ask(memagent, fake_server, doc, "--resume", str(cut), "--json")
+    resumed = ask(cli, fake_server, doc, "--resume", str(cut), "--json")
     assert resumed.returncode == 0, resumed.stderr
     out = json.loads(resumed.stdout)
     assert out["answer"] == whole["answer"] and out["evidence"] == whole["evidence"]

@@ -233,8 +233,8 @@ def test_a_fatal_signal_sent_from_outside_is_fatal_too(tmp_path):
     assert "instructions this CPU lacks" in result.stderr
 
 
-def test_version_shows_the_build(memagent):
-    result = memagent("--version")
+def test_version_shows_the_build(cli):
+    result = cli("--version")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].startswith("memagent 0.")
@@ -245,10 +245,10 @@ def test_version_shows_the_build(memagent):
     assert result.stderr == ""
 
 
-def test_version_json_is_the_same_build(memagent):
+def test_version_json_is_the_same_build(cli):
     import llama_cpp
 
-    info = json.loads(memagent("--version", "--json").stdout)
+    info = json.loads(cli("--version", "--json").stdout)
     assert info["llama_cpp_python"] == llama_cpp.__version__
     assert info["system_info"] == llama_cpp.llama_print_system_info().decode().strip()
     assert info["amx"] == has_amx(info["system_info"])
@@ -259,10 +259,10 @@ def test_version_json_is_the_same_build(memagent):
         assert "AMX" in info["extra_buffers"] and "AMX buffers off" in info["weights"]
 
 
-def test_version_without_a_model_installed(memagent, env, tmp_path):
+def test_version_without_a_model_installed(cli, env, tmp_path):
     """The build is shown before any model is looked for."""
     env["MEMAGENT_MODEL"] = str(tmp_path / "missing.gguf")
-    assert memagent("--version").returncode == 0
+    assert cli("--version").returncode == 0
 
 
 AMX_HERE = has_amx(__import__("llama_cpp").llama_print_system_info().decode())
@@ -287,14 +287,14 @@ def q4_0_model(tmp_path_factory, tiny_model) -> Path:
 @pytest.mark.model
 @pytest.mark.skipif(not AMX_HERE, reason="this build of llama.cpp uses no AMX")
 def test_on_amx_the_default_reads_repacked_and_llama_cpps_own_choice_crashes(
-    memagent, tmp_path, q4_0_model
+    cli, tmp_path, q4_0_model
 ):
     from conftest import story
 
     document = tmp_path / "story.txt"
     document.write_text(story(400))
     common = ["-m", str(q4_0_model), "--memory-tokens", "64", "--no-cache", "--verbose"]
-    guarded = memagent("ask", str(document), "Who?", *common)
+    guarded = cli("ask", str(document), "Who?", *common)
     assert guarded.returncode == 0, guarded.stderr[-2000:]
     repacked_mib = re.search(r"CPU_REPACK model buffer size = +([0-9.]+) MiB", guarded.stderr)
     assert repacked_mib and float(repacked_mib.group(1)) > 0
@@ -303,7 +303,7 @@ def test_on_amx_the_default_reads_repacked_and_llama_cpps_own_choice_crashes(
     )
     assert not re.search(r"AMX model buffer size", guarded.stderr)
 
-    crashed = memagent("ask", str(document), "Who?", *common, "--repack")
+    crashed = cli("ask", str(document), "Who?", *common, "--repack")
     assert crashed.returncode == -signal.SIGSEGV
     amx_mib = re.search(r"AMX model buffer size = +([0-9.]+) MiB", crashed.stderr)
     assert amx_mib and float(amx_mib.group(1)) > 0  # llama.cpp's own choice: AMX

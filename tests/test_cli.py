@@ -19,20 +19,20 @@ def doc(tmp_path):
     return path
 
 
-def test_version(memagent):
-    result = memagent("--version")
+def test_version(cli):
+    result = cli("--version")
     assert result.returncode == 0
     assert result.stdout.startswith("memagent 0.")
 
 
-def test_the_top_help_names_every_command(memagent):
-    text = memagent("--help").stdout
+def test_the_top_help_names_every_command(cli):
+    text = cli("--help").stdout
     for command in ("ask", "inspect", "trace", "models"):
         assert f" {command} " in text
 
 
-def test_ask_help_lists_llama_cpp_spellings(memagent):
-    text = memagent("ask", "--help").stdout
+def test_ask_help_lists_llama_cpp_spellings(cli):
+    text = cli("ask", "--help").stdout
     for option in ("--chunk-tokens", "--memory-tokens", "-ngl", "-t", "-m", "--json", "--trace"):
         assert option in text
 
@@ -44,91 +44,91 @@ def test_python_dash_m_works(env):
     assert result.returncode == 0 and result.stdout.startswith("memagent ")
 
 
-def test_missing_document(memagent, tmp_path):
-    result = memagent("ask", str(tmp_path / "nope.txt"), "q?")
+def test_missing_document(cli, tmp_path):
+    result = cli("ask", str(tmp_path / "nope.txt"), "q?")
     assert_clean_failure(result, 1, "Document not found", "nope.txt")
 
 
-def test_a_folder_without_documents(memagent, tmp_path):
+def test_a_folder_without_documents(cli, tmp_path):
     (tmp_path / "picture.png").write_bytes(b"\x89PNG\r\n\x1a\n")
-    assert_clean_failure(memagent("ask", str(tmp_path), "q?"), 1, "holds no supported documents")
-    assert_clean_failure(memagent("inspect", str(tmp_path)), 1, "is a directory")
+    assert_clean_failure(cli("ask", str(tmp_path), "q?"), 1, "holds no supported documents")
+    assert_clean_failure(cli("inspect", str(tmp_path)), 1, "is a directory")
 
 
-def test_empty_document(memagent, tmp_path):
+def test_empty_document(cli, tmp_path):
     path = tmp_path / "empty.txt"
     path.write_text("  \n\n \t")
-    assert_clean_failure(memagent("ask", str(path), "q?"), 1, "The document is empty")
+    assert_clean_failure(cli("ask", str(path), "q?"), 1, "The document is empty")
 
 
-def test_empty_stdin(memagent):
-    result = memagent("ask", "-", "q?", input="")
+def test_empty_stdin(cli):
+    result = cli("ask", "-", "q?", input="")
     assert_clean_failure(result, 1, "The document is empty", "stdin")
 
 
-def test_no_question(memagent, doc):
-    assert_clean_failure(memagent("ask", str(doc)), 2, "at least one question")
+def test_no_question(cli, doc):
+    assert_clean_failure(cli("ask", str(doc)), 2, "at least one question")
 
 
-def test_missing_model_file(memagent, tmp_path, doc):
-    result = memagent("ask", str(doc), "q?", "--model", str(tmp_path / "missing.gguf"))
+def test_missing_model_file(cli, tmp_path, doc):
+    result = cli("ask", str(doc), "q?", "--model", str(tmp_path / "missing.gguf"))
     assert_clean_failure(result, 1, "Model not found", "missing.gguf", "registry name")
 
 
-def test_missing_model_from_env(memagent, env, doc):
+def test_missing_model_from_env(cli, env, doc):
     env["MEMAGENT_MODEL"] = "no-such-model"
-    result = memagent("ask", str(doc), "q?")
+    result = cli("ask", str(doc), "q?")
     assert_clean_failure(result, 1, "$MEMAGENT_MODEL no-such-model", "known names")
 
 
-def test_registry_model_not_downloaded(memagent, doc):
-    result = memagent("ask", str(doc), "q?", "-m", "memagent-7b")
+def test_registry_model_not_downloaded(cli, doc):
+    result = cli("ask", str(doc), "q?", "-m", "memagent-7b")
     assert_clean_failure(
         result, 1, "memagent-7b", "is not pulled yet", "memagent models pull memagent-7b"
     )
 
 
-def test_non_gguf_model(memagent, tmp_path, doc):
+def test_non_gguf_model(cli, tmp_path, doc):
     fake = tmp_path / "model.gguf"
     fake.write_bytes(b"PK\x03\x04 this is a zip, not a model" * 10)
-    result = memagent("ask", str(doc), "q?", "-m", str(fake))
+    result = cli("ask", str(doc), "q?", "-m", str(fake))
     assert_clean_failure(result, 1, "is not a GGUF model file")
 
 
-def test_truncated_gguf_model(memagent, tmp_path, doc):
+def test_truncated_gguf_model(cli, tmp_path, doc):
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(b"GGUF\x03\x00\x00\x00" + bytes(range(256)) * 8)
-    result = memagent("ask", str(doc), "q?", "-m", str(broken))
+    result = cli("ask", str(doc), "q?", "-m", str(broken))
     assert_clean_failure(result, 1, "llama.cpp could not load")
 
 
 @pytest.mark.parametrize("option", ["--chunk-tokens", "--memory-tokens"])
-def test_zero_tokens_is_a_usage_error(memagent, option, doc):
-    result = memagent("ask", str(doc), "q?", option, "0")
+def test_zero_tokens_is_a_usage_error(cli, option, doc):
+    result = cli("ask", str(doc), "q?", option, "0")
     assert_clean_failure(result, 2, "Invalid value", option)
 
 
-def test_questions_file_missing(memagent, tmp_path, doc):
-    result = memagent("ask", str(doc), "--questions", str(tmp_path / "q.txt"))
+def test_questions_file_missing(cli, tmp_path, doc):
+    result = cli("ask", str(doc), "--questions", str(tmp_path / "q.txt"))
     assert_clean_failure(result, 1, "Questions file not found")
 
 
-def test_an_unknown_backend(memagent, doc):
-    result = memagent("ask", str(doc), "q?", "--backend", "bogus")
+def test_an_unknown_backend(cli, doc):
+    result = cli("ask", str(doc), "q?", "--backend", "bogus")
     assert_clean_failure(result, 2, "--backend", "'bogus' is not one of 'llama', 'openai'")
 
 
-def test_the_document_is_read_before_the_model_is_sought(memagent, env, tmp_path):
+def test_the_document_is_read_before_the_model_is_sought(cli, env, tmp_path):
     missing = str(tmp_path / "nope.txt")
-    result = memagent("ask", missing, "q?", "-m", str(tmp_path / "missing.gguf"))
+    result = cli("ask", missing, "q?", "-m", str(tmp_path / "missing.gguf"))
     assert_clean_failure(result, 1, "Document not found")
     # An hf: model would be downloaded: nothing may be fetched for a document that is not there.
     env["HF_ENDPOINT"] = "http://127.0.0.1:9"  # nothing listens there
-    result = memagent("ask", missing, "q?", "-m", "hf:someone/Model-GGUF:Q4_K_M")
+    result = cli("ask", missing, "q?", "-m", "hf:someone/Model-GGUF:Q4_K_M")
     assert_clean_failure(result, 1, "Document not found")
     empty = tmp_path / "empty.txt"
     empty.write_text("\n")
-    result = memagent("ask", str(empty), "q?", "-m", "hf:someone/Model-GGUF:Q4_K_M")
+    result = cli("ask", str(empty), "q?", "-m", "hf:someone/Model-GGUF:Q4_K_M")
     assert_clean_failure(result, 1, "The document is empty")
 
 
@@ -140,14 +140,14 @@ def test_the_document_is_read_before_the_model_is_sought(memagent, env, tmp_path
     ],
     ids=["binary", "nul-bytes"],
 )
-def test_a_binary_questions_file_is_refused(memagent, tmp_path, doc, content, phrase):
+def test_a_binary_questions_file_is_refused(cli, tmp_path, doc, content, phrase):
     questions = tmp_path / "q.bin"
     questions.write_bytes(content)
-    assert_clean_failure(memagent("ask", str(doc), "--questions", str(questions)), 1, phrase)
+    assert_clean_failure(cli("ask", str(doc), "--questions", str(questions)), 1, phrase)
 
 
 @pytest.mark.parametrize("kind", ["fifo", "dev-zero", "folder"])
-def test_a_questions_file_that_is_not_a_file_is_refused_at_once(memagent, tmp_path, doc, kind):
+def test_a_questions_file_that_is_not_a_file_is_refused_at_once(cli, tmp_path, doc, kind):
     import os
 
     if kind == "fifo":
@@ -155,26 +155,26 @@ def test_a_questions_file_that_is_not_a_file_is_refused_at_once(memagent, tmp_pa
         os.mkfifo(path)
     else:
         path = Path("/dev/zero") if kind == "dev-zero" else tmp_path
-    result = memagent("ask", str(doc), "--questions", str(path), timeout=60)
+    result = cli("ask", str(doc), "--questions", str(path), timeout=60)
     assert_clean_failure(result, 1, "is not a regular file")
 
 
-def test_a_documents_list_that_is_a_fifo_is_refused(memagent, tmp_path, doc):
+def test_a_documents_list_that_is_a_fifo_is_refused(cli, tmp_path, doc):
     import os
 
     path = tmp_path / "docs.fifo"
     os.mkfifo(path)
-    result = memagent("ask", str(doc), "q?", "--documents", str(path), timeout=60)
+    result = cli("ask", str(doc), "q?", "--documents", str(path), timeout=60)
     assert_clean_failure(result, 1, "Documents file", "is not a regular file")
 
 
 @pytest.mark.parametrize("pattern", ["../../*", "/etc/*", "sub/../../*.txt"])
-def test_a_glob_cannot_reach_outside_the_folder(memagent, tmp_path, pattern):
+def test_a_glob_cannot_reach_outside_the_folder(cli, tmp_path, pattern):
     library = tmp_path / "library"
     library.mkdir()
     (library / "a.txt").write_text(story(5))
     (tmp_path / "secret.txt").write_text("not for the server")
-    result = memagent("ask", str(library), "q?", "--glob", pattern)
+    result = cli("ask", str(library), "q?", "--glob", pattern)
     assert_clean_failure(result, 1, "reaches outside", "patterns match inside it")
 
 
@@ -189,19 +189,19 @@ def test_a_link_out_of_the_folder_is_not_followed(tmp_path):
     assert document_paths(str(library), None, "*.txt") == [str(library / "a.txt")]
 
 
-def test_format_text_reads_a_text_that_starts_like_a_pdf(memagent, tmp_path):
+def test_format_text_reads_a_text_that_starts_like_a_pdf(cli, tmp_path):
     notes = tmp_path / "notes.txt"
     notes.write_text("%PDF-1.7 is the version my printer writes; these are my notes.\n" * 20)
-    refused = memagent("inspect", str(notes), "--tokenizer", "tiktoken")
+    refused = cli("inspect", str(notes), "--tokenizer", "tiktoken")
     assert_clean_failure(refused, 1, "looks like a damaged PDF", "--format text")
-    read = memagent("inspect", str(notes), "--tokenizer", "tiktoken", "--format", "text", "--json")
+    read = cli("inspect", str(notes), "--tokenizer", "tiktoken", "--format", "text", "--json")
     assert read.returncode == 0, read.stderr
     assert json.loads(read.stdout)["document"]["format"] == "text"
-    bad = memagent("inspect", str(notes), "--format", "docx")
+    bad = cli("inspect", str(notes), "--format", "docx")
     assert_clean_failure(bad, 2, "docx")
 
 
-def test_what_a_reader_worked_around_is_said_on_stderr(memagent, tmp_path):
+def test_what_a_reader_worked_around_is_said_on_stderr(cli, tmp_path):
     import builders
 
     book = builders.epub_book(
@@ -210,7 +210,7 @@ def test_what_a_reader_worked_around_is_said_on_stderr(memagent, tmp_path):
     )
     # Without a spine the book is read in manifest order, and memagent says so.
     builders.rewrite_zip(book, edit={"EPUB/content.opf": _without_spine(book)})
-    result = memagent("inspect", str(book), "--tokenizer", "tiktoken")
+    result = cli("inspect", str(book), "--tokenizer", "tiktoken")
     assert result.returncode == 0, result.stderr
     assert "no spine" in words(result.stderr)
 

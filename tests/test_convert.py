@@ -44,10 +44,10 @@ def untied(tmp_path_factory) -> tuple[Path, dict[str, np.ndarray]]:
     return folder, build(folder, tied=False, dtype="F32", seed=1)
 
 
-def test_f32_conversion_writes_what_llama_cpp_s_converter_writes(memagent, tied, tmp_path):
+def test_f32_conversion_writes_what_llama_cpp_s_converter_writes(cli, tied, tmp_path):
     folder, weights = tied
     out = tmp_path / "tiny.gguf"
-    result = memagent("models", "convert", str(folder), "--quant", "F32", "--out", str(out))
+    result = cli("models", "convert", str(folder), "--quant", "F32", "--out", str(out))
     assert result.returncode == 0, result.stderr
     assert result.stdout == f"{out}\n"
     assert "converting Qwen2ForCausalLM" in words(result.stderr)
@@ -114,12 +114,10 @@ def test_f32_conversion_writes_what_llama_cpp_s_converter_writes(memagent, tied,
         assert np.array_equal(tensor.values(), weights[hf_name])
 
 
-def test_f16_conversion_keeps_norms_and_biases_f32_and_writes_an_untied_head(
-    memagent, untied, tmp_path
-):
+def test_f16_conversion_keeps_norms_and_biases_f32_and_writes_an_untied_head(cli, untied, tmp_path):
     folder, weights = untied
     out = tmp_path / "untied.F16.gguf"
-    result = memagent("models", "convert", str(folder), "--quant", "f16", "--out", str(out))
+    result = cli("models", "convert", str(folder), "--quant", "f16", "--out", str(out))
     assert result.returncode == 0, result.stderr
     _, written = gguf_files.read(out)
     head = written["output.weight"]
@@ -131,14 +129,14 @@ def test_f16_conversion_keeps_norms_and_biases_f32_and_writes_an_untied_head(
         assert (tensor.kind == gguf.GGMLQuantizationType.F32) == one_dimensional, name
 
 
-def test_convert_without_out_goes_where_list_finds_it(memagent, tied):
+def test_convert_without_out_goes_where_list_finds_it(cli, tied):
     folder, _ = tied
-    result = memagent("models", "convert", str(folder), "--quant", "F16", "--quiet")
+    result = cli("models", "convert", str(folder), "--quant", "F16", "--quiet")
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
     path = Path(result.stdout.strip())
     assert path.name == "Tiny-Qwen2.F16.gguf" and path.is_file()
-    rows = json.loads(memagent("models", "list", "--json").stdout)
+    rows = json.loads(cli("models", "list", "--json").stdout)
     row = next(r for r in rows if r["path"] == str(path))
     assert (row["architecture"], row["quantization"]) == ("qwen2", "F16")
     assert row["has_chat_template"] is True
@@ -194,34 +192,28 @@ def test_rope_settings_give_the_keys_llama_cpp_writes(tied, tmp_path, style):
     assert rope == {"qwen2.rope.freq_base": 1e6, **scaling}
 
 
-def test_bf16_beyond_f16_range_is_refused_for_f16_with_a_sentence(memagent, tmp_path):
+def test_bf16_beyond_f16_range_is_refused_for_f16_with_a_sentence(cli, tmp_path):
     """bf16 reaches 3e38, F16 65504: F16 would hold inf. A quantized type goes through a
     BF16 intermediate instead (tests/test_convert_model.py)."""
     folder = tmp_path / "Tiny-Qwen2"
     build(folder, values={("model.embed_tokens.weight", 5, 3): 99840.0})  # exact in bf16
     out = tmp_path / "out"
     out.mkdir()
-    result = memagent(
-        "models", "convert", str(folder), "--quant", "F16", "--out", str(out / "m.gguf")
-    )
+    result = cli("models", "convert", str(folder), "--quant", "F16", "--out", str(out / "m.gguf"))
     assert_clean_failure(
         result, 1, "Tensor token_embd.weight holds values beyond F16's range", "convert to BF16"
     )
     assert not list(out.iterdir())
 
 
-def test_f32_beyond_f16_range_is_refused_for_a_quantized_type_without_offering_one(
-    memagent, tmp_path
-):
+def test_f32_beyond_f16_range_is_refused_for_a_quantized_type_without_offering_one(cli, tmp_path):
     """float32 weights are quantized from an F16 intermediate (as llama.cpp's converter
     does): the refusal names the types that hold them, not a quantized one."""
     folder = tmp_path / "Tiny-Qwen2"
     build(folder, dtype="F32", values={("model.embed_tokens.weight", 5, 3): 99840.0})
     out = tmp_path / "out"
     out.mkdir()
-    result = memagent(
-        "models", "convert", str(folder), "--quant", "Q8_0", "--out", str(out / "m.gguf")
-    )
+    result = cli("models", "convert", str(folder), "--quant", "Q8_0", "--out", str(out / "m.gguf"))
     assert_clean_failure(result, 1, "beyond F16's range", "convert to BF16 or F32 (")
     assert "or to a quantized type" not in words(result.stderr)
     assert not list(out.iterdir())
@@ -275,11 +267,11 @@ GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(
         ("vocab_size", ["has token id 151664, but config.json's vocab_size is 151643"]),
     ],
 )
-def test_bad_model_folders_are_refused_with_one_sentence(memagent, tied, tmp_path, how, phrases):
+def test_bad_model_folders_are_refused_with_one_sentence(cli, tied, tmp_path, how, phrases):
     folder = broken_copy(tied[0], tmp_path / "model", how)
     out = tmp_path / "out"
     out.mkdir()
-    result = memagent("models", "convert", str(folder), "--out", str(out / "m.gguf"))
+    result = cli("models", "convert", str(folder), "--out", str(out / "m.gguf"))
     assert_clean_failure(result, 1, *phrases)
     assert len(result.stderr.strip().splitlines()) == 1
     assert not list(out.iterdir())
@@ -295,9 +287,9 @@ def test_bad_model_folders_are_refused_with_one_sentence(memagent, tied, tmp_pat
     ],
 )
 def test_a_type_memagent_cannot_make_is_refused_naming_those_it_makes(
-    memagent, tied, tmp_path, quant, why
+    cli, tied, tmp_path, quant, why
 ):
-    result = memagent("models", "convert", str(tied[0]), "--quant", quant, "--out", str(tmp_path))
+    result = cli("models", "convert", str(tied[0]), "--quant", quant, "--out", str(tmp_path))
     said = words(result.stderr.replace("│", " "))  # the usage error is drawn in a box
     assert result.returncode == 2 and result.stdout == "" and "Traceback" not in said
     assert why in said and "choose one of F32, F16, BF16, Q8_0, Q6_K" in said
@@ -305,8 +297,8 @@ def test_a_type_memagent_cannot_make_is_refused_naming_those_it_makes(
     assert not list(tmp_path.iterdir())
 
 
-def test_help_lists_the_types_memagent_makes_and_those_it_does_not(memagent):
-    said = words(memagent("models", "convert", "--help").stdout.replace("│", " "))
+def test_help_lists_the_types_memagent_makes_and_those_it_does_not(cli):
+    said = words(cli("models", "convert", "--help").stdout.replace("│", " "))
     assert "F32, F16, BF16, Q8_0, Q6_K, Q5_K_M" in said and "IQ3_S, Q2_K" in said
     assert "need an importance matrix (IQ1_S, IQ1_M, IQ2_XXS" in said
 
@@ -368,9 +360,9 @@ def repo_folder(env) -> Path:
     return Path(env["XDG_DATA_HOME"]) / "memagent" / "models" / "hf" / TINY_REPO
 
 
-def test_pull_of_hugging_face_weights_converts_and_registers(memagent, env, hub_with_weights):
+def test_pull_of_hugging_face_weights_converts_and_registers(cli, env, hub_with_weights):
     env["HF_TOKEN"] = "hf_secret"
-    result = memagent("models", "pull", f"{TINY_REPO}:F16")
+    result = cli("models", "pull", f"{TINY_REPO}:F16")
     assert result.returncode == 0, result.stderr
     path = Path(result.stdout.strip())
     assert path == repo_folder(env) / "Tiny-Qwen2.F16.gguf"
@@ -381,19 +373,19 @@ def test_pull_of_hugging_face_weights_converts_and_registers(memagent, env, hub_
     assert all(r.authorization == "Bearer hf_secret" for r in hub_with_weights.requests)
     assert not hub_with_weights.downloads("README.md")  # only what the conversion reads
 
-    rows = json.loads(memagent("models", "list", "--json").stdout)
+    rows = json.loads(cli("models", "list", "--json").stdout)
     row = next(r for r in rows if r["path"] == str(path))
     assert row["name"] == f"hf:{TINY_REPO}:F16" and row["architecture"] == "qwen2"
-    again = memagent("models", "pull", f"{TINY_REPO}:F16")
+    again = cli("models", "pull", f"{TINY_REPO}:F16")
     assert again.returncode == 0 and "already pulled" in again.stderr
     assert len(hub_with_weights.downloads("model-00001-of-00002.safetensors")) == 1
 
 
-def test_an_interrupted_pull_of_weights_resumes_where_it_stopped(memagent, env, hub_with_weights):
+def test_an_interrupted_pull_of_weights_resumes_where_it_stopped(cli, env, hub_with_weights):
     shard = "model-00001-of-00002.safetensors"
     served = hub_with_weights.repos[TINY_REPO][shard]
     served.drop_after, served.then_fail = 50_000, True  # hangs up, then the Hub is down
-    first = memagent("models", "pull", f"{TINY_REPO}:F16")
+    first = cli("models", "pull", f"{TINY_REPO}:F16")
     assert_clean_failure(first, 1, f"Download of {shard} stopped", "Run the same command again")
     assert not list(repo_folder(env).rglob("*.gguf*"))  # nothing that looks like a model
     (partial,) = repo_folder(env).rglob("*.incomplete")
@@ -401,7 +393,7 @@ def test_an_interrupted_pull_of_weights_resumes_where_it_stopped(memagent, env, 
     assert 0 < kept < len(served.content)
 
     served.then_fail = False
-    second = memagent("models", "pull", f"{TINY_REPO}:F16")
+    second = cli("models", "pull", f"{TINY_REPO}:F16")
     assert second.returncode == 0, second.stderr
     assert "resuming" in second.stderr
     assert hub_with_weights.downloads(shard)[-1].range == f"bytes={kept}-"
@@ -409,37 +401,35 @@ def test_an_interrupted_pull_of_weights_resumes_where_it_stopped(memagent, env, 
 
 
 def test_an_unsupported_architecture_is_refused_before_the_weights_download(
-    memagent, env, hub_with_weights
+    cli, env, hub_with_weights
 ):
     files = hub_with_weights.repos[TINY_REPO]
     config = json.loads(files["config.json"].content)
     config["architectures"] = ["GPT2LMHeadModel"]
     files["config.json"] = HubFile(json.dumps(config).encode(), lfs=False)
-    result = memagent("models", "pull", TINY_REPO)
+    result = cli("models", "pull", TINY_REPO)
     assert_clean_failure(result, 1, "holds a GPT2LMHeadModel", "memagent converts Qwen2ForCausalLM")
     assert not hub_with_weights.downloads("model-00001-of-00002.safetensors")
 
 
 def test_a_repository_without_tokenizer_json_is_refused_before_downloading(
-    memagent, env, hub_with_weights
+    cli, env, hub_with_weights
 ):
     del hub_with_weights.repos[TINY_REPO]["tokenizer.json"]
-    result = memagent("models", "pull", TINY_REPO)
+    result = cli("models", "pull", TINY_REPO)
     assert_clean_failure(result, 1, f"{TINY_REPO} has no tokenizer.json")
     assert not [r for r in hub_with_weights.requests if "/resolve/" in r.path]
 
 
 def test_pull_refuses_a_type_needing_an_importance_matrix_before_any_download(
-    memagent, hub_with_weights
+    cli, hub_with_weights
 ):
-    result = memagent("models", "pull", f"{TINY_REPO}:IQ2_XXS")
+    result = cli("models", "pull", f"{TINY_REPO}:IQ2_XXS")
     assert_clean_failure(result, 1, "IQ2_XXS needs an importance matrix", "choose one of F32")
     assert not [r for r in hub_with_weights.requests if "/resolve/" in r.path]
 
 
-def test_pull_downloads_only_the_shards_the_index_names_and_reads_dtype(
-    memagent, env, untied, tmp_path
-):
+def test_pull_downloads_only_the_shards_the_index_names_and_reads_dtype(cli, env, untied, tmp_path):
     """A repository may hold other safetensors (a consolidated copy, an adapter) beside the
     shards; newer transformers write `dtype` where older ones wrote `torch_dtype`."""
     folder, _ = untied  # F32 weights: 4 bytes a parameter, which only `dtype` says
@@ -454,7 +444,7 @@ def test_pull_downloads_only_the_shards_the_index_names_and_reads_dtype(
     with FakeHub() as server:
         server.add(TINY_REPO, files)
         use_hub(env, server, tmp_path / "hf")
-        result = memagent("models", "pull", f"{TINY_REPO}:F16")
+        result = cli("models", "pull", f"{TINY_REPO}:F16")
     assert result.returncode == 0, result.stderr
     assert not server.downloads("consolidated.safetensors")
     assert len(server.downloads("model-00002-of-00002.safetensors")) == 1
@@ -464,13 +454,13 @@ def test_pull_downloads_only_the_shards_the_index_names_and_reads_dtype(
 
 
 def test_pull_refuses_before_the_weights_when_the_quantizer_would_lack_memory(
-    memagent, hub_with_weights
+    cli, hub_with_weights
 ):
     files = hub_with_weights.repos[TINY_REPO]
     config = json.loads(files["config.json"].content)
     config["vocab_size"] = 1 << 40  # an embedding of 2^46 values: 281 TB as float32
     files["config.json"] = HubFile(json.dumps(config).encode(), lfs=False)
-    result = memagent("models", "pull", f"{TINY_REPO}:Q8_0")
+    result = cli("models", "pull", f"{TINY_REPO}:Q8_0")
     assert_clean_failure(
         result,
         1,
@@ -496,7 +486,7 @@ def sparse_safetensors(path: Path, name: str, shape: tuple[int, ...]) -> None:
         file.truncate(8 + len(raw) + size)
 
 
-def test_convert_says_disk_and_memory_and_refuses_when_both_are_short(memagent, tied, tmp_path):
+def test_convert_says_disk_and_memory_and_refuses_when_both_are_short(cli, tied, tmp_path):
     folder = shutil.copytree(tied[0], tmp_path / "Huge-Qwen2")
     sparse_safetensors(folder / "head.safetensors", "lm_head.weight", (1 << 35, 64))
     index = json.loads((folder / "model.safetensors.index.json").read_text())
@@ -504,7 +494,7 @@ def test_convert_says_disk_and_memory_and_refuses_when_both_are_short(memagent, 
     (folder / "model.safetensors.index.json").write_text(json.dumps(index))
     out = tmp_path / "out"
     out.mkdir()
-    result = memagent("models", "convert", str(folder), "--out", str(out / "m.gguf"))
+    result = cli("models", "convert", str(folder), "--out", str(out / "m.gguf"))
     assert_clean_failure(
         result, 1, f"of disk needed in {out} (", "of memory (", f"Not enough disk space in {out}"
     )
@@ -524,16 +514,14 @@ def amount(pattern: str, stderr: str) -> float:
     return float(number) * {"bytes": 1, "kB": 1e3, "MB": 1e6, "GB": 1e9}[unit]
 
 
-def test_delete_shards_frees_each_shard_once_converted_for_a_lower_peak(
-    memagent, env, hub_with_weights
-):
-    plain = memagent("models", "pull", f"{TINY_REPO}:F16")
+def test_delete_shards_frees_each_shard_once_converted_for_a_lower_peak(cli, env, hub_with_weights):
+    plain = cli("models", "pull", f"{TINY_REPO}:F16")
     assert plain.returncode == 0, plain.stderr
     path = Path(plain.stdout.strip())
     model = path.read_bytes()
     shutil.rmtree(repo_folder(env))
 
-    result = memagent("models", "pull", f"{TINY_REPO}:F16", "--delete-shards")
+    result = cli("models", "pull", f"{TINY_REPO}:F16", "--delete-shards")
     assert result.returncode == 0, result.stderr
     assert path.read_bytes() == model  # the same model, whatever was deleted on the way
     said = words(result.stderr)
@@ -612,7 +600,7 @@ def _quantizer(pid: int):
 
 @pytest.mark.parametrize("delete_shards", [False, True], ids=["shards kept", "--delete-shards"])
 def test_a_pull_whose_quantization_failed_quantizes_its_intermediate_when_run_again(
-    memagent, env, hub_with_weights, tmp_path, delete_shards
+    cli, env, hub_with_weights, tmp_path, delete_shards
 ):
     """The intermediate is complete: running again needs room for the model only, downloads
     nothing (with --delete-shards the shards are gone), and removes the intermediate."""
@@ -635,7 +623,7 @@ def test_a_pull_whose_quantization_failed_quantizes_its_intermediate_when_run_ag
     shards = [p.name for p in downloads.glob("*.safetensors")]
     assert intermediate.is_file() and len(shards) == (0 if delete_shards else 2)
 
-    second = memagent(*command)
+    second = cli(*command)
     assert second.returncode == 0, second.stderr
     said = words(second.stderr)
     assert "without downloading the weights again" in said
@@ -648,7 +636,7 @@ def test_a_pull_whose_quantization_failed_quantizes_its_intermediate_when_run_ag
 
 
 def test_an_intermediate_goes_after_quantizing_unless_keep_intermediate_marked_it(
-    memagent, env, tied, tmp_path
+    cli, env, tied, tmp_path
 ):
     """One a failed run left goes once the same command again has used it (it is tens of GB
     for a real model); one kept on request stays for every later type."""
@@ -671,15 +659,15 @@ def test_an_intermediate_goes_after_quantizing_unless_keep_intermediate_marked_i
     failed = with_the_quantizer_killed(env, tmp_path, *convert("Q8_0"))
     assert_clean_failure(failed, 1, "its process was killed (SIGKILL)", f"{intermediate} (")
     assert [p.name for p in out.iterdir()] == [intermediate.name]
-    again = memagent(*convert("Q8_0"))
+    again = cli(*convert("Q8_0"))
     assert again.returncode == 0, again.stderr
     assert f"using {intermediate} from an earlier run" in words(again.stderr)
     assert [p.name for p in out.iterdir()] == ["m.Q8_0.gguf"]
 
-    kept = memagent(*convert("Q4_0", "--keep-intermediate"))
+    kept = cli(*convert("Q4_0", "--keep-intermediate"))
     assert kept.returncode == 0, kept.stderr
     assert f"kept {intermediate}" in words(kept.stderr)
-    later = memagent(*convert("Q5_0"))  # without asking again
+    later = cli(*convert("Q5_0"))  # without asking again
     assert later.returncode == 0, later.stderr
     assert f"using {intermediate} from an earlier run" in words(later.stderr)
     assert f"kept {intermediate}" in words(later.stderr)

@@ -28,8 +28,8 @@ def holding(folder: Path, text: str) -> list[Path]:
     return [p for p in folder.rglob("*") if p.is_file() and text.encode() in p.read_bytes()]
 
 
-def cache_info(memagent) -> dict:
-    result = memagent("cache", "info", "--json")
+def cache_info(cli) -> dict:
+    result = cli("cache", "info", "--json")
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 
@@ -39,6 +39,7 @@ def test_an_encrypted_pdfs_text_is_nowhere_on_disk_after_ask(memagent, env, fake
     home, temp = tmp_path / "home", tmp_path / "tmp"
     temp.mkdir()
     env.update(MEMAGENT_HOME=str(home), TMPDIR=str(temp))
+    # A process: its temporary files go to $TMPDIR, searched below.
     # The codeword opens the document: the stand-in copies a section's first words into its
     # memory, as a model quoting the PDF word for word would.
     opening = [f"{CODEWORD} " + pages()[0], pages()[1]]
@@ -64,11 +65,11 @@ def test_an_encrypted_pdfs_text_is_nowhere_on_disk_after_ask(memagent, env, fake
     assert [p.parent.name for p in holding(home, CODEWORD)] == ["documents"]
 
 
-def test_the_cache_keeps_to_its_limit_dropping_the_least_recently_used(memagent, env, tmp_path):
+def test_the_cache_keeps_to_its_limit_dropping_the_least_recently_used(cli, env, tmp_path):
     books = [builders.pdf(tmp_path / f"b{i}.pdf", pages(seed=i)) for i in range(3)]
 
     def inspect(book: Path) -> str:
-        result = memagent("inspect", str(book), *INSPECT)
+        result = cli("inspect", str(book), *INSPECT)
         assert result.returncode == 0, result.stderr
         return json.loads(result.stdout)["document"]["sha256"]
 
@@ -79,7 +80,7 @@ def test_the_cache_keeps_to_its_limit_dropping_the_least_recently_used(memagent,
     sha.append(inspect(books[1]))
     inspect(books[0])  # b0 used again: b1 is now the one used longest ago
     sha.append(inspect(books[2]))
-    info = cache_info(memagent)
+    info = cache_info(cli)
     assert info["documents"] == 2 and info["bytes"] <= info["limit_bytes"] == int(one * 2.5)
     assert {p.stem for p in folder.glob("*.json")} == {sha[0], sha[2]}
 
@@ -87,33 +88,31 @@ def test_the_cache_keeps_to_its_limit_dropping_the_least_recently_used(memagent,
     inspect(books[0])
     assert not list(folder.glob("*.json"))
     env["MEMAGENT_DOCUMENT_CACHE_BYTES"] = "lots"
-    bad = memagent("cache", "info")
+    bad = cli("cache", "info")
     assert bad.returncode == 1 and "MEMAGENT_DOCUMENT_CACHE_BYTES must be a whole number" in (
         bad.stderr
     )
 
 
-def test_cache_path_info_and_clear(memagent, env, tmp_path):
+def test_cache_path_info_and_clear(cli, env, tmp_path):
     folder = Path(env["XDG_CACHE_HOME"]) / "memagent" / "documents"
-    path = memagent("cache", "path")
+    path = cli("cache", "path")
     assert path.returncode == 0 and path.stdout == f"{folder}\n"
     book = builders.pdf(tmp_path / "book.pdf", pages())
-    assert memagent("inspect", str(book), *INSPECT).returncode == 0
-    shown = memagent("cache", "info")
+    assert cli("inspect", str(book), *INSPECT).returncode == 0
+    shown = cli("cache", "info")
     assert shown.returncode == 0 and str(folder) in shown.stdout
     assert "documents  1" in shown.stdout and "1.0 GB" in shown.stdout  # the default limit
-    cleared = memagent("cache", "clear")
+    cleared = cli("cache", "clear")
     assert cleared.returncode == 0 and cleared.stdout == ""
     assert "deleted 1 cached document" in cleared.stderr and str(folder) in cleared.stderr
     assert not list(folder.glob("*.json")) and holding(folder.parent, CODEWORD) == []
-    again = memagent("cache", "clear")
+    again = cli("cache", "clear")
     assert again.returncode == 0 and "deleted 0 cached documents" in again.stderr
 
 
 @pytest.mark.parametrize("command", ["inspect", "ask"])
-def test_no_document_cache_neither_reads_nor_writes_it(
-    memagent, env, fake_server, tmp_path, command
-):
+def test_no_document_cache_neither_reads_nor_writes_it(cli, env, fake_server, tmp_path, command):
     book = builders.pdf(tmp_path / "book.pdf", pages())
     if command == "inspect":
         args = ["inspect", str(book), *INSPECT]
@@ -123,7 +122,7 @@ def test_no_document_cache_neither_reads_nor_writes_it(
     def read(*more: str) -> str:
         """The document's text as the command read it (for inspect, its length)."""
         before = len(fake_server.messages)
-        result = memagent(*args, *more)
+        result = cli(*args, *more)
         assert result.returncode == 0, result.stderr
         if command == "inspect":
             return "x" * json.loads(result.stdout)["document"]["characters"]

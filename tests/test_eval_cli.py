@@ -44,9 +44,9 @@ def lines_of(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def test_scores_table_json_and_records(memagent, fake_server, data, tmp_path):
+def test_scores_table_json_and_records(cli, fake_server, data, tmp_path):
     out = tmp_path / "run.jsonl"
-    result = memagent("eval", str(data), *served(fake_server, *STEPS), "-o", str(out))
+    result = cli("eval", str(data), *served(fake_server, *STEPS), "-o", str(out))
     assert result.returncode == 0, result.stderr
     table = [line.split() for line in result.stdout.splitlines() if "eval_" in line]
     assert [row[1] for row in table] == ["eval_50", "eval_100"]  # shortest first
@@ -63,7 +63,7 @@ def test_scores_table_json_and_records(memagent, fake_server, data, tmp_path):
         assert trace.finished and trace.final.reply == record["reply"]
     assert fake_server.chat_calls == sum(-(-r["tokens"] // 300) + 1 for r in records.values())
 
-    shown = memagent("eval", "report", str(out), "--json")
+    shown = cli("eval", "report", str(out), "--json")
     summary = json.loads(shown.stdout)["runs"][0]
     assert [(g["group"], g["cases"], g["sub_em"]) for g in summary["groups"]] == [
         ("eval_50", 2, 100.0),
@@ -72,17 +72,15 @@ def test_scores_table_json_and_records(memagent, fake_server, data, tmp_path):
     assert summary["overall"]["sub_em"] == 75.0
 
 
-def test_a_failing_server_keeps_finished_cases_and_the_same_command_continues(
-    memagent, data, tmp_path
-):
+def test_a_failing_server_keeps_finished_cases_and_the_same_command_continues(cli, data, tmp_path):
     out = tmp_path / "run.jsonl"
     with FakeServer(fail_after=3, fail_status=400) as failing:  # c1, c2 need two calls each
-        stopped = memagent("eval", str(data), *served(failing, *STEPS), "-o", str(out))
+        stopped = cli("eval", str(data), *served(failing, *STEPS), "-o", str(out))
     assert_clean_failure(stopped, 1, "run the same command again to continue")
     assert [r["id"] for r in lines_of(out)] == ["c1"]
 
     with FakeServer() as server:
-        again = memagent("eval", str(data), *served(server, *STEPS), "-o", str(out), "--json")
+        again = cli("eval", str(data), *served(server, *STEPS), "-o", str(out), "--json")
         assert again.returncode == 0, again.stderr
         assert "continuing: 1 cases done" in again.stderr
         records = lines_of(out)
@@ -124,17 +122,15 @@ def test_ctrl_c_with_parallel_runs_loses_at_most_the_cases_in_flight(data, env, 
         assert read_trace(Path(record["trace"])).finished
 
 
-def test_report_compares_runs_in_one_plot(memagent, fake_server, data, tmp_path):
+def test_report_compares_runs_in_one_plot(cli, fake_server, data, tmp_path):
     pytest.importorskip("matplotlib")
     runs = []
     for name, extra in (("a", []), ("b", ["--limit", "1"])):
         runs.append(tmp_path / f"{name}.jsonl")
-        result = memagent(
-            "eval", str(data), *served(fake_server, *STEPS), "-o", str(runs[-1]), *extra
-        )
+        result = cli("eval", str(data), *served(fake_server, *STEPS), "-o", str(runs[-1]), *extra)
         assert result.returncode == 0, result.stderr
     png = tmp_path / "cmp.png"
-    shown = memagent("eval", "report", *map(str, runs), "--plot", str(png))
+    shown = cli("eval", "report", *map(str, runs), "--plot", str(png))
     assert shown.returncode == 0, shown.stderr
     assert str(runs[0]) in shown.stdout and str(runs[1]) in shown.stdout  # a table each
     from PIL import Image
@@ -143,12 +139,12 @@ def test_report_compares_runs_in_one_plot(memagent, fake_server, data, tmp_path)
         assert image.format == "PNG"
 
 
-def test_niah_builds_runs_and_draws_the_heatmap(memagent, fake_server, tmp_path):
+def test_niah_builds_runs_and_draws_the_heatmap(cli, fake_server, tmp_path):
     pytest.importorskip("matplotlib")
     haystack = tmp_path / "hay.txt"
     haystack.write_text(story(200, fact=None))
     out, png = tmp_path / "niah.jsonl", tmp_path / "heat.png"
-    result = memagent(
+    result = cli(
         "eval", "niah", "--haystack", str(haystack), "--lengths", "1K", "--depths", "3",
         *served(fake_server, *STEPS), "-o", str(out), "--plot", str(png),
     )  # fmt: skip
@@ -163,18 +159,16 @@ def test_niah_builds_runs_and_draws_the_heatmap(memagent, fake_server, tmp_path)
         assert image.format == "PNG"
 
 
-def test_bad_data_is_one_sentence_before_any_model_is_touched(memagent, tmp_path):
+def test_bad_data_is_one_sentence_before_any_model_is_touched(cli, tmp_path):
     bad = tmp_path / "eval_50.json"
     bad.write_text(json.dumps([{"_id": 1, "input": "q", "context": "c"}]))
     missing_model = ["--model", str(tmp_path / "none.gguf")]
-    assert_clean_failure(
-        memagent("eval", str(bad), *missing_model), 1, 'case 1 has no "answers" field'
-    )
+    assert_clean_failure(cli("eval", str(bad), *missing_model), 1, 'case 1 has no "answers" field')
     bad.write_text("[]")
-    assert_clean_failure(memagent("eval", str(bad), *missing_model), 1, "holds no cases")
-    assert_clean_failure(memagent("eval", "report", str(tmp_path / "none.jsonl")), 1, "not found")
+    assert_clean_failure(cli("eval", str(bad), *missing_model), 1, "holds no cases")
+    assert_clean_failure(cli("eval", "report", str(tmp_path / "none.jsonl")), 1, "not found")
     assert_clean_failure(  # a choice, so the usage error lists the variants
-        memagent("eval", "niah", "--haystack", str(bad), "--needles", "many"),
+        cli("eval", "niah", "--haystack", str(bad), "--needles", "many"),
         2,
         "'many' is not one of 'single', 'multikey', 'multivalue', 'multiquery'",
     )

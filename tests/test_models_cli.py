@@ -83,12 +83,12 @@ def pulled_dir(env) -> Path:
 # models list / info ---------------------------------------------------------------------
 
 
-def test_list_reads_each_header_and_says_how_to_get_the_others(memagent, env, converted):
+def test_list_reads_each_header_and_says_how_to_get_the_others(cli, env, converted):
     mine = Path(env["XDG_DATA_HOME"]) / "memagent" / "models" / "mine.gguf"
     mine.parent.mkdir(parents=True)
     mine.write_bytes(converted.read_bytes())
     header = gguf_info.read(mine)
-    result = memagent("models", "list", "--json")
+    result = cli("models", "list", "--json")
     assert result.returncode == 0, result.stderr
     rows = {row["name"]: row for row in json.loads(result.stdout)}
     row = rows["mine"]
@@ -99,7 +99,7 @@ def test_list_reads_each_header_and_says_how_to_get_the_others(memagent, env, co
     assert rows["memagent-14b"]["downloaded"] is False
     assert rows["memagent-14b"]["how_to_get"] == "pull it with `memagent models pull memagent-14b`"
 
-    table = memagent("models", "list")
+    table = cli("models", "list")
     assert table.returncode == 0
     line = next(x for x in table.stdout.splitlines() if x.startswith("mine "))
     assert {"qwen2", "F16", "32,768", "yes"} <= set(line.split())
@@ -107,9 +107,9 @@ def test_list_reads_each_header_and_says_how_to_get_the_others(memagent, env, co
     assert "memagent-7b is not downloaded" in words(table.stderr)
 
 
-def test_info_shows_the_header_facts_and_the_chat_template(memagent, converted):
+def test_info_shows_the_header_facts_and_the_chat_template(cli, converted):
     header = gguf_info.read(converted)
-    result = memagent("models", "info", str(converted))
+    result = cli("models", "info", str(converted))
     assert result.returncode == 0, result.stderr
     text = words(result.stdout)
     facts = [
@@ -123,33 +123,33 @@ def test_info_shows_the_header_facts_and_the_chat_template(memagent, converted):
         assert fact in text
     assert words(header.chat_template or "") in text  # the template itself
 
-    as_json = json.loads(memagent("models", "info", str(converted), "--json").stdout)
+    as_json = json.loads(cli("models", "info", str(converted), "--json").stdout)
     assert as_json["chat_template"] == header.chat_template
     assert (as_json["vocabulary"], as_json["layers"]) == (header.vocabulary, 2)
 
 
 @pytest.mark.real_model  # needs the default model's package (no model is loaded)
-def test_default_model_metadata_smollm2(memagent):
+def test_default_model_metadata_smollm2(cli):
     """The facts of the default model as `models list` and `info` print them (SmolLM2-135M
     Q4_1): the one place where its particular numbers are checked."""
-    table = memagent("models", "list")
+    table = cli("models", "list")
     line = next(x for x in table.stdout.splitlines() if x.startswith("smollm2-135m"))
     assert {"llama", "Q4_1", "8,192", "yes", "98.4", "MB"} <= set(line.split())
-    info = words(memagent("models", "info", "smollm2-135m").stdout)
+    info = words(cli("models", "info", "smollm2-135m").stdout)
     for fact in ("architecture llama", "context 8,192 tokens", "layers 30", "49,152 tokens"):
         assert fact in info
     assert "<|im_start|>" in info
-    as_json = json.loads(memagent("models", "info", str(real_model_path()), "--json").stdout)
+    as_json = json.loads(cli("models", "info", str(real_model_path()), "--json").stdout)
     assert as_json["vocabulary"] == 49152
 
 
-def test_info_refuses_a_file_that_is_not_gguf(memagent, tmp_path, converted):
+def test_info_refuses_a_file_that_is_not_gguf(cli, tmp_path, converted):
     fake = tmp_path / "model.gguf"
     fake.write_bytes(b"PK\x03\x04 this is a zip, not a model" * 10)
-    assert_clean_failure(memagent("models", "info", str(fake)), 1, "is not a GGUF model file")
+    assert_clean_failure(cli("models", "info", str(fake)), 1, "is not a GGUF model file")
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(converted.read_bytes()[:4096])
-    assert_clean_failure(memagent("models", "info", str(cut)), 1, "damaged GGUF file")
+    assert_clean_failure(cli("models", "info", str(cut)), 1, "damaged GGUF file")
 
 
 def hostile_gguf(path: Path, n_dims: int = 0xFFFFFFFF) -> Path:
@@ -181,7 +181,7 @@ def test_huge_counts_in_a_small_gguf_are_refused_without_allocating(header, tmp_
         gguf_info.read(path)
 
 
-def test_a_101_byte_gguf_claiming_4_billion_dimensions_is_damaged_not_4_gb(memagent, tmp_path):
+def test_a_101_byte_gguf_claiming_4_billion_dimensions_is_damaged_not_4_gb(cli, tmp_path):
     path = hostile_gguf(tmp_path / "hostile.gguf")
     limit = 1 << 30  # address space: far below the 4 GB the dimensions would take
     run = subprocess.run(
@@ -194,25 +194,25 @@ def test_a_101_byte_gguf_claiming_4_billion_dimensions_is_damaged_not_4_gb(memag
     assert_clean_failure(run, 1, "is a damaged GGUF file")
 
 
-def test_list_shows_a_broken_file_and_goes_on(memagent, env):
+def test_list_shows_a_broken_file_and_goes_on(cli, env):
     folder = Path(env["XDG_DATA_HOME"]) / "memagent" / "models"
     folder.mkdir(parents=True)
     (folder / "notes.gguf").write_text("not a model")
     hostile_gguf(folder / "hostile.gguf")
-    result = memagent("models", "list")
+    result = cli("models", "list")
     assert result.returncode == 0, result.stderr
     rows = {line.split()[0]: line for line in result.stdout.splitlines()[1:]}
     assert "broken" in rows["notes"] and "broken" in rows["hostile"]
     assert "notes.gguf is not a GGUF model file" in words(result.stderr)
     assert "hostile.gguf is a damaged GGUF file" in words(result.stderr)
     assert "smollm2-135m" in rows and "broken" not in rows["smollm2-135m"]
-    listed = json.loads(memagent("models", "list", "--json").stdout)
+    listed = json.loads(cli("models", "list", "--json").stdout)
     broken = {Path(r["path"]).name: r["error"] for r in listed if r.get("error")}
     assert set(broken) == {"notes.gguf", "hostile.gguf"}
 
 
-def test_info_of_an_hf_model_not_pulled_says_how(memagent):
-    result = memagent("models", "info", "hf:someone/Other-GGUF:Q4_K_M")
+def test_info_of_an_hf_model_not_pulled_says_how(cli):
+    result = cli("models", "info", "hf:someone/Other-GGUF:Q4_K_M")
     assert_clean_failure(
         result, 1, "has not been pulled yet", "memagent models pull someone/Other-GGUF"
     )
@@ -221,11 +221,9 @@ def test_info_of_an_hf_model_not_pulled_says_how(memagent):
 # models pull -----------------------------------------------------------------------------
 
 
-def test_pull_downloads_a_verified_gguf_that_list_and_info_then_show(
-    memagent, env, fake_hub, real_gguf
-):
+def test_pull_downloads_a_verified_gguf_that_list_and_info_then_show(cli, env, fake_hub, real_gguf):
     env["HF_TOKEN"] = "hf_secret"
-    result = memagent("models", "pull", f"{REPO}:q4_1")  # tags match in any case
+    result = cli("models", "pull", f"{REPO}:q4_1")  # tags match in any case
     assert result.returncode == 0, result.stderr
     path = Path(result.stdout.strip())
     assert path == pulled_dir(env) / MODEL_FILE
@@ -234,7 +232,7 @@ def test_pull_downloads_a_verified_gguf_that_list_and_info_then_show(
     assert "downloading" in result.stderr and "pulled" in result.stderr
     assert all(r.authorization == "Bearer hf_secret" for r in fake_hub.requests)
 
-    rows = json.loads(memagent("models", "list", "--json").stdout)
+    rows = json.loads(cli("models", "list", "--json").stdout)
     row = next(r for r in rows if r["path"] == str(path))
     assert row["name"] == f"hf:{REPO}:Q4_1"
     assert (row["architecture"], row["quantization"], row["context_length"]) == (
@@ -242,24 +240,24 @@ def test_pull_downloads_a_verified_gguf_that_list_and_info_then_show(
         "Q4_1",
         32768,
     )
-    info = memagent("models", "info", f"hf:{REPO}:Q4_1")
+    info = cli("models", "info", f"hf:{REPO}:Q4_1")
     assert info.returncode == 0 and "quantization Q4_1" in words(info.stdout)
 
-    again = memagent("models", "pull", f"{REPO}:Q4_1")
+    again = cli("models", "pull", f"{REPO}:Q4_1")
     assert again.returncode == 0 and "already pulled" in again.stderr
     assert len(fake_hub.downloads(MODEL_FILE)) == 1
 
 
-def test_pull_without_a_tag_takes_q4_k_m_else_q8_0_as_llama_cpp_does(memagent, env, fake_hub):
-    result = memagent("models", "pull", REPO)
+def test_pull_without_a_tag_takes_q4_k_m_else_q8_0_as_llama_cpp_does(cli, env, fake_hub):
+    result = cli("models", "pull", REPO)
     assert result.returncode == 0, result.stderr
     assert Path(result.stdout.strip()).name == "Tiny.Q8_0.gguf"
 
 
-def test_an_interrupted_pull_resumes_where_it_stopped(memagent, env, fake_hub, real_gguf):
+def test_an_interrupted_pull_resumes_where_it_stopped(cli, env, fake_hub, real_gguf):
     served = fake_hub.repos[REPO][MODEL_FILE]
     served.drop_after, served.then_fail = 5_000_000, True  # hangs up, then the Hub is down
-    first = memagent("models", "pull", f"{REPO}:Q4_1")
+    first = cli("models", "pull", f"{REPO}:Q4_1")
     assert_clean_failure(first, 1, "Download of", "stopped", "Run the same command again to resume")
     (partial,) = pulled_dir(env).glob("*.incomplete")
     kept = partial.stat().st_size
@@ -267,7 +265,7 @@ def test_an_interrupted_pull_resumes_where_it_stopped(memagent, env, fake_hub, r
     assert real_gguf.startswith(partial.read_bytes())
 
     served.then_fail = False
-    second = memagent("models", "pull", f"{REPO}:Q4_1")
+    second = cli("models", "pull", f"{REPO}:Q4_1")
     assert second.returncode == 0, second.stderr
     assert "resuming" in second.stderr
     assert fake_hub.downloads(MODEL_FILE)[-1].range == f"bytes={kept}-"
@@ -275,9 +273,9 @@ def test_an_interrupted_pull_resumes_where_it_stopped(memagent, env, fake_hub, r
     assert not list(pulled_dir(env).glob("*.incomplete"))
 
 
-def test_a_dropped_connection_is_resumed_within_one_pull(memagent, env, fake_hub, real_gguf):
+def test_a_dropped_connection_is_resumed_within_one_pull(cli, env, fake_hub, real_gguf):
     fake_hub.repos[REPO][MODEL_FILE].drop_after = 5_000_000
-    result = memagent("models", "pull", f"{REPO}:Q4_1")
+    result = cli("models", "pull", f"{REPO}:Q4_1")
     assert result.returncode == 0, result.stderr
     assert Path(result.stdout.strip()).read_bytes() == real_gguf
     ranges = [r.range for r in fake_hub.downloads(MODEL_FILE)]
@@ -307,54 +305,54 @@ def test_a_download_shows_its_bytes_then_the_check_of_its_checksum(
     assert checked[-1][2] == size and dest.read_bytes() == real_gguf
 
 
-def test_a_download_with_the_wrong_checksum_is_refused_and_deleted(memagent, env, fake_hub):
+def test_a_download_with_the_wrong_checksum_is_refused_and_deleted(cli, env, fake_hub):
     fake_hub.repos[REPO][MODEL_FILE].announced_sha256 = "0" * 64
-    result = memagent("models", "pull", f"{REPO}:Q4_1")
+    result = cli("models", "pull", f"{REPO}:Q4_1")
     assert_clean_failure(result, 1, "is corrupt", "sha256", "the Hub says " + "0" * 64, "deleted")
     assert not list(pulled_dir(env).iterdir())
 
 
-def test_unknown_repository(memagent, fake_hub):
-    result = memagent("models", "pull", "someone/no-such-model-GGUF")
+def test_unknown_repository(cli, fake_hub):
+    result = cli("models", "pull", "someone/no-such-model-GGUF")
     assert_clean_failure(result, 1, "There is no repository someone/no-such-model-GGUF")
 
 
-def test_missing_quantization_lists_the_available_ones(memagent, fake_hub):
-    result = memagent("models", "pull", f"{REPO}:Q2_K")
+def test_missing_quantization_lists_the_available_ones(cli, fake_hub):
+    result = cli("models", "pull", f"{REPO}:Q2_K")
     assert_clean_failure(result, 1, f"No GGUF file in {REPO} matches Q2_K; available: Q4_1, Q8_0.")
 
 
-def test_unreachable_hub(memagent, env, fake_hub):
+def test_unreachable_hub(cli, env, fake_hub):
     env["HF_ENDPOINT"] = "http://127.0.0.1:9"  # nothing listens on the discard port
-    result = memagent("models", "pull", REPO)
+    result = cli("models", "pull", REPO)
     assert_clean_failure(result, 1, "Cannot reach the Hugging Face Hub at http://127.0.0.1:9")
 
 
-def test_not_a_repository_nor_a_name(memagent):
-    result = memagent("models", "pull", "no-such-thing")
+def test_not_a_repository_nor_a_name(cli):
+    result = cli("models", "pull", "no-such-thing")
     assert_clean_failure(result, 1, "neither a registry name", "OWNER/NAME[:QUANT]")
 
 
 @pytest.mark.real_model  # needs the default model's package (no model is loaded)
-def test_pulling_an_installed_registry_model_names_its_file(memagent):
-    result = memagent("models", "pull", "smollm2-135m")
+def test_pulling_an_installed_registry_model_names_its_file(cli):
+    result = cli("models", "pull", "smollm2-135m")
     assert result.returncode == 0, result.stderr
     assert Path(result.stdout.strip()) == real_model_path()
     assert "already installed" in result.stderr
 
 
-def test_a_split_model_is_pulled_whole(memagent, env, fake_hub, tmp_path):
+def test_a_split_model_is_pulled_whole(cli, env, fake_hub, tmp_path):
     parts = {
         f"big-Q4_K_M-0000{i}-of-00002.gguf": tiny_gguf(tmp_path / f"{i}.gguf", rows=4 + i)
         for i in (1, 2)
     }
     fake_hub.add("someone/Big-GGUF", parts)
-    result = memagent("models", "pull", "someone/Big-GGUF")
+    result = cli("models", "pull", "someone/Big-GGUF")
     assert result.returncode == 0, result.stderr
     first = Path(result.stdout.strip())
     assert first.name == "big-Q4_K_M-00001-of-00002.gguf"
     assert sorted(p.name for p in first.parent.iterdir()) == sorted(parts)
-    rows = json.loads(memagent("models", "list", "--json").stdout)
+    rows = json.loads(cli("models", "list", "--json").stdout)
     (row,) = [r for r in rows if r["name"].startswith("hf:someone/Big-GGUF")]
     assert row["size"] == sum(len(b) for b in parts.values())
 
@@ -442,44 +440,42 @@ def test_a_registry_entry_with_an_hf_gguf_is_pulled_by_name(env, fake_hub, monke
     assert (row.name, row.info.architecture, row.info.context_length) == ("tiny", "qwen2", 32768)
 
 
-def test_info_of_a_fifo_is_refused_without_waiting(memagent, tmp_path):
+def test_info_of_a_fifo_is_refused_without_waiting(cli, tmp_path):
     fifo = tmp_path / "model.gguf"
     os.mkfifo(fifo)
-    result = memagent("models", "info", str(fifo), timeout=30)
+    result = cli("models", "info", str(fifo), timeout=30)
     assert_clean_failure(result, 1, "is not a regular file")
 
 
 # models rm -------------------------------------------------------------------------------
 
 
-def test_rm_removes_one_quantization_or_the_whole_model_and_says_what_it_freed(
-    memagent, env, fake_hub
-):
-    assert memagent("models", "pull", f"{REPO}:Q8_0").returncode == 0
+def test_rm_removes_one_quantization_or_the_whole_model_and_says_what_it_freed(cli, env, fake_hub):
+    assert cli("models", "pull", f"{REPO}:Q8_0").returncode == 0
     q8 = pulled_dir(env) / "Tiny.Q8_0.gguf"
     served = fake_hub.repos[REPO][MODEL_FILE]
     served.drop_after, served.then_fail = 5_000_000, True
-    assert memagent("models", "pull", f"{REPO}:Q4_1").returncode == 1  # a partial download
+    assert cli("models", "pull", f"{REPO}:Q4_1").returncode == 1  # a partial download
     (partial,) = pulled_dir(env).glob("*.incomplete")
     kept = partial.stat().st_size
 
-    one = memagent("models", "rm", f"{REPO}:q4_1", "--json")  # tags in any case, as pull
+    one = cli("models", "rm", f"{REPO}:q4_1", "--json")  # tags in any case, as pull
     assert one.returncode == 0, one.stderr
     removed = [{"path": str(partial), "size": kept}]
     assert json.loads(one.stdout) == {"name": f"{REPO}:q4_1", "removed": removed, "freed": kept}
     assert [p.name for p in pulled_dir(env).iterdir()] == [q8.name]
 
     size = q8.stat().st_size
-    whole = memagent("models", "rm", f"hf:{REPO}")
+    whole = cli("models", "rm", f"hf:{REPO}")
     assert whole.returncode == 0, whole.stderr
     assert whole.stdout == f"removed {pulled_dir(env)} ({decimal(size)})\nfreed {decimal(size)}\n"
     assert not pulled_dir(env).parent.exists()  # the owner's folder, empty, went too
-    rows = json.loads(memagent("models", "list", "--json").stdout)
+    rows = json.loads(cli("models", "list", "--json").stdout)
     assert not [r for r in rows if REPO in r["name"]]
-    assert_clean_failure(memagent("models", "rm", f"hf:{REPO}"), 1, f"hf:{REPO} is not pulled")
+    assert_clean_failure(cli("models", "rm", f"hf:{REPO}"), 1, f"hf:{REPO} is not pulled")
 
 
-def test_f16_is_never_bf16_for_rm_or_model(memagent, env, fake_hub, tmp_path):
+def test_f16_is_never_bf16_for_rm_or_model(cli, env, fake_hub, tmp_path):
     """Both pulled: `rm REPO:F16` takes the F16 file only, and `-m hf:REPO:F16` is it."""
     files = {
         f"t.{tag}.gguf": tiny_gguf(tmp_path / f"{tag}.gguf", rows=r)
@@ -487,34 +483,32 @@ def test_f16_is_never_bf16_for_rm_or_model(memagent, env, fake_hub, tmp_path):
     }
     fake_hub.add("someone/Both", files)
     for tag in ("BF16", "F16"):
-        assert memagent("models", "pull", f"someone/Both:{tag}").returncode == 0
+        assert cli("models", "pull", f"someone/Both:{tag}").returncode == 0
     folder = pulled_dir(env).parent / "Both"
-    info = json.loads(memagent("models", "info", "hf:someone/Both:F16", "--json").stdout)
+    info = json.loads(cli("models", "info", "hf:someone/Both:F16", "--json").stdout)
     assert Path(info["path"]) == folder / "t.F16.gguf"
-    removed = json.loads(memagent("models", "rm", "someone/Both:F16", "--json").stdout)
+    removed = json.loads(cli("models", "rm", "someone/Both:F16", "--json").stdout)
     assert [Path(r["path"]).name for r in removed["removed"]] == ["t.F16.gguf"]
     assert [p.name for p in folder.iterdir()] == ["t.BF16.gguf"]
 
 
-def test_rm_of_a_split_model_removes_every_part(memagent, env, fake_hub, tmp_path):
+def test_rm_of_a_split_model_removes_every_part(cli, env, fake_hub, tmp_path):
     parts = {
         f"big-Q4_K_M-0000{i}-of-00002.gguf": tiny_gguf(tmp_path / f"{i}.gguf", rows=4 + i)
         for i in (1, 2)
     }
     fake_hub.add("someone/Big-GGUF", parts)
-    pulled = Path(memagent("models", "pull", "someone/Big-GGUF").stdout.strip()).parent
-    removed = json.loads(memagent("models", "rm", "someone/Big-GGUF:Q4_K_M", "--json").stdout)
+    pulled = Path(cli("models", "pull", "someone/Big-GGUF").stdout.strip()).parent
+    removed = json.loads(cli("models", "rm", "someone/Big-GGUF:Q4_K_M", "--json").stdout)
     assert [Path(r["path"]).name for r in removed["removed"]] == sorted(parts)
     assert removed["freed"] == sum(len(b) for b in parts.values())
     assert not pulled.exists()  # nothing else was in its folder
 
 
-def test_rm_of_a_registry_name_takes_its_partial_files_and_downloaded_weights(
-    memagent, env, tmp_path
-):
+def test_rm_of_a_registry_name_takes_its_partial_files_and_downloaded_weights(cli, env, tmp_path):
     folder = tmp_path / "RL-MemoryAgent-7B"  # converted where `-m memagent-7b:F16` finds it
     build(folder)
-    converted = memagent("models", "convert", str(folder), "--quant", "F16", "--quiet")
+    converted = cli("models", "convert", str(folder), "--quant", "F16", "--quiet")
     assert converted.returncode == 0, converted.stderr
     model = Path(converted.stdout.strip())
     # What an interrupted `models pull memagent-7b` leaves: a half-quantized model and a
@@ -525,48 +519,46 @@ def test_rm_of_a_registry_name_takes_its_partial_files_and_downloaded_weights(
     shard.parent.mkdir()
     shard.write_bytes(b"\0" * 500)
 
-    one = memagent("models", "rm", "memagent-7b:Q4_K_M")
+    one = cli("models", "rm", "memagent-7b:Q4_K_M")
     assert one.returncode == 0, one.stderr
     assert one.stdout == f"removed {half} (1.0 kB)\nfreed 1.0 kB\n"
     assert model.is_file() and shard.is_file()
 
     size = model.stat().st_size
-    whole = json.loads(memagent("models", "rm", "memagent-7b", "--json").stdout)
+    whole = json.loads(cli("models", "rm", "memagent-7b", "--json").stdout)
     assert whole["removed"] == [{"path": str(model.parent), "size": size + 500}]
     assert whole["freed"] == size + 500 and not model.parent.exists()
-    rows = {r["name"]: r for r in json.loads(memagent("models", "list", "--json").stdout)}
+    rows = {r["name"]: r for r in json.loads(cli("models", "list", "--json").stdout)}
     assert rows["memagent-7b"]["downloaded"] is False
 
 
-def test_rm_refuses_what_it_does_not_know_or_does_not_hold(memagent, env, tmp_path):
+def test_rm_refuses_what_it_does_not_know_or_does_not_hold(cli, env, tmp_path):
     folder = tmp_path / "Tiny-Qwen2"
     build(folder)
-    converted = memagent("models", "convert", str(folder), "--quant", "F16", "--quiet")
+    converted = cli("models", "convert", str(folder), "--quant", "F16", "--quiet")
     model = Path(converted.stdout.strip())  # in the data folder, listed as Tiny-Qwen2.F16
     assert_clean_failure(
-        memagent("models", "rm", "no-such-model"),
+        cli("models", "rm", "no-such-model"),
         1,
         "no-such-model is not a model memagent knows",
         "`memagent models list` names them",
     )
-    assert_clean_failure(memagent("models", "rm", "memagent-14b"), 1, "memagent-14b is not pulled")
-    assert_clean_failure(
-        memagent("models", "rm", "Tiny-Qwen2.Q8_0"), 1, "is not a model memagent knows"
-    )
+    assert_clean_failure(cli("models", "rm", "memagent-14b"), 1, "memagent-14b is not pulled")
+    assert_clean_failure(cli("models", "rm", "Tiny-Qwen2.Q8_0"), 1, "is not a model memagent knows")
     assert model.is_file()
-    removed = memagent("models", "rm", "Tiny-Qwen2.F16")
+    removed = cli("models", "rm", "Tiny-Qwen2.F16")
     assert removed.returncode == 0, removed.stderr
     assert removed.stdout.startswith(f"removed {model} (") and not model.exists()
 
 
 def test_rm_of_a_converted_model_takes_its_intermediate_once_no_other_type_is_left(
-    memagent, env, tmp_path
+    cli, env, tmp_path
 ):
     folder = tmp_path / "Tiny-Qwen2"
     build(folder)
 
     def convert(quant: str) -> Path:
-        done = memagent(
+        done = cli(
             "models", "convert", str(folder), "--quant", quant, "--keep-intermediate", "--quiet"
         )
         assert done.returncode == 0, done.stderr
@@ -577,10 +569,10 @@ def test_rm_of_a_converted_model_takes_its_intermediate_once_no_other_type_is_le
     mark = intermediate.with_name(intermediate.name + ".keep")
     assert intermediate.is_file() and mark.is_file()
 
-    one = json.loads(memagent("models", "rm", "Tiny-Qwen2.Q8_0", "--json").stdout)
+    one = json.loads(cli("models", "rm", "Tiny-Qwen2.Q8_0", "--json").stdout)
     assert [r["path"] for r in one["removed"]] == [str(q8)]  # Q4_0 may be quantized again
     sizes = {p: p.stat().st_size for p in (q4, intermediate, mark)}
-    last = memagent("models", "rm", "Tiny-Qwen2.Q4_0")
+    last = cli("models", "rm", "Tiny-Qwen2.Q4_0")
     assert last.returncode == 0, last.stderr
     assert last.stdout == "".join(f"removed {p} ({decimal(n)})\n" for p, n in sizes.items()) + (
         f"freed {decimal(sum(sizes.values()))}\n"
@@ -588,10 +580,10 @@ def test_rm_of_a_converted_model_takes_its_intermediate_once_no_other_type_is_le
     assert not list(q4.parent.iterdir())
 
 
-def test_pull_and_convert_help_list_the_types_and_completion_offers_them(memagent, env):
+def test_pull_and_convert_help_list_the_types_and_completion_offers_them(cli, env):
     types = "F32, F16, BF16, Q8_0, Q6_K, Q5_K_M, Q5_K_S, Q5_1, Q5_0, Q4_K_M, Q4_K_S"
     for command in ("pull", "convert"):
-        said = words(memagent("models", command, "--help").stdout.replace("│", " "))
+        said = words(cli("models", command, "--help").stdout.replace("│", " "))
         assert types in said and "IQ3_M, IQ3_S, Q2_K, any case" in said, command
         assert "need an importance matrix (IQ1_S, IQ1_M, IQ2_XXS" in said, command
 
@@ -601,7 +593,7 @@ def test_pull_and_convert_help_list_the_types_and_completion_offers_them(memagen
             COMP_WORDS=f"memagent models convert folder --quant {typed}",
             COMP_CWORD="5",
         )
-        return memagent().stdout.split()
+        return cli().stdout.split()
 
     assert complete("Q4") == ["Q4_K_M", "Q4_K_S", "Q4_1", "Q4_0"]
     assert complete("q5_k") == ["q5_k_m", "q5_k_s"]  # in the case typed: --quant is any case
@@ -609,8 +601,8 @@ def test_pull_and_convert_help_list_the_types_and_completion_offers_them(memagen
 
 
 @pytest.mark.real_model  # needs the default model's package (no model is loaded)
-def test_rm_leaves_a_model_inside_a_python_package_to_pip(memagent):
-    result = memagent("models", "rm", "smollm2-135m")
+def test_rm_leaves_a_model_inside_a_python_package_to_pip(cli):
+    result = cli("models", "rm", "smollm2-135m")
     assert_clean_failure(
         result,
         1,
@@ -622,12 +614,12 @@ def test_rm_leaves_a_model_inside_a_python_package_to_pip(memagent):
 
 @pytest.mark.parametrize("name", ["../evil.gguf", "/tmp/evil.gguf", "sub/../../evil.gguf"])
 def test_a_repository_naming_a_file_outside_its_folder_is_refused(
-    memagent, env, fake_hub, tmp_path, name
+    cli, env, fake_hub, tmp_path, name
 ):
     """A hostile repository cannot make a pull write outside the model's folder."""
     fake_hub.add("someone/Evil-GGUF", {"model-Q4_K_M.gguf": tiny_gguf(tmp_path / "m.gguf"),
                                        name: b"not a model"})  # fmt: skip
-    result = memagent("models", "pull", "someone/Evil-GGUF")
+    result = cli("models", "pull", "someone/Evil-GGUF")
     assert_clean_failure(result, 1, "which would be written outside the model's folder")
     assert repr(name) in result.stderr
     assert not fake_hub.downloads(name) and not fake_hub.downloads("model-Q4_K_M.gguf")
@@ -644,7 +636,7 @@ def test_only_names_inside_the_folder_are_safe():
         assert not _safe_name(name), name
 
 
-def test_a_download_stops_at_its_declared_size(memagent, env, fake_hub, tmp_path):
+def test_a_download_stops_at_its_declared_size(cli, env, fake_hub, tmp_path):
     """A server that sends more than the repository declares cannot fill the disk: the
     pull reads the declared bytes, checks them, and stops."""
     model = tiny_gguf(tmp_path / "m.gguf")
@@ -654,7 +646,7 @@ def test_a_download_stops_at_its_declared_size(memagent, env, fake_hub, tmp_path
         announced_sha256=hashlib.sha256(model).hexdigest(),
     )
     fake_hub.add("someone/Flood-GGUF", {"model-Q8_0.gguf": flood})
-    result = memagent("models", "pull", "someone/Flood-GGUF")
+    result = cli("models", "pull", "someone/Flood-GGUF")
     assert result.returncode == 0, result.stderr
     pulled = Path(result.stdout.strip())
     assert pulled.read_bytes() == model

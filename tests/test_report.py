@@ -102,29 +102,27 @@ def doc(tmp_path) -> Path:
 # ---------------------------------------------------------------- provenance in the commands
 
 
-def test_ask_says_where_the_answer_came_from_and_json_carries_it(memagent, fake_server, doc):
-    result = memagent("ask", str(doc), "Which word opens the text?", *served(fake_server, *STEPS))
+def test_ask_says_where_the_answer_came_from_and_json_carries_it(cli, fake_server, doc):
+    result = cli("ask", str(doc), "Which word opens the text?", *served(fake_server, *STEPS))
     assert ok(result) == "Zanzibar\n"
     chunks = read_trace(Path(re.search(r"trace: (\S+)", result.stderr)[1])).header.total_steps
     assert 2 <= chunks <= 5  # the stand-in's memory keeps 30 words: 6 from each chunk
     # On stderr, under the answer: the tokens of a text (no pages), steps counted from 1.
     assert f"from tokens 0–300, step 1 of {chunks}" in words(result.stderr)
     again = served(fake_server, *STEPS, "--json", "--no-cache", "-q")
-    out = json.loads(ok(memagent("ask", str(doc), "Which word opens the text?", *again)))
+    out = json.loads(ok(cli("ask", str(doc), "Which word opens the text?", *again)))
     assert out["evidence"] == [
         {"step": 1, "words": ["zanzibar"], "tokens": [0, 300], "chars": out["steps"][0]["chars"]}
     ]
     assert out["evidence"] == read_trace(Path(out["trace"])).final.evidence
 
 
-def test_trace_shows_the_sources_of_a_kept_answer(memagent, tmp_path):
+def test_trace_shows_the_sources_of_a_kept_answer(cli, tmp_path):
     path = write_trace(tmp_path / "kept.jsonl", MEMORIES)
-    out = ok(memagent("trace", str(path)))
+    out = ok(cli("trace", str(path)))
     assert "Answer: PELICAN" in out and "Evidence: from pp. i–1, step 2 of 5" in out
-    assert "- **Evidence:** from pp. i–1, step 2 of 5" in ok(
-        memagent("trace", str(path), "--markdown")
-    )
-    final = json.loads(ok(memagent("trace", str(path), "--json")))["final"]
+    assert "- **Evidence:** from pp. i–1, step 2 of 5" in ok(cli("trace", str(path), "--markdown"))
+    final = json.loads(ok(cli("trace", str(path), "--json")))["final"]
     assert final["evidence"] == [
         {"step": 2, "words": ["pelican"], "tokens": [60, 120], "chars": [60, 120], "pages": "i–1"}
     ]
@@ -139,13 +137,13 @@ def test_trace_shows_the_sources_of_a_kept_answer(memagent, tmp_path):
     ],
     ids=["one-evidence-dict", "no-evidence"],
 )  # fmt: skip
-def test_a_trace_of_the_previous_release_shows_in_every_view(memagent, tmp_path, old, shown):
+def test_a_trace_of_the_previous_release_shows_in_every_view(cli, tmp_path, old, shown):
     path = as_old_release(write_trace(tmp_path / "old.jsonl", MEMORIES), old)
-    assert f"Evidence: {shown}" in ok(memagent("trace", str(path)))
-    data = json.loads(ok(memagent("trace", str(path), "--json")))
+    assert f"Evidence: {shown}" in ok(cli("trace", str(path)))
+    data = json.loads(ok(cli("trace", str(path), "--json")))
     assert data["problems"] == [] and isinstance(data["final"]["evidence"], list)
     page = tmp_path / "old.html"
-    ok(memagent("trace", str(path), "--html", str(page)))
+    ok(cli("trace", str(path), "--html", str(page)))
     text = page.read_text()
     assert ("pp. i–1, step 2 of 5</a>" if old else "No source in the document") in text
     assert ('class="step source" id="run-1-step-2"' in text) == (old is not None)
@@ -154,11 +152,11 @@ def test_a_trace_of_the_previous_release_shows_in_every_view(memagent, tmp_path,
 # ---------------------------------------------------------------- the HTML, as text
 
 
-def test_ask_report_has_a_tab_per_question_and_every_step(memagent, fake_server, doc, tmp_path):
+def test_ask_report_has_a_tab_per_question_and_every_step(cli, fake_server, doc, tmp_path):
     page = tmp_path / "report.html"
     questions = ["Which word opens the text?", "What <b>opens</b> it?"]
     options = served(fake_server, *STEPS, "--report", str(page), "--no-trace")
-    ok(memagent("ask", str(doc), *questions, *options))
+    ok(cli("ask", str(doc), *questions, *options))
     text = page.read_text()
     chunks = fake_server.chat_calls // len(questions) - 1  # an update per chunk, the answer
     assert text.count("(none written: --no-trace)") == 2  # the report holds what no trace does
@@ -172,24 +170,24 @@ def test_ask_report_has_a_tab_per_question_and_every_step(memagent, fake_server,
     assert "<script" not in text and not re.search(r'(src|href)="(?!#)', text)
 
 
-def test_ask_report_path_is_checked_before_any_model(memagent, doc, tmp_path):
-    result = memagent("ask", str(doc), "q?", "--report", str(tmp_path / "no" / "r.html"),
+def test_ask_report_path_is_checked_before_any_model(cli, doc, tmp_path):
+    result = cli("ask", str(doc), "q?", "--report", str(tmp_path / "no" / "r.html"),
                       "-m", "nope.gguf")  # fmt: skip
     assert_clean_failure(result, 1, "Cannot write the report")
 
 
-def test_several_traces_need_html_and_a_missing_one_is_one_sentence(memagent, tmp_path):
+def test_several_traces_need_html_and_a_missing_one_is_one_sentence(cli, tmp_path):
     path = write_trace(tmp_path / "a.jsonl", MEMORIES)
-    assert_clean_failure(memagent("trace", str(path), str(path)), 2, "only in an --html report")
-    missing = memagent("trace", str(path), str(tmp_path / "nope.jsonl"), "--html", "r.html")
+    assert_clean_failure(cli("trace", str(path), str(path)), 2, "only in an --html report")
+    missing = cli("trace", str(path), str(tmp_path / "nope.jsonl"), "--html", "r.html")
     assert missing.returncode == 1 and "Traceback" not in missing.stderr
 
 
-def test_runs_stopped_early_or_before_any_step_show_as_far_as_they_go(memagent, tmp_path):
+def test_runs_stopped_early_or_before_any_step_show_as_far_as_they_go(cli, tmp_path):
     stopped = write_trace(tmp_path / "stopped.jsonl", MEMORIES[:2])
     never = write_trace(tmp_path / "never.jsonl", [])
     page = tmp_path / "stopped.html"
-    ok(memagent("trace", str(stopped), str(never), "--html", str(page)))
+    ok(cli("trace", str(stopped), str(never), "--html", str(page)))
     text = page.read_text()
     assert text.count("No answer yet") == 2
     assert "interrupted (SIGINT) after 2 of 5 steps" in text and "after 0 of 5 steps" in text
@@ -197,21 +195,21 @@ def test_runs_stopped_early_or_before_any_step_show_as_far_as_they_go(memagent, 
     assert ">token 288</text>" in text  # the strip ends where the document does, unread
 
 
-def test_hostile_text_is_escaped_everywhere(memagent, tmp_path):
+def test_hostile_text_is_escaped_everywhere(cli, tmp_path):
     path = write_trace(tmp_path / "h.jsonl", MEMORIES, question=f"Who? {HOSTILE}")
     page = tmp_path / "h.html"
-    ok(memagent("trace", str(path), "--html", str(page)))
+    ok(cli("trace", str(path), "--html", str(page)))
     text = page.read_text()
     assert "<script" not in text and 'href="javascript' not in text
     assert "&lt;script&gt;document.title=&#x27;pwned&#x27;&lt;/script&gt;" in text
     assert "<title>memagent: Who? &lt;script&gt;" in text
 
 
-def test_a_runaway_reply_is_cut_on_top_and_whole_below(memagent, tmp_path):
+def test_a_runaway_reply_is_cut_on_top_and_whole_below(cli, tmp_path):
     reply = "The password is PELICAN. " * 100  # no box, as small models answer
     path = write_trace(tmp_path / "long.jsonl", MEMORIES, reply=reply)
     page = tmp_path / "long.html"
-    ok(memagent("trace", str(path), "--html", str(page)))
+    ok(cli("trace", str(path), "--html", str(page)))
     text = page.read_text()
     top = re.search(r'<div class="answer">(.*?)</div>', text, re.S)[1]
     assert len(top) < 500 and top.endswith(" …")
@@ -224,9 +222,9 @@ def strip_of(page: Path) -> str:
     return re.search(r"<svg.*?</svg>", page.read_text(), re.S)[0]
 
 
-def test_the_strip_reads_as_the_documents_pages(memagent, tmp_path):
+def test_the_strip_reads_as_the_documents_pages(cli, tmp_path):
     page = tmp_path / "pages.html"
-    ok(memagent("trace", str(write_trace(tmp_path / "t.jsonl", MEMORIES)), "--html", str(page)))
+    ok(cli("trace", str(write_trace(tmp_path / "t.jsonl", MEMORIES)), "--html", str(page)))
     strip = strip_of(page)
     # A tick where each step starts (288 tokens over 1,000 units), naming its first page ...
     ticks = re.findall(r'<line x1="([\d.]+)"[^>]*><title>step (\d) starts on (.*?), token', strip)
@@ -239,12 +237,12 @@ def test_the_strip_reads_as_the_documents_pages(memagent, tmp_path):
     assert labels == [("0.0", "p. i"), ("416.7", "p. 1"), ("625.0", "p. 2"), ("833.3", "p. 3")]
 
 
-def test_the_strip_reads_as_the_documents_chapters(memagent, tmp_path):
+def test_the_strip_reads_as_the_documents_chapters(cli, tmp_path):
     titles = ["Prologue", "The Vault – Part One", "Noon & <Night>", "The Fall"]
     parts = [(title, text) for title, (_, text) in zip(titles, PAGES, strict=True)]
     path = write_trace(tmp_path / "t.jsonl", MEMORIES, parts=parts, unit="chapter")
     page = tmp_path / "chapters.html"
-    ok(memagent("trace", str(path), "--html", str(page)))
+    ok(cli("trace", str(path), "--html", str(page)))
     labels = re.findall(r'<text class="dim" x="[\d.]+" y="84.0"[^>]*>(.*?)</text>', strip_of(page))
     # A title holding the separator of spans is cut there ("The Vault"); each is text.
     assert labels == ["Prologue", "The Vault", "Noon &amp; &lt;Night&gt;", "The Fall"]
@@ -267,13 +265,13 @@ def eval_results(path: Path, name: str) -> Path:
     return path
 
 
-def test_eval_report_html_holds_the_tables_and_the_plot(memagent, tmp_path):
+def test_eval_report_html_holds_the_tables_and_the_plot(cli, tmp_path):
     runs = [
         eval_results(tmp_path / "q4.jsonl", "<i>Paris</i>"),
         eval_results(tmp_path / "<q8>.jsonl", "x"),
     ]
     page = tmp_path / "eval.html"
-    result = memagent("eval", "report", *map(str, runs), "--html", str(page))
+    result = cli("eval", "report", *map(str, runs), "--html", str(page))
     table = ok(result)  # the terminal table still comes on stdout
     assert "eval_50" in table and f"report: {page}" in words(result.stderr)
     text = page.read_text()
@@ -350,11 +348,11 @@ def console(shown: subprocess.CompletedProcess) -> list[str]:
 
 
 @needs_browser
-def test_the_console_check_sees_a_blocked_request_and_a_script_error(memagent, tmp_path):
+def test_the_console_check_sees_a_blocked_request_and_a_script_error(cli, tmp_path):
     # The control for the empty consoles asserted below: the same report, with a remote image
     # and a script added, logs both; without its policy, the script's error.
     page = tmp_path / "report.html"
-    ok(memagent("trace", str(write_trace(tmp_path / "kept.jsonl", MEMORIES)), "--html", str(page)))
+    ok(cli("trace", str(write_trace(tmp_path / "kept.jsonl", MEMORIES)), "--html", str(page)))
     clean = page.read_text()
     added = '<img src="http://127.0.0.1:9/x.png" alt=""><script>missing()</script></body>'
     blocked = tmp_path / "blocked.html"
@@ -373,12 +371,12 @@ def test_the_console_check_sees_a_blocked_request_and_a_script_error(memagent, t
 
 
 @needs_browser
-def test_the_report_renders_in_a_browser_and_a_hostile_trace_stays_inert(memagent, tmp_path):
+def test_the_report_renders_in_a_browser_and_a_hostile_trace_stays_inert(cli, tmp_path):
     kept = write_trace(tmp_path / "kept.jsonl", MEMORIES)
     hostile = write_trace(tmp_path / "h.jsonl", ["No.", HOSTILE, HOSTILE, HOSTILE, HOSTILE],
                           question=f"Who? {HOSTILE}")  # fmt: skip
     page = tmp_path / "report.html"
-    ok(memagent("trace", str(kept), str(hostile), "--html", str(page)))
+    ok(cli("trace", str(kept), str(hostile), "--html", str(page)))
     profile = tmp_path / "profile"
 
     shown = browse(page, profile, "--dump-dom")
@@ -412,13 +410,9 @@ def test_the_report_renders_in_a_browser_and_a_hostile_trace_stays_inert(memagen
 
 
 @needs_browser
-def test_the_eval_report_renders_its_plot_in_a_browser(memagent, tmp_path):
+def test_the_eval_report_renders_its_plot_in_a_browser(cli, tmp_path):
     page = tmp_path / "eval.html"
-    ok(
-        memagent(
-            "eval", "report", str(eval_results(tmp_path / "q4.jsonl", "x")), "--html", str(page)
-        )
-    )
+    ok(cli("eval", "report", str(eval_results(tmp_path / "q4.jsonl", "x")), "--html", str(page)))
     shown = browse(page, tmp_path / "profile", "--dump-dom")
     assert shown.returncode == 0, shown.stderr
     # The chart is inline SVG: nothing blocked, nothing logged.

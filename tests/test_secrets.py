@@ -46,15 +46,13 @@ def files_holding(folder: Path, *secrets: str) -> list[Path]:
     ids=["password=,api-key", "password,api-key="],
 )
 def test_no_secret_given_on_the_command_line_comes_back_out(
-    memagent, env, fake_server, locked_pdf, tmp_path, spelling
+    cli, env, fake_server, locked_pdf, tmp_path, spelling
 ):
     secrets = ("pdf-Secret-2718", "key-Secret-3141")
     fake_server.fail_after, fake_server.fail_status = 2, 400  # stops the run: a resume hint
     # An encrypted document's run keeps a trace (and so can resume) only when one is named.
     trace = ["--trace", str(tmp_path / "kept.jsonl")]
-    stopped = memagent(
-        "ask", str(locked_pdf), QUESTION, *served(fake_server, *STEPS, *spelling, *trace)
-    )
+    stopped = cli("ask", str(locked_pdf), QUESTION, *served(fake_server, *STEPS, *spelling, *trace))
     assert_clean_failure(stopped, 1, "Stopped after 2 of", "resume with:")
     assert fake_server.authorizations == {"Bearer key-Secret-3141"}  # the key was used
     for secret in secrets:
@@ -70,7 +68,7 @@ def test_no_secret_given_on_the_command_line_comes_back_out(
     )
     fake_server.fail_after = None
     env.update(MEMAGENT_PDF_PASSWORD=secrets[0], MEMAGENT_API_KEY=secrets[1])
-    resumed = memagent(*shlex.split(hint)[1:], "--json")
+    resumed = cli(*shlex.split(hint)[1:], "--json")
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming" in resumed.stderr and json.loads(resumed.stdout)["answer"]
     for secret in secrets:
@@ -78,24 +76,24 @@ def test_no_secret_given_on_the_command_line_comes_back_out(
     assert files_holding(tmp_path, *secrets) == []
 
 
-def test_both_secrets_come_from_the_environment(memagent, env, fake_server, locked_pdf):
-    refused = memagent("ask", str(locked_pdf), QUESTION, *served(fake_server, *STEPS))
+def test_both_secrets_come_from_the_environment(cli, env, fake_server, locked_pdf):
+    refused = cli("ask", str(locked_pdf), QUESTION, *served(fake_server, *STEPS))
     assert_clean_failure(refused, 1, "is encrypted; pass --password, or set MEMAGENT_PDF_PASSWORD")
     env.update(MEMAGENT_PDF_PASSWORD="pdf-Secret-2718", OPENAI_API_KEY="key-from-openai-var")
-    result = memagent("ask", str(locked_pdf), QUESTION, *served(fake_server, *STEPS), "-q")
+    result = cli("ask", str(locked_pdf), QUESTION, *served(fake_server, *STEPS), "-q")
     assert result.returncode == 0, result.stderr
     assert fake_server.authorizations >= {"Bearer key-from-openai-var"}
     env["MEMAGENT_API_KEY"] = "key-from-memagent-var"  # memagent's own variable comes first
-    result = memagent("ask", str(locked_pdf), QUESTION, *served(fake_server, *STEPS, "--no-cache"))
+    result = cli("ask", str(locked_pdf), QUESTION, *served(fake_server, *STEPS, "--no-cache"))
     assert result.returncode == 0, result.stderr
     assert "Bearer key-from-memagent-var" in fake_server.authorizations
 
 
-def test_the_server_url_comes_from_openai_base_url(memagent, env, fake_server, tmp_path):
+def test_the_server_url_comes_from_openai_base_url(cli, env, fake_server, tmp_path):
     doc = tmp_path / "doc.txt"
     doc.write_text(story(30))
     env["OPENAI_BASE_URL"] = fake_server.url
-    result = memagent("ask", str(doc), QUESTION, "--backend", "openai", *STEPS, "--json")
+    result = cli("ask", str(doc), QUESTION, "--backend", "openai", *STEPS, "--json")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["model"]["path"] == fake_server.url
     assert fake_server.chat_calls > 0
@@ -141,14 +139,12 @@ def _pending(fd: int) -> bytes:
         return b""
 
 
-def test_no_prompt_without_a_terminal(memagent, locked_pdf):
-    result = memagent("inspect", str(locked_pdf), "--tokenizer", "tiktoken", input="guess\n")
+def test_no_prompt_without_a_terminal(cli, locked_pdf):
+    result = cli("inspect", str(locked_pdf), "--tokenizer", "tiktoken", input="guess\n")
     assert_clean_failure(result, 1, "locked.pdf is encrypted; pass --password")
 
 
-def test_credentials_in_the_server_url_are_sent_but_never_shown(
-    memagent, env, fake_server, tmp_path
-):
+def test_credentials_in_the_server_url_are_sent_but_never_shown(cli, env, fake_server, tmp_path):
     import base64
 
     doc = tmp_path / "doc.txt"
@@ -157,7 +153,7 @@ def test_credentials_in_the_server_url_are_sent_but_never_shown(
     url = fake_server.url.replace("http://", f"http://reader:{secret}@")
     fake_server.fail_after, fake_server.fail_status = 2, 400  # an error and a resume hint
     report = tmp_path / "report.html"
-    stopped = memagent(
+    stopped = cli(
         "ask", str(doc), QUESTION, "--backend", "openai", "--base-url", url, *STEPS,
         "--report", str(report),
     )  # fmt: skip
@@ -175,7 +171,7 @@ def test_credentials_in_the_server_url_are_sent_but_never_shown(
     assert "--base-url" not in hint
     fake_server.fail_after = None
     env["MEMAGENT_BASE_URL"] = url
-    resumed = memagent(*shlex.split(hint)[1:], "--json")
+    resumed = cli(*shlex.split(hint)[1:], "--json")
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming" in resumed.stderr
     assert json.loads(resumed.stdout)["model"]["path"] == fake_server.url  # recorded without
@@ -184,19 +180,19 @@ def test_credentials_in_the_server_url_are_sent_but_never_shown(
 
     # A URL without credentials stays in the hint as it was given.
     fake_server.fail_after = fake_server.chat_calls + 1
-    plain = memagent("ask", str(doc), "Who?", *served(fake_server, *STEPS))
+    plain = cli("ask", str(doc), "Who?", *served(fake_server, *STEPS))
     assert plain.returncode == 1 and f"--base-url {fake_server.url}" in words(plain.stderr)
     assert "left out" not in plain.stderr
 
 
 def test_an_encrypted_documents_run_keeps_no_trace_and_the_hint_says_so(
-    memagent, env, fake_server, locked_pdf, tmp_path
+    cli, env, fake_server, locked_pdf, tmp_path
 ):
     env["MEMAGENT_PDF_PASSWORD"] = "pdf-Secret-2718"
     plain = tmp_path / "plain.txt"
     plain.write_text(story(30))
     fake_server.fail_after, fake_server.fail_status = 2, 400
-    alone = memagent("ask", str(locked_pdf), QUESTION, *served(fake_server, *STEPS))
+    alone = cli("ask", str(locked_pdf), QUESTION, *served(fake_server, *STEPS))
     assert_clean_failure(alone, 1, "Stopped after 2 of")
     said = words(alone.stderr)
     assert "locked.pdf is encrypted, so no trace is written" in said
@@ -210,7 +206,7 @@ def test_an_encrypted_documents_run_keeps_no_trace_and_the_hint_says_so(
     fake_server.fail_after = fake_server.chat_calls + 2
     listed = tmp_path / "documents.txt"
     listed.write_text(f"{plain}\n")
-    both = memagent(
+    both = cli(
         "ask", str(locked_pdf), QUESTION, "--documents", str(listed), *served(fake_server, *STEPS)
     )
     assert both.returncode == 1
@@ -221,7 +217,7 @@ def test_an_encrypted_documents_run_keeps_no_trace_and_the_hint_says_so(
     assert "plain" in kept.name  # the plain document's trace, and no other
 
 
-def test_eval_never_shows_the_api_key(memagent, fake_server, tmp_path):
+def test_eval_never_shows_the_api_key(cli, fake_server, tmp_path):
     data = tmp_path / "eval_50.json"
     cases = [
         {"_id": f"c{i}", "input": "Which word opens the text?", "answers": [word],
@@ -233,10 +229,10 @@ def test_eval_never_shows_the_api_key(memagent, fake_server, tmp_path):
     secret = "key-Secret-3141"
     args = ["eval", str(data), *served(fake_server, *STEPS), "-o", str(out), "--api-key", secret]
     fake_server.fail_after, fake_server.fail_status = 3, 400  # the second case fails
-    stopped = memagent(*args)
+    stopped = cli(*args)
     assert_clean_failure(stopped, 1, "run the same command again to continue")
     fake_server.fail_after = None
-    finished = memagent(*args, "--json")
+    finished = cli(*args, "--json")
     assert finished.returncode == 0, finished.stderr
     assert json.loads(finished.stdout)["cases"] == 3
     assert fake_server.authorizations == {f"Bearer {secret}"}  # the key was used

@@ -154,10 +154,10 @@ def finished(env) -> Path:
     return write_trace(traces_dir(env) / "run.jsonl")
 
 
-def test_the_latest_trace_shows_the_run_and_a_table_of_steps(memagent, env, finished):
+def test_the_latest_trace_shows_the_run_and_a_table_of_steps(cli, env, finished):
     older = write_trace(traces_dir(env) / "older.jsonl", question="Who is the keeper?")
     os.utime(older, (1_000_000, 1_000_000))
-    out = ok(memagent("trace"))
+    out = ok(cli("trace"))
     assert "Question: " + QUESTION in out and "Who is the keeper" not in out
     assert "Document: /books/tower.pdf (pdf, " in out and "5 chunks" in out
     assert "Model: tiny-model (/models/tiny.gguf, 0.25 GiB)" in out
@@ -172,43 +172,37 @@ def test_the_latest_trace_shows_the_run_and_a_table_of_steps(memagent, env, fini
     assert "Answer: PELICAN" in out
     # PELICAN came in at step 2 but the final memory lost it: the answer has no source there.
     assert "Evidence: no source in the document: the final memory does not hold" in words(out)
-    assert ok(memagent("trace", str(finished))) == out
+    assert ok(cli("trace", str(finished))) == out
 
 
-def test_a_trace_named_without_its_folder_is_found_in_the_data_folder(memagent, finished):
-    assert "Answer: PELICAN" in ok(memagent("trace", "run.jsonl"))
+def test_a_trace_named_without_its_folder_is_found_in_the_data_folder(cli, finished):
+    assert "Answer: PELICAN" in ok(cli("trace", "run.jsonl"))
 
 
-def test_step_shows_the_whole_memory_with_its_span(memagent, finished):
-    out = ok(memagent("trace", str(finished), "--step", "3"))
+def test_step_shows_the_whole_memory_with_its_span(cli, finished):
+    out = ok(cli("trace", str(finished), "--step", "3"))
     assert out.splitlines()[0] == "memory after step 3, p. 1–2, tokens 120–180 (11 tokens)"
     assert out.splitlines()[1:] == MEMORIES[2].splitlines()
 
 
-def test_step_1_is_the_first_chunk_and_the_last_step_is_the_number_of_steps(memagent, finished):
-    first = ok(memagent("trace", str(finished), "--step", "1")).splitlines()
+def test_step_1_is_the_first_chunk_and_the_last_step_is_the_number_of_steps(cli, finished):
+    first = ok(cli("trace", str(finished), "--step", "1")).splitlines()
     assert first[0] == "memory after step 1, p. i, tokens 0–60 (8 tokens)"
     assert first[1:] == MEMORIES[0].splitlines()
-    last = ok(memagent("trace", str(finished), "--step", "5")).splitlines()
+    last = ok(cli("trace", str(finished), "--step", "5")).splitlines()
     assert last[0].startswith("memory after step 5, p. 3, ")
     assert last[1:] == MEMORIES[4].splitlines()
 
 
-def test_a_step_out_of_range_is_one_sentence(memagent, finished):
-    assert_clean_failure(
-        memagent("trace", str(finished), "--step", "6"), 1, "no step 6", "steps 1 to 5"
-    )
-    assert_clean_failure(
-        memagent("trace", str(finished), "--step", "0"), 1, "no step 0", "steps 1 to 5"
-    )
-    assert_clean_failure(
-        memagent("trace", str(finished), "--diff", "0"), 1, "no step 0", "steps 1 to 5"
-    )
-    assert_clean_failure(memagent("trace", str(finished), "--diff", "-1"), 1, "no step -1")
+def test_a_step_out_of_range_is_one_sentence(cli, finished):
+    assert_clean_failure(cli("trace", str(finished), "--step", "6"), 1, "no step 6", "steps 1 to 5")
+    assert_clean_failure(cli("trace", str(finished), "--step", "0"), 1, "no step 0", "steps 1 to 5")
+    assert_clean_failure(cli("trace", str(finished), "--diff", "0"), 1, "no step 0", "steps 1 to 5")
+    assert_clean_failure(cli("trace", str(finished), "--diff", "-1"), 1, "no step -1")
 
 
-def test_diff_shows_words_dropped_and_added(memagent, finished):
-    out = ok(memagent("trace", str(finished), "--diff", "3"))
+def test_diff_shows_words_dropped_and_added(cli, finished):
+    out = ok(cli("trace", str(finished), "--diff", "3"))
     lines = out.splitlines()
     assert lines[0] == "step 3, p. 1–2, tokens 120–180: +5 -6 words against step 2"
     assert lines[1:] == [
@@ -218,39 +212,39 @@ def test_diff_shows_words_dropped_and_added(memagent, finished):
     ]
 
 
-def test_diff_of_the_first_step_is_against_the_initial_memory(memagent, finished):
-    out = ok(memagent("trace", str(finished), "--diff", "1"))
+def test_diff_of_the_first_step_is_against_the_initial_memory(cli, finished):
+    out = ok(cli("trace", str(finished), "--diff", "1"))
     assert out.startswith("step 1, p. i, tokens 0–60: +6 -3 words against the initial memory\n")
     assert "[-No previous memory-]{+The vault is in the tower.+}" in out
 
 
-def test_diff_is_coloured_on_a_terminal(memagent, env, finished):
+def test_diff_is_coloured_on_a_terminal(cli, env, finished):
     env["FORCE_COLOR"] = "1"
-    out = ok(memagent("trace", str(finished), "--diff", "3"))
+    out = ok(cli("trace", str(finished), "--diff", "3"))
     assert "\x1b[" in out and "[-" not in out and "{+" not in out
 
 
-def test_grep_tells_when_a_fact_entered_and_left_the_memory(memagent, finished):
-    out = ok(memagent("trace", str(finished), "--grep", "pelican"))
+def test_grep_tells_when_a_fact_entered_and_left_the_memory(cli, finished):
+    out = ok(cli("trace", str(finished), "--grep", "pelican"))
     assert "step 2, p. i–1, tokens 60–120\n  The password is PELICAN.\n" in out
     assert "step 3, p. 1–2, tokens 120–180\n  The password is PELICAN.\n" in out
     assert "step 1," not in out and "step 4" not in out
     assert "'pelican' is in the memory at steps 2–3 (of steps 1–5)." in out
-    out = ok(memagent("trace", str(finished), "--grep", "vault"))
+    out = ok(cli("trace", str(finished), "--grep", "vault"))
     assert "'vault' is in the memory at steps 1–2 (of steps 1–5)." in out
-    out = ok(memagent("trace", str(finished), "--grep", "fell"))
+    out = ok(cli("trace", str(finished), "--grep", "fell"))
     assert out.startswith("step 5, p. 3, ")
     assert "'fell' is in the memory at step 5 (of steps 1–5)." in out
 
 
-def test_grep_with_no_match_exits_1_like_grep(memagent, finished):
-    result = memagent("trace", str(finished), "--grep", "albatross")
+def test_grep_with_no_match_exits_1_like_grep(cli, finished):
+    result = cli("trace", str(finished), "--grep", "albatross")
     assert result.returncode == 1 and result.stdout == ""
     assert "No step's memory contains 'albatross'" in result.stderr
 
 
-def test_json_is_the_whole_trace(memagent, finished):
-    data = json.loads(ok(memagent("trace", str(finished), "--json")))
+def test_json_is_the_whole_trace(cli, finished):
+    data = json.loads(ok(cli("trace", str(finished), "--json")))
     assert data["status"] == "finished" and data["problems"] == []
     assert data["header"]["question"] == QUESTION
     assert [s["memory"] for s in data["steps"]] == MEMORIES
@@ -260,7 +254,7 @@ def test_json_is_the_whole_trace(memagent, finished):
     assert data["final"]["answer"] == "PELICAN" and data["final"]["evidence"] == []
 
 
-def test_a_trace_of_format_1_still_reads_with_steps_from_1(memagent, finished):
+def test_a_trace_of_format_1_still_reads_with_steps_from_1(cli, finished):
     """Format 1 counted from 0 (a step record's "index") and recorded no evidence as null."""
     old = finished.with_name("old.jsonl")
     records = [json.loads(line) for line in finished.read_text().splitlines()]
@@ -273,16 +267,16 @@ def test_a_trace_of_format_1_still_reads_with_steps_from_1(memagent, finished):
             record["evidence"] = None
     old.write_text("".join(json.dumps(r) + "\n" for r in records))
     assert '"index": 0' in old.read_text()
-    data = json.loads(ok(memagent("trace", str(old), "--json")))
+    data = json.loads(ok(cli("trace", str(old), "--json")))
     assert [s["step"] for s in data["steps"]] == [1, 2, 3, 4, 5] and data["problems"] == []
     assert data["final"]["evidence"] == [] and data["header"]["format"] == 2
-    assert ok(memagent("trace", str(old))) == ok(memagent("trace", str(finished))).replace(
+    assert ok(cli("trace", str(old))) == ok(cli("trace", str(finished))).replace(
         str(finished), str(old)
     )
 
 
-def test_markdown_is_a_report_with_every_memory(memagent, finished):
-    out = ok(memagent("trace", str(finished), "--markdown"))
+def test_markdown_is_a_report_with_every_memory(cli, finished):
+    out = ok(cli("trace", str(finished), "--markdown"))
     assert out.startswith(f"# {QUESTION}\n")
     assert "- **Answer:** PELICAN" in out
     assert "- **Evidence:** no source in the document" in out
@@ -294,7 +288,7 @@ def test_markdown_is_a_report_with_every_memory(memagent, finished):
     assert "## Final reply" in out and REPLY in out
 
 
-def test_list_shows_traces_newest_first(memagent, env):
+def test_list_shows_traces_newest_first(cli, env):
     folder = traces_dir(env)
     write_trace(folder / "a.jsonl", question="Who is the keeper?")
     write_trace(folder / "b.jsonl", replies=MEMORIES[:2], question="When does the guard sleep?")
@@ -304,7 +298,7 @@ def test_list_shows_traces_newest_first(memagent, env):
         os.utime(folder / f"{name}.jsonl", (2_000_000 - age * 1000,) * 2)
     os.utime(folder / "junk.jsonl", (1_000, 1_000))
 
-    result = memagent("trace", "--list")
+    result = cli("trace", "--list")
     out = ok(result)
     rows = [line for line in out.splitlines() if ".jsonl" in line]
     assert [r.split()[-1] for r in rows] == ["c.jsonl", "a.jsonl", "b.jsonl", "junk.jsonl"]
@@ -315,29 +309,29 @@ def test_list_shows_traces_newest_first(memagent, env):
     junk = [line for line in out.splitlines() if "junk.jsonl" in line]
     assert junk and "unreadable" in junk[0]  # listed, and the others still are
 
-    listed = json.loads(ok(memagent("trace", "--list", "--json")))
+    listed = json.loads(ok(cli("trace", "--list", "--json")))
     assert [Path(t["path"]).name for t in listed] == ["c.jsonl", "a.jsonl", "b.jsonl", "junk.jsonl"]
     assert listed[3]["status"] == "unreadable" and "not a memagent trace" in listed[3]["error"]
     assert listed[2]["status"] == "interrupted" and listed[2]["steps_done"] == 2
     assert listed[2]["steps_total"] == 5 and listed[2]["answer"] is None
 
 
-def test_no_traces_yet(memagent):
-    assert_clean_failure(memagent("trace"), 1, "no traces in", "memagent ask")
+def test_no_traces_yet(cli):
+    assert_clean_failure(cli("trace"), 1, "no traces in", "memagent ask")
 
 
-def test_an_interrupted_trace_says_how_far_it_got(memagent, tmp_path):
+def test_an_interrupted_trace_says_how_far_it_got(cli, tmp_path):
     path = write_trace(tmp_path / "t.jsonl", replies=MEMORIES[:3])
-    out = ok(memagent("trace", str(path)))
+    out = ok(cli("trace", str(path)))
     assert "Unfinished: interrupted (SIGINT) after 3 of 5 steps" in out
     assert "Answer" not in out
 
 
-def test_a_trace_cut_mid_line_is_shown_as_far_as_it_goes(memagent, tmp_path):
+def test_a_trace_cut_mid_line_is_shown_as_far_as_it_goes(cli, tmp_path):
     path = write_trace(tmp_path / "t.jsonl")
     lines = path.read_bytes().split(b"\n")
     path.write_bytes(b"\n".join(lines[:4]) + b"\n" + lines[4][:40])  # header, steps 0-2, cut
-    result = memagent("trace", str(path))
+    result = cli("trace", str(path))
     out = ok(result)
     rows = [line.split()[0] for line in out.splitlines() if line.strip()[:1].isdigit()]
     assert rows == ["1", "2", "3"]
@@ -349,80 +343,78 @@ def step_rows(out: str) -> list[str]:
     return [line.split()[0] for line in out.splitlines() if line.strip()[:1].isdigit()]
 
 
-def test_a_resumed_run_that_finished_is_finished_with_every_step_once(memagent, env):
+def test_a_resumed_run_that_finished_is_finished_with_every_step_once(cli, env):
     path = write_trace(traces_dir(env) / "resumed.jsonl", replies=MEMORIES[:2])
     resume_trace(path, 2)
     kinds = [json.loads(line)["type"] for line in path.read_text().splitlines()]
     assert kinds == ["header", "step", "step", "interrupted", "resumed", *["step"] * 3, "final"]
 
-    out = ok(memagent("trace", str(path)))
+    out = ok(cli("trace", str(path)))
     assert step_rows(out) == ["1", "2", "3", "4", "5"]
     assert "Answer: PELICAN" in out and "Evidence: no source in the document" in out
     assert "Unfinished" not in out and "nterrupted" not in out
-    assert ok(memagent("trace", str(path), "--step", "3")).splitlines()[1:] == (
-        MEMORIES[2].splitlines()
-    )
-    assert "- **Answer:** PELICAN" in ok(memagent("trace", str(path), "--markdown"))
+    assert ok(cli("trace", str(path), "--step", "3")).splitlines()[1:] == (MEMORIES[2].splitlines())
+    assert "- **Answer:** PELICAN" in ok(cli("trace", str(path), "--markdown"))
 
-    row = [line for line in ok(memagent("trace", "--list")).splitlines() if ".jsonl" in line][0]
+    row = [line for line in ok(cli("trace", "--list")).splitlines() if ".jsonl" in line][0]
     assert "5/5" in row and "finished" in row and "nterrupted" not in row
-    (listed,) = json.loads(ok(memagent("trace", "--list", "--json")))
+    (listed,) = json.loads(ok(cli("trace", "--list", "--json")))
     assert listed["status"] == "finished" and listed["interrupted"] is None
     assert listed["steps_done"] == 5
-    assert json.loads(ok(memagent("trace", str(path), "--json")))["status"] == "finished"
+    assert json.loads(ok(cli("trace", str(path), "--json")))["status"] == "finished"
 
 
-def test_a_resumed_run_interrupted_again_says_how_far_it_got(memagent, env):
+def test_a_resumed_run_interrupted_again_says_how_far_it_got(cli, env):
     path = write_trace(traces_dir(env) / "again.jsonl", replies=MEMORIES[:2])
     resume_trace(path, 2, replies=MEMORIES[2:4])
-    out = ok(memagent("trace", str(path)))
+    out = ok(cli("trace", str(path)))
     assert step_rows(out) == ["1", "2", "3", "4"]
     assert "Unfinished: interrupted (SIGINT) after 4 of 5 steps" in out
     assert "Answer" not in out
-    row = [line for line in ok(memagent("trace", "--list")).splitlines() if ".jsonl" in line][0]
+    row = [line for line in ok(cli("trace", "--list")).splitlines() if ".jsonl" in line][0]
     assert "4/5" in row and "interrupted (SIGINT)" in row
-    (listed,) = json.loads(ok(memagent("trace", "--list", "--json")))
+    (listed,) = json.loads(ok(cli("trace", "--list", "--json")))
     assert listed["status"] == "interrupted" and listed["steps_done"] == 4
 
     resume_trace(path, 4)
-    out = ok(memagent("trace", str(path)))
+    out = ok(cli("trace", str(path)))
     assert step_rows(out) == ["1", "2", "3", "4", "5"] and "Answer: PELICAN" in out
     assert "nterrupted" not in out
 
 
-def test_a_run_stopped_before_its_first_step_shows_as_not_started(memagent, tmp_path):
+def test_a_run_stopped_before_its_first_step_shows_as_not_started(cli, tmp_path):
     document = book()
     chunks = make_chunks(list(document.text.encode()), CHUNK, bytes)
     path = tmp_path / "t.jsonl"
     TraceWriter(path, header(document, chunks), span_of=document.span).close()
-    out = ok(memagent("trace", str(path)))
+    out = ok(cli("trace", str(path)))
     assert "Unfinished: not started: 0 of 5 steps" in out
-    assert_clean_failure(memagent("trace", str(path), "--step", "1"), 1, "has no steps yet")
-    assert "Status:** not started" in ok(memagent("trace", str(path), "--markdown"))
-    assert json.loads(ok(memagent("trace", str(path), "--json")))["status"] == "not started"
+    assert_clean_failure(cli("trace", str(path), "--step", "1"), 1, "has no steps yet")
+    assert "Status:** not started" in ok(cli("trace", str(path), "--markdown"))
+    assert json.loads(ok(cli("trace", str(path), "--json")))["status"] == "not started"
 
 
-def test_out_of_order_steps_are_warned_about_and_step_1_is_step_1(memagent, tmp_path):
+def test_out_of_order_steps_are_warned_about_and_step_1_is_step_1(cli, tmp_path):
     path = write_trace(tmp_path / "t.jsonl")
     lines = path.read_text().splitlines(keepends=True)
     # header, step 3, steps 1-5, final: the stray step 3 is skipped and said.
     path.write_text(lines[0] + lines[3] + "".join(lines[1:]))
-    result = memagent("trace", str(path), "--step", "1")
+    result = cli("trace", str(path), "--step", "1")
     assert ok(result).splitlines()[0].startswith("memory after step 1, ")
     assert "a record of step 3 came where step 1 was due" in words(result.stderr)
 
 
-def test_an_older_format_is_refused_with_a_sentence(memagent, tmp_path):
+def test_an_older_format_is_refused_with_a_sentence(cli, tmp_path):
     path = tmp_path / "old.jsonl"
     path.write_text(json.dumps({"type": "header", "format": 0, "question": "Old?"}) + "\n")
     assert_clean_failure(
-        memagent("trace", str(path)), 1, "trace of format 0; this memagent reads formats 1 and 2"
+        cli("trace", str(path)), 1, "trace of format 0; this memagent reads formats 1 and 2"
     )
 
 
 @pytest.mark.parametrize("field, value", [("document", "tower.pdf"), ("created", 12345)])
 def test_a_header_field_of_the_wrong_type_is_one_sentence_in_every_view(
-    memagent, tmp_path, field, value
+    cli, tmp_path, field, value
 ):
     path = write_trace(tmp_path / "t.jsonl")
     lines = path.read_text().splitlines(keepends=True)
@@ -430,29 +422,27 @@ def test_a_header_field_of_the_wrong_type_is_one_sentence_in_every_view(
     first[field] = value
     path.write_text(json.dumps(first) + "\n" + "".join(lines[1:]))
     for view in ([], ["--step", "1"], ["--json"], ["--markdown"], ["--grep", "x"]):
-        assert_clean_failure(
-            memagent("trace", str(path), *view), 1, f"line 1 has a '{field}' field"
-        )
+        assert_clean_failure(cli("trace", str(path), *view), 1, f"line 1 has a '{field}' field")
 
 
-def test_a_fifo_is_refused_not_waited_on(memagent, tmp_path):
+def test_a_fifo_is_refused_not_waited_on(cli, tmp_path):
     fifo = tmp_path / "pipe.jsonl"
     os.mkfifo(fifo)
-    assert_clean_failure(memagent("trace", str(fifo), timeout=PATIENCE), 1, "is not a regular file")
+    assert_clean_failure(cli("trace", str(fifo), timeout=PATIENCE), 1, "is not a regular file")
 
 
-def test_a_file_that_is_not_a_trace(memagent, tmp_path):
+def test_a_file_that_is_not_a_trace(cli, tmp_path):
     path = tmp_path / "notes.txt"
     path.write_text("just some notes\n")
-    assert_clean_failure(memagent("trace", str(path)), 1, "is not a memagent trace")
+    assert_clean_failure(cli("trace", str(path)), 1, "is not a memagent trace")
 
 
-def test_a_missing_trace(memagent, tmp_path):
-    assert_clean_failure(memagent("trace", str(tmp_path / "nope.jsonl")), 1, "Trace not found")
+def test_a_missing_trace(cli, tmp_path):
+    assert_clean_failure(cli("trace", str(tmp_path / "nope.jsonl")), 1, "Trace not found")
 
 
-def test_views_do_not_combine(memagent, finished):
-    result = memagent("trace", str(finished), "--step", "1", "--diff", "1")
+def test_views_do_not_combine(cli, finished):
+    result = cli("trace", str(finished), "--step", "1", "--diff", "1")
     assert result.returncode == 2 and "pick one" in result.stderr
 
 
@@ -583,20 +573,20 @@ def test_follow_goes_on_through_a_resumed_run_to_its_answer(env, tmp_path):
 OLD_RELEASE = Path(__file__).parent / "data" / "trace-0.1.0.jsonl"
 
 
-def test_a_trace_written_by_memagent_0_1_reads_in_every_view(memagent, tmp_path):
+def test_a_trace_written_by_memagent_0_1_reads_in_every_view(cli, tmp_path):
     raw = [json.loads(line) for line in OLD_RELEASE.read_text().splitlines()]
     assert raw[0]["format"] == 1 and [r.get("index") for r in raw[1:7]] == [0, 1, 2, 3, 4, 5]
     assert raw[-1]["evidence"] == {"step": 1, "tokens": [30, 60], "chars": [142, 247], "span": ""}
 
-    out = ok(memagent("trace", str(OLD_RELEASE)))
+    out = ok(cli("trace", str(OLD_RELEASE)))
     assert step_rows(out) == ["1", "2", "3", "4", "5", "6"]  # counted from 1, as ask counts
     assert "Answer: chandlery." in out
     # The 0.1 evidence (step 1 from 0, the second chunk) is step 2 to a person.
     assert "Evidence: from tokens 30–60, step 2 of 6" in words(out)
-    second = ok(memagent("trace", str(OLD_RELEASE), "--step", "2"))
+    second = ok(cli("trace", str(OLD_RELEASE), "--step", "2"))
     assert "memory after step 2, tokens 30–60" in second and raw[2]["memory"] in second
 
-    data = json.loads(ok(memagent("trace", str(OLD_RELEASE), "--json")))
+    data = json.loads(ok(cli("trace", str(OLD_RELEASE), "--json")))
     assert data["problems"] == [] and data["status"] == "finished"
     assert [step["step"] for step in data["steps"]] == [1, 2, 3, 4, 5, 6]
     assert data["final"]["evidence"] == [
@@ -604,7 +594,7 @@ def test_a_trace_written_by_memagent_0_1_reads_in_every_view(memagent, tmp_path)
     ]
 
     page = tmp_path / "old.html"
-    ok(memagent("trace", str(OLD_RELEASE), "--html", str(page)))
+    ok(cli("trace", str(OLD_RELEASE), "--html", str(page)))
     text = page.read_text()
     assert [int(n) for n in re.findall(r'id="run-1-step-(\d+)"', text)] == [1, 2, 3, 4, 5, 6]
     assert '<article class="step source" id="run-1-step-2">' in text
