@@ -239,7 +239,9 @@ class _FakeServer(BaseHTTPRequestHandler):
 def ask(env: dict[str, str]):
     """`memagent ask DOCUMENT QUESTION` against a fake server on 127.0.0.1."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeServer)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    )
     thread.start()
     url = f"http://127.0.0.1:{server.server_address[1]}/v1"
 
