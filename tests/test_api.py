@@ -89,7 +89,7 @@ def test_the_library_answers_as_the_command_does(memagent, tmp_path):
     book = tmp_path / "village.txt"
     book.write_text(story(60))  # about 680 tokens: 2 chunks
     args = ["--chunk-tokens", "400", "--memory-tokens", "64", "--temperature", "0"]
-    cli = memagent("ask", str(book), FACT_QUESTION, *args, "--json", "--no-trace", "--no-cache")
+    cli = memagent("ask", str(book), FACT_QUESTION, *args, "--json", "--no-trace", "--no-reuse")
     assert cli.returncode == 0, cli.stderr
     expected = json.loads(cli.stdout)
     model = api.open_model(memory_tokens=64, chunk_tokens=400, sampling=Sampling(0.0))

@@ -55,6 +55,26 @@ def test_an_answer_on_stdout_and_a_trace_with_one_record_per_chunk(cli, fake_ser
     assert f"step {chunks}/{chunks}" in result.stderr and str(trace_path) in result.stderr
 
 
+def test_with_a_documents_file_every_argument_is_a_question(cli, fake_server, doc, tmp_path):
+    listing = tmp_path / "documents.txt"
+    listing.write_text(f"{doc}\n")
+    questions = [FACT_QUESTION, "Who keeps the tower?"]
+    result = cli("ask", *questions, "--documents", str(listing), *served(fake_server, *STEPS))
+    assert result.returncode == 0, result.stderr
+    assert len(result.stdout.splitlines()) >= 2  # an answer per question
+    as_json = cli(
+        "ask", *questions, "--documents", str(listing), "--json", "-q", *served(fake_server, *STEPS)
+    )
+    runs = [json.loads(line) for line in as_json.stdout.splitlines()]
+    assert [r["question"] for r in runs] == questions
+    assert {r["document"]["path"] for r in runs} == {str(doc)}
+
+    none = cli("ask", "--documents", str(listing), *served(fake_server, *STEPS))
+    assert_clean_failure(none, 2, "give at least one question")
+    nothing = cli("ask", *served(fake_server, *STEPS))
+    assert_clean_failure(nothing, 2, "give a DOCUMENT, or a file of them with --documents FILE")
+
+
 def test_json_carries_the_records_the_trace_holds(cli, fake_server, doc):
     result = ask(cli, fake_server, doc, "--json", "--quiet")
     assert result.returncode == 0, result.stderr
@@ -84,7 +104,7 @@ def test_a_fresh_run_refuses_an_existing_trace_before_any_model(cli, fake_server
     trace_path = doc.with_suffix(".jsonl")
     assert ask(cli, fake_server, doc, "--trace", str(trace_path)).returncode == 0
     before, calls = trace_path.read_bytes(), fake_server.chat_calls
-    again = ask(cli, fake_server, doc, "--trace", str(trace_path), "--no-cache")
+    again = ask(cli, fake_server, doc, "--trace", str(trace_path), "--no-reuse")
     assert_clean_failure(again, 1, f"{trace_path} already exists", f"--resume {trace_path}")
     assert trace_path.read_bytes() == before  # one run per trace, never two mixed
     assert fake_server.chat_calls == calls
@@ -111,7 +131,7 @@ def test_the_same_greedy_run_is_answered_from_its_trace(cli, fake_server, doc):
     assert cached["cached"] is True and cached["trace"] == first["trace"]
     assert cached["steps"] == first["steps"] and cached["reply"] == first["reply"]
     assert fake_server.chat_calls == calls and "answered from the finished trace" in again.stderr
-    fresh = json.loads(ask(cli, fake_server, doc, "--json", "--no-cache", "-q").stdout)
+    fresh = json.loads(ask(cli, fake_server, doc, "--json", "--no-reuse", "-q").stdout)
     assert fresh["cached"] is False and fresh["trace"] != first["trace"]
     assert [s["memory"] for s in fresh["steps"]] == [s["memory"] for s in first["steps"]]
 
@@ -128,7 +148,7 @@ def test_an_interrupted_run_resumes_to_the_uninterrupted_answer(
     args = [
         str(doc),
         FACT_QUESTION,
-        *served(fake_server, *STEPS, "--no-cache", "--trace", str(cut)),
+        *served(fake_server, *STEPS, "--no-reuse", "--trace", str(cut)),
     ]
     process, stdout, stderr = interrupt_after_steps(args, cut, env, 2, sig)
     # As a shell reports a process the signal ended: 130 for Ctrl-C, 143 for SIGTERM.
@@ -226,7 +246,7 @@ def test_a_trace_of_format_1_resumes_in_its_own_format(cli, fake_server, doc, tm
     whole = json.loads(ask(cli, fake_server, doc, "--json", "-q").stdout)
     fake_server.fail_after, fake_server.fail_status = 2, 400
     cut = tmp_path / "cut.jsonl"
-    assert ask(cli, fake_server, doc, "--trace", str(cut), "--no-cache").returncode == 1
+    assert ask(cli, fake_server, doc, "--trace", str(cut), "--no-reuse").returncode == 1
     records = [json.loads(line) for line in cut.read_text().splitlines()]
     for record in records:  # as memagent wrote traces before format 2
         if record["type"] == "header":

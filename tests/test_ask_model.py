@@ -37,7 +37,7 @@ def test_a_model_reads_deterministically_and_traces_every_chunk(memagent, tmp_pa
             FACT_QUESTION,
             *SMALL_STEPS,
             "--json",
-            "--no-cache",
+            "--no-reuse",
             "--trace",
             str(path),
         )
@@ -130,7 +130,7 @@ def test_resume_finishes_like_an_uninterrupted_run(memagent, env, tmp_path):
     )
 
     cut = tmp_path / "cut.jsonl"
-    process, _, _ = interrupt_after_steps([*ask, "--no-cache", "--trace", str(cut)], cut, env, 2)
+    process, _, _ = interrupt_after_steps([*ask, "--no-reuse", "--trace", str(cut)], cut, env, 2)
     assert process.returncode == 130
     before = read_trace(cut)
     chunks = expected["document"]["chunks"]
@@ -202,12 +202,11 @@ def test_a_folder_of_documents_skips_the_unreadable_one(memagent, tmp_path):
     (library / "broken.pdf").write_bytes(b"%PDF-1.7\n" + bytes(range(256)) * 4)
     (library / "photo.png").write_bytes(b"\x89PNG\r\n\x1a\n")  # not a supported suffix
     listed = tmp_path / "more.txt"
-    listed.write_text(f"{library / 'a.txt'}\n")
+    listed.write_text(f"{library}\n{library / 'a.txt'}\n")  # a folder, then a file
 
     result = memagent(
         "ask",
-        str(library),
-        FACT_QUESTION,
+        FACT_QUESTION,  # with --documents, every argument is a question
         "--documents",
         str(listed),
         "--json",

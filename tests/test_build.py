@@ -293,7 +293,7 @@ def test_on_amx_the_default_reads_repacked_and_llama_cpps_own_choice_crashes(
 
     document = tmp_path / "story.txt"
     document.write_text(story(400))
-    common = ["-m", str(q4_0_model), "--memory-tokens", "64", "--no-cache", "--verbose"]
+    common = ["-m", str(q4_0_model), "--memory-tokens", "64", "--no-reuse", "--verbose"]
     guarded = cli("ask", str(document), "Who?", *common)
     assert guarded.returncode == 0, guarded.stderr[-2000:]
     repacked_mib = re.search(r"CPU_REPACK model buffer size = +([0-9.]+) MiB", guarded.stderr)

@@ -164,7 +164,7 @@ def test_a_documents_list_that_is_a_fifo_is_refused(cli, tmp_path, doc):
 
     path = tmp_path / "docs.fifo"
     os.mkfifo(path)
-    result = cli("ask", str(doc), "q?", "--documents", str(path), timeout=60)
+    result = cli("ask", "q?", "--documents", str(path), timeout=60)
     assert_clean_failure(result, 1, "Documents file", "is not a regular file")
 
 

@@ -18,7 +18,7 @@ from memagent_cli.backends.llama_cpp import LlamaCppBackend, LlamaOptions
 pytestmark = pytest.mark.model
 
 EXACT = [
-    *("--chunk-tokens", "200", "--memory-tokens", "32", "--temperature", "0", "--no-cache"),
+    *("--chunk-tokens", "200", "--memory-tokens", "32", "--temperature", "0", "--no-reuse"),
     "--exact",  # the promise: byte-identical together and alone
 ]
 
@@ -40,9 +40,9 @@ def test_readings_of_several_documents_read_continuously_equal_each_read_alone(m
         path.write_text(story(sentences, seed=10 + i))
         paths.append(str(path))
     listing = tmp_path / "documents.txt"
-    listing.write_text("\n".join(paths[1:]) + "\n")
+    listing.write_text("\n".join(paths) + "\n")
     both = memagent(
-        "ask", paths[0], "--documents", str(listing), FACT_QUESTION, *EXACT,
+        "ask", "--documents", str(listing), FACT_QUESTION, *EXACT,
         "--parallel", "2", "--json",
     )  # fmt: skip
     assert both.returncode == 0, both.stderr

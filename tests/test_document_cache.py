@@ -94,9 +94,9 @@ def test_the_cache_keeps_to_its_limit_dropping_the_least_recently_used(cli, env,
     )
 
 
-def test_cache_path_info_and_clear(cli, env, tmp_path):
+def test_cache_folder_info_and_clear(cli, env, tmp_path):
     folder = Path(env["XDG_CACHE_HOME"]) / "memagent" / "documents"
-    path = cli("cache", "path")
+    path = cli("paths", "documents")
     assert path.returncode == 0 and path.stdout == f"{folder}\n"
     book = builders.pdf(tmp_path / "book.pdf", pages())
     assert cli("inspect", str(book), *INSPECT).returncode == 0
@@ -116,8 +116,8 @@ def test_no_document_cache_neither_reads_nor_writes_it(cli, env, fake_server, tm
     book = builders.pdf(tmp_path / "book.pdf", pages())
     if command == "inspect":
         args = ["inspect", str(book), *INSPECT]
-    else:  # --no-cache: read again rather than answer from the first run's trace
-        args = ["ask", str(book), "Who wrote?", *served(fake_server, *STEPS), "-q", "--no-cache"]
+    else:  # --no-reuse: read again rather than answer from the first run's trace
+        args = ["ask", str(book), "Who wrote?", *served(fake_server, *STEPS), "-q", "--no-reuse"]
 
     def read(*more: str) -> str:
         """The document's text as the command read it (for inspect, its length)."""

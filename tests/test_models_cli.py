@@ -98,12 +98,19 @@ def test_list_reads_each_header_and_says_how_to_get_the_others(cli, env, convert
     assert row["size"] == mine.stat().st_size
     assert rows["memagent-14b"]["downloaded"] is False
     assert rows["memagent-14b"]["how_to_get"] == "pull it with `memagent models pull memagent-14b`"
+    # Which model is the default, what each is for, and what a pull would download.
+    assert [name for name, r in rows.items() if r["default"]] == ["smollm2-135m"]
+    assert rows["memagent-14b"]["summary"] and rows["memagent-14b"]["download_bytes"] > 10**10
+    assert "summary" not in rows["mine"] and rows["mine"]["default"] is False
 
     table = cli("models", "list")
     assert table.returncode == 0
     line = next(x for x in table.stdout.splitlines() if x.startswith("mine "))
-    assert {"qwen2", "F16", "32,768", "yes"} <= set(line.split())
-    assert "memagent-7b" in table.stdout and "not downloaded" in table.stdout
+    assert {"F16", "32,768"} <= set(line.split())
+    assert "smollm2-135m (default)" in table.stdout
+    line = next(x for x in table.stdout.splitlines() if x.startswith("memagent-14b "))
+    assert "29.5 GB to pull" in line and rows["memagent-14b"]["summary"] in line
+    assert "not downloaded" in line
     assert "memagent-7b is not downloaded" in words(table.stderr)
 
 

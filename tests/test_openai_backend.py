@@ -114,7 +114,7 @@ def read_single_row(doc, question: str) -> Reading:
 def test_a_server_answers_like_the_in_process_model(memagent, tmp_path, server):
     doc = tmp_path / "doc.txt"
     doc.write_text(story(80))  # two chunks: a memory carried from one call to the next
-    ask = [str(doc), FACT_QUESTION, *SMALL_STEPS, "--json", "--no-cache"]
+    ask = [str(doc), FACT_QUESTION, *SMALL_STEPS, "--json", "--no-reuse"]
     plain = read_single_row(doc, FACT_QUESTION)
 
     server.start()  # after the in-process runs: one llama.cpp at a time on this machine

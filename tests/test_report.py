@@ -109,7 +109,7 @@ def test_ask_says_where_the_answer_came_from_and_json_carries_it(cli, fake_serve
     assert 2 <= chunks <= 5  # the stand-in's memory keeps 30 words: 6 from each chunk
     # On stderr, under the answer: the tokens of a text (no pages), steps counted from 1.
     assert f"from tokens 0–300, step 1 of {chunks}" in words(result.stderr)
-    again = served(fake_server, *STEPS, "--json", "--no-cache", "-q")
+    again = served(fake_server, *STEPS, "--json", "--no-reuse", "-q")
     out = json.loads(ok(cli("ask", str(doc), "Which word opens the text?", *again)))
     assert out["evidence"] == [
         {"step": 1, "words": ["zanzibar"], "tokens": [0, 300], "chars": out["steps"][0]["chars"]}
@@ -155,7 +155,7 @@ def test_a_trace_of_the_previous_release_shows_in_every_view(cli, tmp_path, old,
 def test_ask_report_has_a_tab_per_question_and_every_step(cli, fake_server, doc, tmp_path):
     page = tmp_path / "report.html"
     questions = ["Which word opens the text?", "What <b>opens</b> it?"]
-    options = served(fake_server, *STEPS, "--report", str(page), "--no-trace")
+    options = served(fake_server, *STEPS, "--html", str(page), "--no-trace")
     ok(cli("ask", str(doc), *questions, *options))
     text = page.read_text()
     chunks = fake_server.chat_calls // len(questions) - 1  # an update per chunk, the answer
@@ -171,7 +171,7 @@ def test_ask_report_has_a_tab_per_question_and_every_step(cli, fake_server, doc,
 
 
 def test_ask_report_path_is_checked_before_any_model(cli, doc, tmp_path):
-    result = cli("ask", str(doc), "q?", "--report", str(tmp_path / "no" / "r.html"),
+    result = cli("ask", str(doc), "q?", "--html", str(tmp_path / "no" / "r.html"),
                       "-m", "nope.gguf")  # fmt: skip
     assert_clean_failure(result, 1, "Cannot write the report")
 

@@ -84,7 +84,7 @@ def test_both_secrets_come_from_the_environment(cli, env, fake_server, locked_pd
     assert result.returncode == 0, result.stderr
     assert fake_server.authorizations >= {"Bearer key-from-openai-var"}
     env["MEMAGENT_API_KEY"] = "key-from-memagent-var"  # memagent's own variable comes first
-    result = cli("ask", str(locked_pdf), QUESTION, *served(fake_server, *STEPS, "--no-cache"))
+    result = cli("ask", str(locked_pdf), QUESTION, *served(fake_server, *STEPS, "--no-reuse"))
     assert result.returncode == 0, result.stderr
     assert "Bearer key-from-memagent-var" in fake_server.authorizations
 
@@ -155,7 +155,7 @@ def test_credentials_in_the_server_url_are_sent_but_never_shown(cli, env, fake_s
     report = tmp_path / "report.html"
     stopped = cli(
         "ask", str(doc), QUESTION, "--backend", "openai", "--base-url", url, *STEPS,
-        "--report", str(report),
+        "--html", str(report),
     )  # fmt: skip
     assert_clean_failure(stopped, 1, f"The server at {fake_server.url[:-3]} answered HTTP 400")
     basic = base64.b64encode(f"reader:{secret}".encode()).decode()
@@ -205,10 +205,8 @@ def test_an_encrypted_documents_run_keeps_no_trace_and_the_hint_says_so(
     # starts again.
     fake_server.fail_after = fake_server.chat_calls + 2
     listed = tmp_path / "documents.txt"
-    listed.write_text(f"{plain}\n")
-    both = cli(
-        "ask", str(locked_pdf), QUESTION, "--documents", str(listed), *served(fake_server, *STEPS)
-    )
+    listed.write_text(f"{locked_pdf}\n{plain}\n")
+    both = cli("ask", QUESTION, "--documents", str(listed), *served(fake_server, *STEPS))
     assert both.returncode == 1
     said = words(both.stderr)
     assert "resume with: memagent ask" in said

@@ -105,8 +105,7 @@ def kill_when(command: list[str], env: dict[str, str], ready, timeout: float = 1
 
 @pytest.fixture
 def library(tmp_path) -> list[str]:
-    """`ask` arguments for six short documents of 1 to 3 chunks: the first, and a file
-    listing the others (--documents)."""
+    """`ask` arguments for six short documents of 1 to 3 chunks, listed in a file."""
     folder = tmp_path / "library"
     folder.mkdir()
     paths = []
@@ -115,8 +114,8 @@ def library(tmp_path) -> list[str]:
         path.write_text(story(25 + 12 * (i % 3), fact=None, seed=i))
         paths.append(str(path))
     listing = tmp_path / "documents.txt"
-    listing.write_text("\n".join(paths[1:]) + "\n")
-    return [paths[0], "--documents", str(listing)]
+    listing.write_text("\n".join(paths) + "\n")
+    return ["--documents", str(listing)]
 
 
 def test_a_killed_batch_run_again_reads_only_what_is_missing_and_answers_each_once(

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.model
 
 QUESTIONS = [FACT_QUESTION, "Who lives in the village?"]
 STEPS = [
-    *("--chunk-tokens", "300", "--memory-tokens", "48", "--temperature", "0", "--no-cache"),
+    *("--chunk-tokens", "300", "--memory-tokens", "48", "--temperature", "0", "--no-reuse"),
     "--exact",  # byte-identical together and alone: the promise of --exact
 ]
 

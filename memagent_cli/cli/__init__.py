@@ -15,7 +15,9 @@ from memagent_cli.errors import Interrupted
 
 app = typer.Typer(
     help="Answer questions about book-scale documents with a MemAgent model run locally "
-    "through llama.cpp.",
+    "through llama.cpp.\n\n"
+    'Example: memagent ask book.pdf "Who sends the letter, and why?"\n\n'
+    "Every command: docs/cli.md; the manual: docs/ in memagent's source tree.",
     no_args_is_help=True,
     context_settings=CONTEXT,  # inherited by every command and group below
     pretty_exceptions_show_locals=False,
@@ -44,7 +46,6 @@ def _root(
         bool, typer.Option("--json", help="With --version: one JSON object, for bug reports.")
     ] = False,
 ) -> None:
-    """Answer questions about book-scale documents with a MemAgent model run locally."""
     if version:
         from memagent_cli.backends import build
         from memagent_cli.views import build as views

@@ -64,7 +64,7 @@ from memagent_cli.views.traces import evidence_line
 
 @user_errors
 def ask(
-    document: DocumentsArg,
+    document: DocumentsArg = None,
     questions: Annotated[
         list[str] | None,
         typer.Argument(help="One or more questions.", show_default=False, metavar="QUESTION"),
@@ -73,6 +73,7 @@ def ask(
         Path | None,
         typer.Option(
             "--questions",
+            metavar="FILE",
             help="File of questions, one per line.",
             show_default=False,
             rich_help_panel=INPUT,
@@ -82,6 +83,7 @@ def ask(
         Path | None,
         typer.Option(
             "--documents",
+            metavar="FILE",
             show_default=False,
             help="File of document paths, one per line.",
             rich_help_panel=INPUT,
@@ -90,6 +92,7 @@ def ask(
     glob: Annotated[
         str | None,
         typer.Option(
+            metavar="PATTERN",
             show_default=False,
             help="With a folder as DOCUMENT: read only files matching this pattern.",
             rich_help_panel=INPUT,
@@ -159,7 +162,7 @@ def ask(
     report_file: Annotated[
         Path | None,
         options.html_file(
-            "--report", "Also write an HTML report of the runs to FILE: a tab per question.", OUTPUT
+            "--html", "Also write an HTML report of the runs to FILE: a tab per question.", OUTPUT
         ),
     ] = None,
 ) -> None:
@@ -170,6 +173,14 @@ def ask(
     from memagent_cli.run import ask as run
     from memagent_cli.run import batch, engine
 
+    if documents_file is not None and document is not None:
+        # The documents come from the file, so every argument is a question, as `rg -f FILE`
+        # takes its patterns from FILE and its arguments as paths.
+        questions, document = [document, *(questions or [])], None
+    elif documents_file is None and document is None:
+        raise typer.BadParameter(
+            "give a DOCUMENT, or a file of them with --documents FILE.", param_hint="DOCUMENT"
+        )
     asked = [q.strip() for q in questions or [] if q.strip()]
     if questions_file is not None:
         asked += inputs.read_list(questions_file, "questions")
@@ -245,7 +256,7 @@ def ask(
         watch=watch - 1,
     )
     warned = False
-    reported: list = []  # the runs an --report shows: answered, or stopped with a trace
+    reported: list = []  # the runs an --html report shows: answered, or stopped with a trace
 
     def emit(result: run.Result) -> None:
         nonlocal warned

@@ -10,18 +10,10 @@ import typer
 from memagent_cli.cli.options import JsonOpt, user_errors
 
 app = typer.Typer(
-    help="The cache of extracted document text: where it is, what it holds, and clearing it.",
+    help="The cache of extracted document text: what it holds, and clearing it "
+    "(`memagent paths documents` prints its folder).",
     no_args_is_help=True,
 )
-
-
-@app.command("path")
-@user_errors
-def cache_path() -> None:
-    """Print the folder of cached document text."""
-    from memagent_cli.documents import cache
-
-    print(cache.directory())
 
 
 @app.command("info")

@@ -125,9 +125,7 @@ def eval_run(
     data: Annotated[
         list[str],
         typer.Argument(
-            help="The authors' eval_*.json files (a JSON list or JSON Lines of context, "
-            "input, answers, _id), RULER needle files (outputs), or folders of them; each "
-            "file is one length group.",
+            help="The authors' eval_*.json files, RULER needle files, or folders of them.",
             metavar="DATA...",
         ),
     ],
@@ -192,18 +190,17 @@ def eval_niah(
         ),
     ],
     lengths: Annotated[
-        str, typer.Option(help="Document lengths in model tokens (K = 1024).")
+        str, typer.Option(metavar="LIST", help="Document lengths in model tokens (K = 1024).")
     ] = "8K,32K",
     depths: Annotated[
         str,
-        typer.Option(help="How many depths from 0% to 100% (5), or percents (0,50,100)."),
+        typer.Option(
+            metavar="LIST", help="How many depths from 0% to 100% (5), or percents (0,50,100)."
+        ),
     ] = "5",
     needles: Annotated[
         Needles,
-        typer.Option(
-            help="RULER variant: one key and value (single), four keys with one asked "
-            "(multikey), one key with four values (multivalue), four keys all asked (multiquery)."
-        ),
+        typer.Option(help="RULER variant (docs/eval.md)."),
     ] = Needles.single,
     seed: Annotated[
         int, typer.Option(help="Seed of the cases (keys, values, other needles) and sampling.")

@@ -77,15 +77,19 @@ def models_info(
         modelview.print_info(row)
 
 
-@app.command("pull")
+@app.command(
+    "pull",
+    help="Download a GGUF into the data folder, resuming a partial download; a repository of "
+    "Hugging Face weights is downloaded, converted and quantized. Prints the GGUF's path."
+    f"\n\nQUANT of Hugging Face weights: {_TYPES_HELP}.",
+)
 @user_errors
 def models_pull(
     model: Annotated[
         str,
         typer.Argument(
-            help="OWNER/NAME[:QUANT] on the Hugging Face Hub (QUANT as llama.cpp's -hf reads "
-            "it, default Q4_K_M), or a registry name[:QUANT]. Hugging Face weights are "
-            f"quantized to QUANT: {_TYPES_HELP}.",
+            help="OWNER/NAME[:QUANT] on the Hugging Face Hub, or a registry name[:QUANT] "
+            "\\[default QUANT: Q4_K_M].",
             metavar="MODEL",
         ),
     ],
@@ -93,15 +97,11 @@ def models_pull(
         bool,
         typer.Option(
             "--delete-shards",
-            help="Hugging Face weights: delete each downloaded shard once its tensors are "
-            "converted, for a lower disk peak (a conversion that fails before its "
-            "intermediate is complete downloads them again).",
+            help="Delete each downloaded shard once converted, for a lower disk peak.",
         ),
     ] = False,
     quiet: QuietOpt = False,
 ) -> None:
-    """Download a GGUF into the data folder, resuming a partial download; a repository of
-    Hugging Face weights is downloaded, converted and quantized. Prints the GGUF's path."""
     from memagent_cli import models
 
     report = reporter(quiet)
@@ -145,8 +145,7 @@ def models_convert(
         bool,
         typer.Option(
             "--keep-intermediate",
-            help="Keep the unquantized intermediate (BF16 or F16) quantized from, so that "
-            "another type quantizes from it without converting again.",
+            help="Keep the BF16 or F16 intermediate, to quantize other types from it.",
         ),
     ] = False,
     quiet: QuietOpt = False,
@@ -173,9 +172,7 @@ def models_rm(
     model: Annotated[
         str,
         typer.Argument(
-            help="A registry name or [hf:]OWNER/NAME: every quantization of it, its partial "
-            "downloads, intermediates and downloaded weights; NAME:QUANT: that quantization; "
-            "or a converted model as `models list` names it.",
+            help="A model as `models list` names it; without :QUANT, every quantization.",
             metavar="NAME[:QUANT]",
         ),
     ],

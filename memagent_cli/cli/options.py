@@ -28,6 +28,41 @@ F = TypeVar("F", bound=Callable[..., Any])
 # Every command and group takes -h as well as --help.
 CONTEXT = {"help_option_names": ["-h", "--help"]}
 
+
+_SHOWN = {"int": "N", "int range": "N", "float": "N", "float range": "N", "file": "FILE"}
+_SHOWN |= {"path": "PATH", "directory": "FOLDER"}
+
+
+def shown_type(param: Any, ctx: Any) -> str | None:
+    """What `--help` shows beside an option: a metavar only where it says something (FILE,
+    N, URL, the choices), never `<bool>`, `<str>` or `<int range>`. An argument's name
+    already stands in its own column."""
+    from typer import core
+
+    if isinstance(param, core.TyperArgument):
+        return None
+    if param.metavar is not None:
+        return str(param.metavar)
+    typed = param.display_type(ctx).strip("<>")  # Typer's label: "bool", "int range", "a|b"
+    if "|" in typed and not typed.startswith("list["):
+        return typed
+    return _SHOWN.get(typed)
+
+
+def _quiet_help_types() -> None:
+    """Typer (0.2x) prints every parameter's Python type in `--help`; shown_type says what
+    to print instead. Older Typer prints Click's metavars and has nothing to replace."""
+    from typer import core
+
+    for cls in (core.TyperOption, core.TyperArgument):
+        if hasattr(cls, "display_type_rich") and hasattr(cls, "display_type"):
+            cls.display_type_rich = shown_type
+        if hasattr(cls, "_get_number_range_help_str"):  # "[x>=1]": the help says the range
+            cls._get_number_range_help_str = lambda self: None
+
+
+_quiet_help_types()
+
 # Where an option shows in `--help`, grouped as llama.cpp groups its flags.
 INPUT, MODEL, READING = "Input", "Model", "Reading"
 OUTPUT, SERVER_PANEL, ENGINE = "Output", "Server (--backend openai)", "Engine (llama.cpp)"
@@ -58,10 +93,12 @@ DocumentArg = Annotated[
     typer.Argument(help="Text, Markdown, PDF or EPUB file, or - for stdin.", metavar="DOCUMENT"),
 ]
 DocumentsArg = Annotated[
-    str,
+    str | None,
     typer.Argument(
-        help="Text, Markdown, PDF or EPUB file, a folder of them, or - for stdin.",
+        help="Text, Markdown, PDF or EPUB file, a folder of them, or - for stdin; with "
+        "--documents FILE, every argument is a question.",
         metavar="DOCUMENT",
+        show_default=False,
     ),
 ]
 ModelOpt = Annotated[
@@ -69,6 +106,7 @@ ModelOpt = Annotated[
     typer.Option(
         "--model",
         "-m",
+        metavar="MODEL",
         show_default=False,
         autocompletion=complete_model,
         rich_help_panel=MODEL,
@@ -97,10 +135,10 @@ FormatOpt = Annotated[
 PasswordOpt = Annotated[
     str | None,
     typer.Option(
+        metavar="PASSWORD",
         envvar=PASSWORD_VARIABLE,
         show_default=False,
-        help="Password of an encrypted PDF; asked for on a terminal when it is not given "
-        "(the variable keeps it out of shell history).",
+        help="Password of an encrypted PDF \\[default: asked for on a terminal].",
         rich_help_panel=INPUT,
     ),
 ]
@@ -137,6 +175,7 @@ ThreadsOpt = Annotated[
 EncodingOpt = Annotated[
     str,
     typer.Option(
+        metavar="NAME",
         help="tiktoken encoding, where the model's own tokenizer is not at hand.",
         rich_help_panel=READING,
     ),
@@ -176,6 +215,7 @@ BackendOpt = Annotated[
 BaseUrlOpt = Annotated[
     str | None,
     typer.Option(
+        metavar="URL",
         envvar=["MEMAGENT_BASE_URL", "OPENAI_BASE_URL"],
         show_default=False,
         help="Server URL for --backend openai, e.g. http://127.0.0.1:8080/v1.",
@@ -185,6 +225,7 @@ BaseUrlOpt = Annotated[
 ApiKeyOpt = Annotated[
     str | None,
     typer.Option(
+        metavar="KEY",
         envvar=API_KEY_VARIABLES,
         show_default=False,
         help="Server API key (the variables keep it out of shell history).",
@@ -194,6 +235,7 @@ ApiKeyOpt = Annotated[
 ServedModelOpt = Annotated[
     str | None,
     typer.Option(
+        metavar="NAME",
         envvar="MEMAGENT_SERVED_MODEL",
         show_default=False,
         help="Model name on the server \\[default: the first it serves].",
@@ -215,8 +257,7 @@ TogetherOpt = Annotated[
         "--parallel",
         min=1,
         show_default=False,
-        help="Questions read at once: in one pass of an in-process model, or runs in flight "
-        "(--backend openai) \\[default: all that fit in memory; 1 with --backend openai].",
+        help="Questions read at once \\[default: all that fit in memory; 1 with a server].",
         rich_help_panel=READING,
     ),
 ]
@@ -240,7 +281,7 @@ TimeoutOpt = Annotated[
 
 def html_file(name: str, help: str, panel: str | None = None) -> Any:
     """The option of a command that also writes an HTML report (views/html.py) to FILE:
-    `ask --report`, `trace --html`, `eval report --html`. Only the name, the help and the
+    `ask --html`, `trace --html`, `eval report --html`. Only the name, the help and the
     help panel differ between them."""
     return typer.Option(
         name, metavar="FILE", dir_okay=False, show_default=False, help=help, rich_help_panel=panel
@@ -253,8 +294,8 @@ NoTraceOpt = Annotated[
 NoCacheOpt = Annotated[
     bool,
     typer.Option(
-        "--no-cache",
-        help="Read again even if an identical greedy run finished.",
+        "--no-reuse",
+        help="Read again even where an identical greedy run finished (else its answer is reused).",
         rich_help_panel=OUTPUT,
     ),
 ]
@@ -265,8 +306,7 @@ SpeculateOpt = Annotated[
     bool,
     typer.Option(
         "--speculate/--no-speculate",
-        help="Draft memory tokens from the prompt and verify them in one batch (with "
-        "--exact the output is the same either way; without, a near-tie token may differ).",
+        help="Draft memory tokens from the prompt and verify them in one batch.",
         rich_help_panel=ENGINE,
     ),
 ]
@@ -274,10 +314,7 @@ ExactOpt = Annotated[
     bool,
     typer.Option(
         "--exact",
-        help="Decode every token on llama.cpp's batched kernels, so that the output is "
-        "byte-identical with and without speculation and with and without other questions "
-        "read together (on the CPU; not yet with layers on a GPU); up to 1.9x slower per "
-        "token on a CPU where few drafts are accepted.",
+        help="Output byte-identical with and without drafts and other questions (CPU only).",
         rich_help_panel=ENGINE,
     ),
 ]
@@ -320,9 +357,7 @@ RepackOpt = Annotated[
     typer.Option(
         "--repack/--no-repack",
         show_default=False,
-        help="llama.cpp's weight repacking. Default: its repacked CPU layouts, but never its "
-        "AMX buffers, which crash on AMX Xeons; --repack: llama.cpp's own choice, AMX "
-        "included; --no-repack: plain layouts only.",
+        help="llama.cpp's own weight layouts, AMX included \\[default: repacked, never AMX].",
         rich_help_panel=ENGINE,
     ),
 ]

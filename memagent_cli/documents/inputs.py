@@ -36,18 +36,18 @@ def read_list(path: Path, what: str) -> list[str]:
     return [line.strip() for line in text.splitlines() if line.strip()]
 
 
-def document_paths(argument: str, listing: Path | None, pattern: str | None) -> list[str]:
-    """The documents to read: DOCUMENT (a file, `-`, or a folder searched recursively for
-    supported files, filtered by `pattern` inside the folder) plus the paths in `listing`."""
-    paths: list[str] = []
-    if argument:
-        folder = Path(argument)
-        if argument != "-" and folder.is_dir():
-            paths += _in_folder(folder, pattern)
-        else:
-            paths.append(argument)
+def document_paths(argument: str | None, listing: Path | None, pattern: str | None) -> list[str]:
+    """The documents to read: DOCUMENT, or each path in `listing`. Each is a file, `-`, or a
+    folder searched recursively for supported files, filtered by `pattern` inside it."""
+    named = [argument] if argument else []
     if listing is not None:
-        paths += read_list(listing, "documents")
+        named += read_list(listing, "documents")
+    paths: list[str] = []
+    for name in named:
+        if name != "-" and Path(name).is_dir():
+            paths += _in_folder(Path(name), pattern)
+        else:
+            paths.append(name)
     return paths
 
 

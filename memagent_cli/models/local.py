@@ -96,10 +96,18 @@ class Listed:
     info: GGUFInfo | None  # None: not downloaded, or not readable
     note: str = ""  # how to get it, or why its file could not be read
     description: str = ""
+    summary: str = ""  # what it is for, in a few words (the registry's `summary`)
+    default: bool = False  # the model every command reads with when none is named
+    download: int | None = None  # bytes a pull fetches, from the registry
 
     def to_json(self, template: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "path": str(self.path) if self.path else None}
         out["downloaded"] = self.path is not None
+        out["default"] = self.default
+        if self.summary:
+            out["summary"] = self.summary
+        if self.download is not None:
+            out["download_bytes"] = self.download
         if self.info:
             out.update(self.info.to_json())
             if template:
@@ -115,14 +123,20 @@ def catalogue() -> list[Listed]:
     """The registry's models, then every other GGUF in the models folders."""
     rows: list[Listed] = []
     seen: set[Path] = set()
+    default = registry.default_name()
     for name, entry in registry.registry().items():
-        description = str(entry.get("description", ""))
         path = registry.find_file(name)
+        known = {
+            "description": str(entry.get("description", "")),
+            "summary": str(entry.get("summary", "")),
+            "default": name == default,
+            "download": entry["download"] if isinstance(entry.get("download"), int) else None,
+        }
         if path is None:
-            rows.append(Listed(name, None, None, registry.how_to_get(name, entry), description))
+            rows.append(Listed(name, None, None, registry.how_to_get(name, entry), **known))
         else:
             seen.add(path.resolve())
-            rows.append(_listed(name, path, description))
+            rows.append(_listed(name, path, **known))
     for folder in registry.model_dirs():
         if not folder.is_dir():
             continue
@@ -141,8 +155,8 @@ def describe(value: str) -> Listed:
     return Listed(model.name, model.path, gguf.read(model.path), "", description)
 
 
-def _listed(name: str, path: Path, description: str = "") -> Listed:
+def _listed(name: str, path: Path, **known: Any) -> Listed:
     try:
-        return Listed(name, path, gguf.read(path), "", description)
+        return Listed(name, path, gguf.read(path), "", **known)
     except ModelError as exc:
-        return Listed(name, path, None, exc.message, description)
+        return Listed(name, path, None, exc.message, **known)

@@ -206,7 +206,7 @@ def _start(
         elif how.journal is not None and earlier.path == how.journal.earlier:
             note(f"answered from {earlier.path}, finished before this command was stopped")
         else:
-            note(f"answered from the finished trace {earlier.path} (--no-cache reads again)")
+            note(f"answered from the finished trace {earlier.path} (--no-reuse reads again)")
         return _result_from(session, earlier, start)
     done = _steps_of(session, earlier) if earlier else []
     path = earlier.path if earlier else _unwritten_journaled(how) or how.trace

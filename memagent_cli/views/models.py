@@ -20,26 +20,29 @@ def _short(path: Path | None) -> str:
 
 
 def print_catalogue(rows: list[Listed]) -> None:
-    """One row per model: what it is, or how to get it."""
+    """One row per model: what it is for, its size (or what a pull downloads), and its file
+    (or how to get it). `models info` shows the rest of its header."""
     table = Table(box=None, pad_edge=False, header_style="bold")
-    for column in ("name", "size", "architecture", "quant", "context", "template"):
+    for column in ("name", "size", "quant", "context", "what it is"):
         table.add_column(column, justify="right" if column in ("size", "context") else "left")
     table.add_column("file", overflow="fold")  # a path cut short is no use
     for row in rows:
+        name = escape(row.name) + (" (default)" if row.default else "")
+        about = escape(row.summary)
         if row.info is None:
             if row.path is None:
-                table.add_row(escape(row.name), "", "", "", "", "", "not downloaded")
+                size = f"{decimal(row.download)} to pull" if row.download else ""
+                table.add_row(name, size, "", "", about, "not downloaded")
             else:
-                table.add_row(escape(row.name), "", "broken", "", "", "", _short(row.path))
+                table.add_row(name, "", "", "", "broken (below)", _short(row.path))
             continue
         info = row.info
         table.add_row(
-            escape(row.name),
+            name,
             decimal(info.size),
-            escape(info.architecture),
             escape(info.quantization),
             f"{info.context_length:,}" if info.context_length else "?",
-            "yes" if info.chat_template else "no",
+            about,
             _short(row.path),
         )
     display.results_console().print(table)
