@@ -53,7 +53,7 @@ def ask_peak_rss(
 ) -> dict[str, Any]:
     """Run `memagent ask` on `document` until its trace holds `steps` steps, then SIGINT."""
     command = [
-        str(memagent), "ask", str(document), QUESTION, "--no-cache", "--memory-tokens", "128",
+        str(memagent), "ask", str(document), QUESTION, "--no-reuse", "--memory-tokens", "128",
         "--temperature", "0", "-q", "--trace", str(trace),
     ]  # fmt: skip
     began = time.perf_counter()
