@@ -1,5 +1,5 @@
 """Provenance as `ask` and `trace` show it, and the HTML reports (`trace --html`, `ask
---report`, `eval report --html`), checked as text and, where chromium is installed, opened in
+--html`, `eval report --html`), checked as text and, where chromium is installed, opened in
 a real headless browser as a person would open them."""
 
 from __future__ import annotations
@@ -193,6 +193,17 @@ def test_runs_stopped_early_or_before_any_step_show_as_far_as_they_go(cli, tmp_p
     assert "interrupted (SIGINT) after 2 of 5 steps" in text and "after 0 of 5 steps" in text
     assert text.count('id="run-1-step-') == 2 and 'id="run-2-step-' not in text
     assert ">token 288</text>" in text  # the strip ends where the document does, unread
+
+
+def test_a_report_names_files_in_the_home_folder_from_its_tilde(cli, env, tmp_path):
+    """A report may be shared: it does not carry its author's home folder (a user name)."""
+    home = tmp_path / "home" / "alice"
+    trace = write_trace(home / "traces" / "t.jsonl", MEMORIES)
+    env["HOME"] = str(home)
+    page = tmp_path / "r.html"
+    ok(cli("trace", str(trace), "--html", str(page)))
+    text = page.read_text()
+    assert "~/traces/t.jsonl" in text and str(home) not in text
 
 
 def test_hostile_text_is_escaped_everywhere(cli, tmp_path):

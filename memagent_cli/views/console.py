@@ -26,3 +26,12 @@ def warn(message: str) -> None:
 
 def error(message: str) -> None:
     console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
+
+
+def home_relative(path: object) -> str:
+    """`path` with the home folder as ~: shorter in a table, and a report shared with
+    someone else does not carry its author's home folder (their user name)."""
+    from pathlib import Path
+
+    text, home = str(path), str(Path.home())
+    return "~" + text[len(home) :] if text.startswith(home + "/") else text

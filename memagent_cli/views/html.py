@@ -23,6 +23,7 @@ from memagent_cli.evaluation import plot, report
 from memagent_cli.evaluation.results import Results
 from memagent_cli.trace import StepRecord, Trace
 from memagent_cli.views import traces
+from memagent_cli.views.console import home_relative
 
 POLICY = "default-src 'none'; style-src 'unsafe-inline'"
 # Colours the SVG drawings share with the CSS (SVG attributes take no CSS variables).
@@ -285,7 +286,7 @@ def _facts(loaded: Trace) -> str:
          f"{generated:,} generated ({_rate(read, seconds)} of document)")
     )  # fmt: skip
     rows.append(("Status", str(loaded.status)))
-    rows.append(("Trace", str(loaded.path)))
+    rows.append(("Trace", home_relative(loaded.path)))
     cells = "".join(f"<dt>{escape(k)}</dt><dd>{escape(v)}</dd>" for k, v in rows)
     return f'<dl class="facts">{cells}</dl>'
 
@@ -560,7 +561,7 @@ def eval_report(runs: Sequence[Results]) -> str:
     parts = [
         "<header><h1>memagent eval report</h1>"
         f'<p class="sub">{len(runs)} results file{"s" if len(runs) != 1 else ""}: '
-        f"{escape(', '.join(str(r.path) for r in runs))}</p></header>"
+        f"{escape(', '.join(home_relative(r.path) for r in runs))}</p></header>"
     ]
     parts.append("<h2>Accuracy versus length</h2>")
     parts.append(_accuracy_chart([(r.label, report.summarize(r.records)) for r in runs]))
@@ -731,7 +732,7 @@ def _eval_run(run: Results) -> str:
         body.append(f'<tr class="overall">{tds}</tr>' if row is pooled else f"<tr>{tds}</tr>")
     cases = "".join(_case(r) for r in run.records)
     return (
-        f'<section><h2>{escape(str(run.path))}</h2><dl class="facts">{cells}</dl>'
+        f'<section><h2>{escape(home_relative(run.path))}</h2><dl class="facts">{cells}</dl>'
         f"<table><tr>{head}</tr>{''.join(body)}</table>"
         f"<details><summary>Every case ({len(run.records):,})</summary><table><tr>"
         '<th>id</th><th>group</th><th class="num">tokens</th><th class="num">sub_em</th>'

@@ -15,8 +15,7 @@ from memagent_cli.views import console as display
 
 def _short(path: Path | None) -> str:
     """The path with the home folder as ~, to keep the table narrow."""
-    text, home = str(path), str(Path.home())
-    return escape("~" + text[len(home) :] if text.startswith(home + "/") else text)
+    return escape(display.home_relative(path))
 
 
 def print_catalogue(rows: list[Listed]) -> None:

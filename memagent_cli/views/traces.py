@@ -101,8 +101,11 @@ def about(loaded: Trace) -> list[tuple[str, str]]:
     settings = ", ".join(f"{k.replace('_', ' ')} {_value(v)}" for k, v in header.settings.items())
     return [
         ("question", header.question),
-        ("document", f"{doc['path']} ({', '.join([doc['format'], *counts])})"),
-        ("model", f"{model['name']} ({model['path']}{gib})"),
+        (
+            "document",
+            f"{display.home_relative(doc['path'])} ({', '.join([doc['format'], *counts])})",
+        ),
+        ("model", f"{model['name']} ({display.home_relative(model['path'])}{gib})"),
         ("settings", settings),
         ("created", f"{header.created} by memagent {header.memagent}"),
     ]
