@@ -380,6 +380,13 @@ def test_pull_of_hugging_face_weights_converts_and_registers(cli, env, hub_with_
     assert again.returncode == 0 and "already pulled" in again.stderr
     assert len(hub_with_weights.downloads("model-00001-of-00002.safetensors")) == 1
 
+    made = path.read_bytes()  # a power loss can leave a file of the right size full of zeros
+    path.write_bytes(bytes(len(made)))
+    zeros = cli("models", "pull", f"{TINY_REPO}:F16")
+    assert zeros.returncode == 0, zeros.stderr
+    assert f"{path} is damaged" in words(zeros.stderr) and "making it again" in zeros.stderr
+    assert path.read_bytes() == made
+
 
 def test_an_interrupted_pull_of_weights_resumes_where_it_stopped(cli, env, hub_with_weights):
     shard = "model-00001-of-00002.safetensors"
