@@ -8,13 +8,15 @@ import hashlib
 import json
 import os
 import resource
+import signal
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from conftest import assert_clean_failure, real_model_path, use_hub, words
+from conftest import MEMAGENT, assert_clean_failure, real_model_path, use_hub, words
 from fake_hub import FakeHub, HubFile
 from hf_model import build
 from rich.filesize import decimal
@@ -271,6 +273,38 @@ def test_an_interrupted_pull_resumes_where_it_stopped(cli, env, fake_hub, real_g
     assert fake_hub.downloads(MODEL_FILE)[-1].range == f"bytes={kept}-"
     assert Path(second.stdout.strip()).read_bytes() == real_gguf
     assert not list(pulled_dir(env).glob("*.incomplete"))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_pull_stopped_by_a_signal_keeps_only_its_partial_download_and_resumes(
+    cli, env, fake_hub, real_gguf, sig
+):
+    fake_hub.repos[REPO][MODEL_FILE].pace = 0.05  # about 1.3 MB/s: seconds to stop it in
+    process = subprocess.Popen(
+        [str(MEMAGENT), "models", "pull", f"{REPO}:Q4_1"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and process.poll() is None:
+        partial = list(pulled_dir(env).glob("*.incomplete")) if pulled_dir(env).is_dir() else []
+        if partial and partial[0].stat().st_size > 0:
+            break
+        time.sleep(0.05)
+    process.send_signal(sig)  # Ctrl-C, or `kill` from a service manager
+    stdout, stderr = process.communicate(timeout=60)
+    assert process.returncode == 128 + sig, stderr  # 130, 143: as a shell reports them
+    assert stdout == "" and "Traceback" not in stderr
+    assert "Run the same pull again to resume" in words(stderr)
+    (partial,) = pulled_dir(env).iterdir()  # the resumable download, nothing else
+    assert partial.name.endswith(".incomplete") and 0 < partial.stat().st_size < len(real_gguf)
+
+    fake_hub.repos[REPO][MODEL_FILE].pace = 0.0
+    again = cli("models", "pull", f"{REPO}:Q4_1")
+    assert again.returncode == 0 and "resuming" in again.stderr
+    assert Path(again.stdout.strip()).read_bytes() == real_gguf
 
 
 def test_a_dropped_connection_is_resumed_within_one_pull(cli, env, fake_hub, real_gguf):

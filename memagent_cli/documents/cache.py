@@ -178,7 +178,8 @@ def _evict(limit: int) -> None:
 def usage() -> Usage:
     """How many entries and bytes the cache holds, and its limit."""
     entries = _entries()
-    return Usage(directory(), len(entries), sum(e[2] for e in entries), max_bytes())
+    documents = sum(not name.startswith(_TEMP_PREFIX) for _, name, _, _ in entries)
+    return Usage(directory(), documents, sum(e[2] for e in entries), max_bytes())
 
 
 def clear() -> Usage:

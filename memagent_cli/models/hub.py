@@ -26,7 +26,7 @@ from typing import Any, BinaryIO
 
 from rich.filesize import decimal
 
-from memagent_cli.errors import ModelError
+from memagent_cli.errors import Interrupted, ModelError
 from memagent_cli.files import check_folder
 from memagent_cli.folders import data_dir
 from memagent_cli.gguf_header import split_parts
@@ -266,7 +266,7 @@ def download(
     url = hf_hub_url(repo, remote.path, revision=commit, endpoint=endpoint)
     try:
         _fetch(url, partial, remote.size, progress, remote.path)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Interrupted):
         note(f"interrupted; {_kept(partial, total)} Run the same pull again to resume.")
         raise
     except Exception as exc:
