@@ -1,17 +1,112 @@
-"""Files memagent reads and appends to, opened with care: only regular files of a bounded
-size (a FIFO would block forever, /dev/zero never ends), and an append-only log whose last
-line a crash may have cut."""
+"""Files memagent reads and writes, opened with care: only regular files of a bounded size
+are read (a FIFO would block forever, /dev/zero never ends); what it writes holds the
+document's words, so files it creates are private (0600, in 0700 folders it creates, whatever
+the umask) and a file two processes would append to is locked; an append-only log's last
+line a crash may have cut is dropped."""
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
+import tempfile
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO, BinaryIO
 
 from memagent_cli.errors import ModelError, UserError
 
+try:
+    import fcntl
+except ImportError:  # not POSIX: no locks, and two writers of one file are not refused
+    fcntl = None  # type: ignore[assignment]
+
 MAX_LINE_BYTES = 16 << 20  # longer than any record memagent writes
+PRIVATE_FILE = 0o600
+PRIVATE_FOLDER = 0o700
+_FLAGS = {
+    "w": os.O_WRONLY | os.O_TRUNC,
+    "a": os.O_WRONLY | os.O_APPEND,
+    "a+": os.O_RDWR | os.O_APPEND,
+    "x": os.O_WRONLY,
+}
+
+
+def private_folder(path: Path) -> None:
+    """Make the folder `path` and any missing parent, each 0700 whatever the umask (a
+    folder memagent makes holds traces, results or extracted text); folders that are there
+    keep their mode. OSError as from Path.mkdir when one cannot be made."""
+    missing = []
+    folder = path
+    while not os.path.lexists(folder) and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    for made in reversed(missing):
+        try:
+            os.mkdir(made, PRIVATE_FOLDER)
+        except FileExistsError:  # made meanwhile by another memagent
+            continue
+        os.chmod(made, PRIVATE_FOLDER)  # a umask such as 0o277 takes the owner's bits too
+    if not path.is_dir():
+        raise FileExistsError(errno.EEXIST, "a file stands where a folder should be", str(path))
+
+
+def open_private(
+    path: Path, mode: str = "w", *, encoding: str = "utf-8", errors: str = "strict"
+) -> IO[str]:
+    """`path` opened as text for `mode` ("w", "a", "a+" or "x"); a file it creates is 0600
+    whatever the umask, a file that is there keeps its mode. Folders are not made."""
+    flags = _FLAGS[mode] | getattr(os, "O_CLOEXEC", 0)
+    try:
+        handle = os.open(path, flags | os.O_CREAT | os.O_EXCL, PRIVATE_FILE)
+        created = True
+    except FileExistsError:
+        if mode == "x":
+            raise
+        handle = os.open(path, flags)
+        created = False
+    try:
+        if created and hasattr(os, "fchmod"):
+            os.fchmod(handle, PRIVATE_FILE)
+        return os.fdopen(handle, "w" if mode == "x" else mode, encoding=encoding, errors=errors)
+    except BaseException:
+        os.close(handle)
+        raise
+
+
+def lock(file: IO[str] | BinaryIO) -> bool:
+    """Take the lock of an open file for this process, without waiting: False when another
+    process holds it (it is writing the file). Closing the file lets the lock go."""
+    if fcntl is None:
+        return True
+    try:
+        fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError as exc:  # a file system without locks (some network mounts): no lock
+        if exc.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+            return True
+        raise
+    return True
+
+
+def cannot_write(path: Path, exc: OSError) -> str:
+    """Why `path` cannot be written, in words: "Permission denied", or for ENOTDIR and a
+    file in a folder's place, "a file stands where a folder should be"."""
+    if isinstance(exc, (FileExistsError, NotADirectoryError)):
+        return "a file stands where a folder should be"
+    return exc.strerror or type(exc).__name__
+
+
+def check_folder(folder: Path, what: str, error: type[UserError] = UserError) -> None:
+    """Fail with one sentence, before any long work, unless files can be created in
+    `folder` (made if missing, 0700): the only sure test is to try (permissions, read-only
+    mounts, /proc, a file where a folder should be)."""
+    try:
+        private_folder(folder)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        raise error(f"Cannot write {what} in {folder}: {cannot_write(folder, exc)}.") from None
 
 
 def open_regular(

@@ -1,7 +1,7 @@
 """A Hugging Face Hub on 127.0.0.1 with the two endpoints a pull uses: model info with file
 metadata (`/api/models/OWNER/NAME?blobs=true`) and file downloads with Range
 (`/OWNER/NAME/resolve/REVISION/PATH`). A file can drop its connection midway, fail, or
-announce a checksum its bytes do not have."""
+announce a checksum its bytes do not have, or come slowly."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ class HubFile:
     then_fail: bool = False  # after the drop, every download answers 503
     lfs: bool = True
     announced_size: int | None = None  # default: the content's own length
+    pace: float = 0.0  # seconds of pause after each 64 KiB of a download: a slow Hub
 
     @property
     def size(self) -> int:
@@ -155,7 +156,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(status, content[:cut], headers, length=len(content))
             self.close_connection = True
             return
-        self._send(status, content, headers)
+        self._send(status, content, headers, pace=f.pace)
 
     def _error(self, status: int, code: str, message: str) -> None:
         headers = {"Content-Type": "application/json"}
@@ -164,13 +165,25 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(status, json.dumps({"error": message}).encode(), headers)
 
     def _send(
-        self, status: int, data: bytes, headers: dict[str, str], length: int | None = None
+        self,
+        status: int,
+        data: bytes,
+        headers: dict[str, str],
+        length: int | None = None,
+        pace: float = 0.0,
     ) -> None:
         self.send_response(status)
         for key, value in headers.items():
             self.send_header(key, value)
         self.send_header("Content-Length", str(len(data) if length is None else length))
         self.end_headers()
-        if data:
-            self.wfile.write(data)
+        step = 1 << 16 if pace else max(len(data), 1)
+        try:
+            for start in range(0, len(data), step):
+                self.wfile.write(data[start : start + step])
+                self.wfile.flush()
+                time.sleep(pace)
+        except (BrokenPipeError, ConnectionResetError):  # the client went away meanwhile
+            self.close_connection = True
+            return
         self.wfile.flush()

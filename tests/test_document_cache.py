@@ -5,6 +5,11 @@ never lands on disk, the cache keeps to its size limit (least recently used out 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import builders
@@ -140,3 +145,45 @@ def test_no_document_cache_neither_reads_nor_writes_it(cli, env, fake_server, tm
         assert "Tampered" in tampered and CODEWORD not in tampered
         assert CODEWORD in fresh and "Tampered" not in fresh
     assert "Tampered" in entry.read_text()  # the fresh text was not written back either
+
+
+def test_a_write_left_by_a_kill_is_counted_then_evicted(cli, env, tmp_path):
+    folder = Path(env["XDG_CACHE_HOME"]) / "memagent" / "documents"
+    folder.mkdir(parents=True)
+    stale, fresh = folder / ".tmp-killed.json", folder / ".tmp-writing.json"
+    stale.write_text("x" * 5000)  # a write that SIGKILL cut, two hours ago
+    os.utime(stale, (time.time() - 7200, time.time() - 7200))
+    fresh.write_text("y" * 300)  # another memagent's write in flight
+    info = cache_info(cli)
+    assert info["documents"] == 0 and info["bytes"] == 5000  # its disk is counted
+    book = builders.pdf(tmp_path / "book.pdf", pages())
+    assert cli("inspect", str(book), *INSPECT).returncode == 0  # a write evicts what is stale
+    assert not stale.exists() and fresh.exists()
+    assert cache_info(cli)["documents"] == 1
+
+
+def test_a_cache_write_cut_by_sigterm_leaves_no_temporary_file(env, tmp_path):
+    """A real process writing entries of 50 MB, stopped by a real SIGTERM mid-write."""
+    folder = Path(env["XDG_CACHE_HOME"]) / "memagent" / "documents"
+    writer = (
+        "from memagent_cli.cli.options import stop_on_sigterm\n"
+        "from memagent_cli.documents import cache\n"
+        "from memagent_cli.documents.document import Document\n"
+        "stop_on_sigterm()\n"
+        "text = 'word ' * 10_000_000\n"
+        "for i in range(1000):\n"
+        "    cache.store(Document(text=text, path='b.pdf', format='pdf', sha256=f'{i:064x}'))\n"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", writer], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and process.poll() is None:
+        if folder.is_dir() and any(p.name.startswith(".tmp-") for p in folder.iterdir()):
+            break
+        time.sleep(0.01)
+    time.sleep(0.05)  # well into the write
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    assert b"Interrupted: SIGTERM" in stderr, stderr  # it was stopped, not finished
+    assert [p.name for p in folder.iterdir() if p.name.startswith(".tmp-")] == []

@@ -8,13 +8,15 @@ import hashlib
 import json
 import os
 import resource
+import signal
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from conftest import assert_clean_failure, real_model_path, use_hub, words
+from conftest import MEMAGENT, assert_clean_failure, real_model_path, use_hub, words
 from fake_hub import FakeHub, HubFile
 from hf_model import build
 from rich.filesize import decimal
@@ -280,6 +282,38 @@ def test_an_interrupted_pull_resumes_where_it_stopped(cli, env, fake_hub, real_g
     assert not list(pulled_dir(env).glob("*.incomplete"))
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_pull_stopped_by_a_signal_keeps_only_its_partial_download_and_resumes(
+    cli, env, fake_hub, real_gguf, sig
+):
+    fake_hub.repos[REPO][MODEL_FILE].pace = 0.05  # about 1.3 MB/s: seconds to stop it in
+    process = subprocess.Popen(
+        [str(MEMAGENT), "models", "pull", f"{REPO}:Q4_1"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and process.poll() is None:
+        partial = list(pulled_dir(env).glob("*.incomplete")) if pulled_dir(env).is_dir() else []
+        if partial and partial[0].stat().st_size > 0:
+            break
+        time.sleep(0.05)
+    process.send_signal(sig)  # Ctrl-C, or `kill` from a service manager
+    stdout, stderr = process.communicate(timeout=60)
+    assert process.returncode == 128 + sig, stderr  # 130, 143: as a shell reports them
+    assert stdout == "" and "Traceback" not in stderr
+    assert "Run the same pull again to resume" in words(stderr)
+    (partial,) = pulled_dir(env).iterdir()  # the resumable download, nothing else
+    assert partial.name.endswith(".incomplete") and 0 < partial.stat().st_size < len(real_gguf)
+
+    fake_hub.repos[REPO][MODEL_FILE].pace = 0.0
+    again = cli("models", "pull", f"{REPO}:Q4_1")
+    assert again.returncode == 0 and "resuming" in again.stderr
+    assert Path(again.stdout.strip()).read_bytes() == real_gguf
+
+
 def test_a_dropped_connection_is_resumed_within_one_pull(cli, env, fake_hub, real_gguf):
     fake_hub.repos[REPO][MODEL_FILE].drop_after = 5_000_000
     result = cli("models", "pull", f"{REPO}:Q4_1")
@@ -289,6 +323,49 @@ def test_a_dropped_connection_is_resumed_within_one_pull(cli, env, fake_hub, rea
     assert ranges[0] is None and ranges[1].startswith("bytes=") and ranges[1] != "bytes=0-"
     first, again = fake_hub.downloads(MODEL_FILE)[:2]
     assert again.at - first.at >= 1.0  # a pause before asking again (tenacity), not at once
+
+
+def test_already_pulled_means_whole_not_only_of_the_right_size(cli, env, fake_hub, real_gguf):
+    path = Path(cli("models", "pull", f"{REPO}:Q4_1").stdout.strip())
+    again = cli("models", "pull", f"{REPO}:Q4_1")
+    assert again.returncode == 0 and "already pulled" in again.stderr
+    assert "checking" not in again.stderr  # trusted from its record: not read again
+
+    # A power loss can leave a file of the right size full of zeros.
+    path.write_bytes(bytes(len(real_gguf)))
+    zeros = cli("models", "pull", f"{REPO}:Q4_1")
+    assert zeros.returncode == 0, zeros.stderr
+    assert f"{path} is damaged" in words(zeros.stderr) and "pulling it again" in zeros.stderr
+    assert path.read_bytes() == real_gguf and len(fake_hub.downloads(MODEL_FILE)) == 2
+
+    # A header that reads, with damaged weights: the checksum finds it.
+    damaged = bytearray(real_gguf)
+    damaged[-100] ^= 0xFF
+    path.write_bytes(bytes(damaged))
+    weights = cli("models", "pull", f"{REPO}:Q4_1")
+    assert weights.returncode == 0, weights.stderr
+    assert "against the Hub's checksum" in weights.stderr and "is damaged" in weights.stderr
+    assert path.read_bytes() == real_gguf and len(fake_hub.downloads(MODEL_FILE)) == 3
+
+    # A whole file pulled without a record (an older memagent) is read once, then trusted.
+    (Path(env["XDG_DATA_HOME"]) / "memagent" / "models" / "verified.json").unlink()
+    checked = cli("models", "pull", f"{REPO}:Q4_1")
+    assert "against the Hub's checksum" in checked.stderr and "already pulled" in checked.stderr
+    trusted = cli("models", "pull", f"{REPO}:Q4_1")
+    assert "checking" not in trusted.stderr and "already pulled" in trusted.stderr
+    assert len(fake_hub.downloads(MODEL_FILE)) == 3
+
+
+@pytest.mark.parametrize("where", ["file-as-folder", "sysfs"])
+def test_a_data_folder_that_cannot_hold_models_is_one_sentence_before_any_download(
+    cli, env, fake_hub, tmp_path, where
+):
+    (tmp_path / "plain-file").write_text("x")  # both fail for root too
+    home = tmp_path / "plain-file" / "sub" if where == "file-as-folder" else Path("/sys/m/sub")
+    env["MEMAGENT_HOME"] = str(home)
+    result = cli("models", "pull", f"{REPO}:Q4_1")
+    assert_clean_failure(result, 1, f"Cannot write models in {home / 'models' / 'hf' / REPO}")
+    assert not fake_hub.downloads(MODEL_FILE)
 
 
 def test_a_download_shows_its_bytes_then_the_check_of_its_checksum(

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from memagent_cli.errors import UserError
+from memagent_cli.files import private_folder
 from memagent_cli.folders import cache_dir
 
 DEFAULT_ENCODING = "cl100k_base"
@@ -53,7 +54,7 @@ def _seed_cache(name: str) -> None:
             "sha256 is not the one tiktoken publishes; reinstall memagent."
         )
     try:
-        cache.mkdir(parents=True, exist_ok=True)
+        private_folder(cache)
         temp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
         shutil.copyfile(shipped, temp)
         os.replace(temp, target)  # never a half-copied file where tiktoken reads

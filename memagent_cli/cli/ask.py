@@ -56,7 +56,7 @@ from memagent_cli.cli.options import (
     user_errors,
 )
 from memagent_cli.run.engine import BackendKind
-from memagent_cli.trace import check_new, read_trace
+from memagent_cli.trace import check_new, check_resumable, read_trace
 from memagent_cli.views import console, html
 from memagent_cli.views.progress import reporter
 from memagent_cli.views.traces import evidence_line
@@ -171,7 +171,7 @@ def ask(
     from memagent_cli.documents import inputs
     from memagent_cli.reader import Settings
     from memagent_cli.run import ask as run
-    from memagent_cli.run import batch, engine
+    from memagent_cli.run import batch, engine, journal
 
     if documents_file is not None and document is not None:
         # The documents come from the file, so every argument is a question, as `rg -f FILE`
@@ -228,11 +228,15 @@ def ask(
             "a named trace is for one document; leave the path out with several documents.",
             param_hint="--trace" if trace is not None else "--resume",
         )
-    # Before any model loads: a trace that cannot be written, or one to resume that is not there.
+    # Before any model loads: a trace that cannot be written, one to resume that is not there
+    # or that another run is writing, or a data folder where traces cannot be kept.
     if trace is not None and not no_trace:
         check_new(trace)
     if resume is not None:
         read_trace(resume)
+        check_resumable(resume)
+    if not no_trace and trace is None and resume is None:
+        journal.check_data_folder()
     if report_file is not None:
         html.check_writable(report_file)
     options.stop_on_sigterm()

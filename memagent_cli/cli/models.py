@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from memagent_cli.cli.options import JsonOpt, QuietOpt, user_errors
+from memagent_cli.cli.options import JsonOpt, QuietOpt, stop_on_sigterm, user_errors
 from memagent_cli.errors import ModelError
 from memagent_cli.models.conversion.quantize import NEEDS_IMATRIX, QuantType, quant_type
 from memagent_cli.views.progress import reporter
@@ -104,6 +104,7 @@ def models_pull(
 ) -> None:
     from memagent_cli import models
 
+    stop_on_sigterm()  # a pull stopped by SIGTERM cleans up as on Ctrl-C
     report = reporter(quiet)
     with report.progress("bytes") as progress:
         pulled = models.pull(
@@ -153,6 +154,7 @@ def models_convert(
     """Convert a local Hugging Face model to GGUF and quantize it; prints the GGUF's path."""
     from memagent_cli import models
 
+    stop_on_sigterm()  # a conversion stopped by SIGTERM cleans up as on Ctrl-C
     report = reporter(quiet)
     with report.progress("bytes") as progress:
         model = models.convert(

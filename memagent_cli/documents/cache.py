@@ -13,18 +13,21 @@ import contextlib
 import json
 import os
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from memagent_cli.documents.document import Document, Section
 from memagent_cli.errors import UserError
+from memagent_cli.files import private_folder
 from memagent_cli.folders import cache_dir
 
 VERSION = 3  # bump when extraction changes what it produces; 3: no encrypted documents
 MAX_BYTES = 1_000_000_000  # 1 GB of extracted text: hundreds of books
 LIMIT_VARIABLE = "MEMAGENT_DOCUMENT_CACHE_BYTES"
 _TEMP_PREFIX = ".tmp-"
+STALE_SECONDS = 3600  # a write takes seconds; a temporary file this old was cut short
 
 
 def directory() -> Path:
@@ -106,13 +109,16 @@ def store(document: Document) -> None:
     folder = directory()
     temp = None
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        private_folder(folder)
         handle, temp = tempfile.mkstemp(dir=folder, prefix=_TEMP_PREFIX, suffix=".json")
         with os.fdopen(handle, "w", encoding="utf-8") as file:
             json.dump(entry, file, ensure_ascii=False)
         os.replace(temp, folder / f"{document.sha256}.json")
+        temp = None
         evict(limit)
     except (OSError, ValueError):  # ValueError: text that cannot be encoded
+        pass
+    finally:  # also when Ctrl-C or SIGTERM cuts the write short
         if temp is not None:
             with contextlib.suppress(OSError):
                 os.unlink(temp)
@@ -129,24 +135,31 @@ class Usage:
 
 
 def _entries() -> list[tuple[float, str, int, Path]]:
-    """(last use, name, size, path) of each entry, least recently used first."""
+    """(last use, name, size, path) of each entry, least recently used first. A temporary
+    file that a killed write left behind (older than STALE_SECONDS) counts too, as used
+    longest ago; one younger is another memagent's write in flight."""
     found = []
     folder = directory()
     if not folder.is_dir():
         return []
+    now = time.time()
     for path in folder.glob("*.json"):
-        if path.name.startswith(_TEMP_PREFIX):
-            continue
         try:
             info = path.stat()
         except OSError:  # removed meanwhile by another memagent
             continue
-        found.append((info.st_mtime, path.name, info.st_size, path))
+        last = info.st_mtime
+        if path.name.startswith(_TEMP_PREFIX):
+            if now - info.st_mtime < STALE_SECONDS:
+                continue
+            last = 0.0
+        found.append((last, path.name, info.st_size, path))
     return sorted(found)
 
 
 def evict(limit: int) -> None:
-    """Delete the entries used longest ago until the cache holds at most `limit` bytes."""
+    """Delete what a killed write left behind, then the entries used longest ago until the
+    cache holds at most `limit` bytes."""
     with contextlib.suppress(OSError):
         _evict(limit)
 
@@ -154,8 +167,8 @@ def evict(limit: int) -> None:
 def _evict(limit: int) -> None:
     entries = _entries()
     total = sum(size for _, _, size, _ in entries)
-    for _, _, size, path in entries:
-        if total <= limit:
+    for last, name, size, path in entries:
+        if total <= limit and not (last == 0.0 and name.startswith(_TEMP_PREFIX)):
             break
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
@@ -165,7 +178,8 @@ def _evict(limit: int) -> None:
 def usage() -> Usage:
     """How many entries and bytes the cache holds, and its limit."""
     entries = _entries()
-    return Usage(directory(), len(entries), sum(e[2] for e in entries), max_bytes())
+    documents = sum(not name.startswith(_TEMP_PREFIX) for _, name, _, _ in entries)
+    return Usage(directory(), documents, sum(e[2] for e in entries), max_bytes())
 
 
 def clear() -> Usage:

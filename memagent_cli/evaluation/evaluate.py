@@ -78,8 +78,22 @@ def eval_files(paths: Sequence[str], limit: int | None, options: EvalOptions) ->
     total = sum(len(file.ids) for file in checked)
     output = options.output or results.default_path(files[0])
     results.read(output, missing_ok=True)  # fails in seconds, before any model loads
-    engine = open_engine(options.backend, options.settings, questions, _note(options))
-    return _run(cases(), total, output, options, engine)
+    with _writer(output, options) as writer:
+        engine = open_engine(options.backend, options.settings, questions, _note(options))
+        return _run(cases(), total, writer, options, engine)
+
+
+def _writer(output: Path, options: EvalOptions) -> results.Writer:
+    """The results file, locked, and the data folder checked, before any model loads: a
+    second eval on the same file, or files that cannot be written, fail in seconds."""
+    writer = results.Writer(output)
+    try:
+        if options.write_traces:
+            journal.check_data_folder()
+    except BaseException:
+        writer.close()
+        raise
+    return writer
 
 
 def eval_niah(
@@ -99,26 +113,29 @@ def eval_niah(
     document = read_document(haystack, password=None, report=options.report)
     output = options.output or results.default_path(Path(f"niah-{variant}"))
     results.read(output, missing_ok=True)
-    # Cases are cut with the model's own tokenizer, so the backend comes first.
-    backend = open_backend(options.backend, _note(options))
-    _note(options)(f"building {len(parsed_lengths) * len(parsed_depths)} needle cases")
-    cases = niah.build_cases(
-        document.text,
-        backend.tokenize,
-        lengths=parsed_lengths,
-        depths=parsed_depths,
-        variant=variant,
-        seed=seed,
-    )
-    questions = sorted({case.question for case in cases})
-    engine = Engine(backend, options.settings, context_needed(backend, questions, options.settings))
-    return _run(cases, len(cases), output, options, engine)
+    with _writer(output, options) as writer:
+        # Cases are cut with the model's own tokenizer, so the backend comes first.
+        backend = open_backend(options.backend, _note(options))
+        _note(options)(f"building {len(parsed_lengths) * len(parsed_depths)} needle cases")
+        cases = niah.build_cases(
+            document.text,
+            backend.tokenize,
+            lengths=parsed_lengths,
+            depths=parsed_depths,
+            variant=variant,
+            seed=seed,
+        )
+        questions = sorted({case.question for case in cases})
+        needed = context_needed(backend, questions, options.settings)
+        engine = Engine(backend, options.settings, needed)
+        return _run(cases, len(cases), writer, options, engine)
 
 
 def _run(
-    cases: Iterable[Case], total: int, output: Path, options: EvalOptions, engine: Engine
+    cases: Iterable[Case], total: int, writer: results.Writer, options: EvalOptions, engine: Engine
 ) -> results.Results:
     note = _note(options)
+    output = writer.path
     earlier = results.read(output, missing_ok=True)
     if earlier.skipped:
         options.report.warn(f"{output}: skipped {earlier.skipped} damaged lines.")
@@ -144,7 +161,7 @@ def _run(
     ended = False
     try:
         # The evaluation as a whole: cases done and the time left, over each case's own view.
-        with results.Writer(output) as writer, options.report.progress("cases") as progress:
+        with writer, options.report.progress("cases") as progress:
 
             def finished(record: dict[str, Any]) -> None:
                 counter["n"] += 1

@@ -7,6 +7,7 @@ half-written and says so.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -16,7 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from memagent_cli.errors import UserError
-from memagent_cli.files import MAX_LINE_BYTES, drop_partial_line, open_regular
+from memagent_cli.files import (
+    MAX_LINE_BYTES,
+    cannot_write,
+    drop_partial_line,
+    lock,
+    open_private,
+    open_regular,
+    private_folder,
+)
 from memagent_cli.folders import data_dir
 
 MAX_RESULTS_BYTES = 1 << 30  # a record is a few KB without the document; this is not ours
@@ -93,17 +102,29 @@ def _record(line: bytes) -> dict[str, Any] | None:
 
 
 class Writer:
-    """Appends one record per finished case, each flushed to disk before the next case."""
+    """Appends one record per finished case, each flushed to disk before the next case,
+    holding the file's lock until closed: a second eval on the same file is refused, never
+    interleaved. Opened before any model loads, so that both fail in seconds."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._created = not path.exists()
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            if path.exists():
-                drop_partial_line(path)
-            self._file = path.open("a", encoding="utf-8")
+            private_folder(path.parent)
+            self._file = open_private(path, "a")
         except OSError as exc:
-            raise ResultsError(f"Cannot write results to {path}: {exc.strerror}.") from None
+            reason = cannot_write(path, exc)
+            raise ResultsError(f"Cannot write results to {path}: {reason}.") from None
+        try:
+            if not lock(self._file):
+                raise ResultsError(
+                    f"Another memagent eval is writing {path}; wait for it to end (or stop "
+                    "it), then run this again to continue the file."
+                )
+            drop_partial_line(path)  # a kill in the middle of a line (the lock is ours now)
+        except BaseException:
+            self._file.close()
+            raise
 
     def add(self, record: dict[str, Any]) -> None:
         self._file.write(json.dumps(record, ensure_ascii=False) + "\n")
@@ -111,6 +132,13 @@ class Writer:
         os.fsync(self._file.fileno())
 
     def close(self) -> None:
+        """Let the file go; one this writer made and wrote nothing to is removed (a run that
+        failed before its first case leaves no empty results file)."""
+        if self._file.closed:
+            return
+        if self._created and self._file.tell() == 0:
+            with contextlib.suppress(OSError):
+                self.path.unlink()
         self._file.close()
 
     def __enter__(self) -> Writer:

@@ -15,19 +15,22 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import json
 import os
 import re
 import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from rich.filesize import decimal
 
-from memagent_cli.errors import ModelError
+from memagent_cli.errors import Interrupted, ModelError
+from memagent_cli.files import check_folder
 from memagent_cli.folders import data_dir
 from memagent_cli.gguf_header import split_parts
+from memagent_cli.models import gguf
 from memagent_cli.models.gguf import quant_tag
 from memagent_cli.progress import Note, Progress, silent
 
@@ -37,6 +40,7 @@ _REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 _DEFAULT_ENDPOINT = "https://huggingface.co"
 _RETRIES = 5  # dropped connections in a row, with no byte between them, before giving up
 _TIMEOUT = 60.0  # seconds without a byte from the Hub
+VERIFIED_FILE = "verified.json"  # in models/: the pulled files that matched the Hub's checksum
 
 
 @dataclass(frozen=True)
@@ -238,10 +242,10 @@ def download(
     dropped connection is resumed at once, an interrupted pull when run again."""
     from huggingface_hub import hf_hub_url
 
-    if dest.is_file() and remote.size is not None and dest.stat().st_size == remote.size:
+    if _already_pulled(dest, remote, note, progress):
         note(f"already pulled: {dest}")
         return
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    check_folder(dest.parent, "models", ModelError)  # one sentence, before any byte comes
     partial = partial_path(dest, remote)
     for stale in dest.parent.glob(f"{glob.escape(dest.name)}.*.incomplete"):
         if stale != partial:  # left by an older revision of the file
@@ -262,7 +266,7 @@ def download(
     url = hf_hub_url(repo, remote.path, revision=commit, endpoint=endpoint)
     try:
         _fetch(url, partial, remote.size, progress, remote.path)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Interrupted):
         note(f"interrupted; {_kept(partial, total)} Run the same pull again to resume.")
         raise
     except Exception as exc:
@@ -272,13 +276,95 @@ def download(
             "Run the same command again to resume."
         ) from None
     _verify(partial, remote, note, progress)
-    _durable_rename(partial, dest)
+    durable_rename(partial, dest)
+    _mark_verified(dest, remote)
     note(f"pulled {dest}")
 
 
-def _durable_rename(partial: Path, dest: Path) -> None:
-    """Rename a complete file into place so that a power loss leaves either no file or the
-    whole one: its bytes reach the disk before the rename, and the rename before return."""
+def _checksum(remote: RemoteFile) -> str | None:
+    return (remote.sha256 or remote.blob_id or "").lower() or None
+
+
+def _verified_path() -> Path:
+    """Where memagent records the pulled files it checked whole, by path under models/."""
+    return models_dir() / VERIFIED_FILE
+
+
+def _verified() -> dict[str, Any]:
+    try:
+        recorded = json.loads(_verified_path().read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return recorded if isinstance(recorded, dict) else {}
+
+
+def _stamp(dest: Path, remote: RemoteFile) -> dict[str, Any]:
+    info = dest.stat()
+    return {"size": info.st_size, "mtime_ns": info.st_mtime_ns, "checksum": _checksum(remote)}
+
+
+def _key(dest: Path) -> str:
+    try:
+        return dest.resolve().relative_to(models_dir().resolve()).as_posix()
+    except ValueError:
+        return str(dest.resolve())
+
+
+def _mark_verified(dest: Path, remote: RemoteFile) -> None:
+    """Record that `dest` matched the Hub's checksum: a later pull trusts the file while its
+    size and modification time are unchanged, instead of reading gigabytes again. Written
+    after the file's bytes reached the disk, so a record never vouches for lost ones; the
+    records of files no longer there are dropped."""
+    root = models_dir()
+    recorded = {k: v for k, v in _verified().items() if (root / k).is_file()}
+    recorded[_key(dest)] = _stamp(dest, remote)
+    path = _verified_path()
+    temp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:  # without the record, the next pull reads the file again: no harm
+        temp.write_text(json.dumps(recorded, indent=1), encoding="utf-8")
+        os.replace(temp, path)
+    except OSError:
+        temp.unlink(missing_ok=True)
+
+
+def _already_pulled(
+    dest: Path, remote: RemoteFile, note: Note, progress: Progress | None = None
+) -> bool:
+    """Whether `dest` is `remote`, whole: of its size, a GGUF whose header reads, and
+    matching the Hub's checksum, read once and then trusted while _mark_verified's record
+    holds. A file that fails (zeros after a power loss, a damaged copy) is deleted, to be
+    pulled again."""
+    if not dest.is_file() or remote.size is None:
+        return False
+    info = dest.stat()
+    if info.st_size != remote.size:
+        return False
+    why = None
+    if dest.name.endswith(".gguf"):
+        try:
+            gguf.read(dest)
+        except ModelError as exc:
+            why = exc.message
+    if why is None:
+        if _checksum(remote) is None or _verified().get(_key(dest)) == _stamp(dest, remote):
+            return True
+        note(f"checking {dest.name}, pulled before, against the Hub's checksum")
+        try:
+            _verify(dest, remote, note, progress, delete=False)
+        except ModelError as exc:
+            why = exc.message
+        else:
+            _mark_verified(dest, remote)
+            return True
+    note(f"{dest} is damaged ({why.rstrip('.')}); pulling it again")
+    dest.unlink()
+    return False
+
+
+def durable_rename(partial: Path, dest: Path) -> None:
+    """Rename a complete file (a download, a conversion) into place so that a power loss
+    leaves either no file or the whole one: its bytes reach the disk before the rename, and
+    the rename before return."""
     with partial.open("rb+") as file:
         os.fsync(file.fileno())
     os.replace(partial, dest)
@@ -349,9 +435,16 @@ def _fetch(
         retrying(attempt, file)
 
 
-def _verify(path: Path, remote: RemoteFile, note: Note, progress: Progress | None = None) -> None:
-    """Refuse, and delete, a download whose checksum differs from the Hub's; reading a
-    multi-GB file back takes a while, so its bytes go through `progress`."""
+def _verify(
+    path: Path,
+    remote: RemoteFile,
+    note: Note,
+    progress: Progress | None = None,
+    *,
+    delete: bool = True,
+) -> None:
+    """Refuse, and delete (unless not `delete`), a download whose checksum differs from the
+    Hub's; reading a multi-GB file back takes a while, so its bytes go through `progress`."""
     if remote.sha256:
         kind, expected = "sha256", remote.sha256.lower()
         digest = hashlib.sha256()
@@ -373,6 +466,8 @@ def _verify(path: Path, remote: RemoteFile, note: Note, progress: Progress | Non
                 progress(f"checking {remote.path}", done, size)
     actual = digest.hexdigest()
     if actual != expected:
+        if not delete:
+            raise ModelError(f"its {kind} is {actual}, the Hub says {expected}")
         path.unlink()
         raise ModelError(
             f"The download of {remote.path} is corrupt: its {kind} is {actual}, the Hub says "
@@ -382,7 +477,7 @@ def _verify(path: Path, remote: RemoteFile, note: Note, progress: Progress | Non
 
 def check_space(folder: Path, needed: int, what: str = "the download") -> None:
     """Refuse, before writing anything, when `folder`'s disk cannot hold `needed` more bytes."""
-    folder.mkdir(parents=True, exist_ok=True)
+    check_folder(folder, "models", ModelError)
     free = shutil.disk_usage(folder).free
     if needed > free:
         raise ModelError(

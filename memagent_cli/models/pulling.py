@@ -11,8 +11,8 @@ from pathlib import Path
 
 from rich.filesize import decimal
 
-from memagent_cli.errors import ModelError
-from memagent_cli.models import hub, registry
+from memagent_cli.errors import Interrupted, ModelError
+from memagent_cli.models import gguf, hub, registry
 from memagent_cli.models.conversion import architecture, quantize, vocabulary
 from memagent_cli.models.conversion.convert import (
     DEFAULT_QUANT,
@@ -85,8 +85,14 @@ def pull_and_convert(
     quant = quantize.quant_type(spec.quant or DEFAULT_QUANT).value  # before any download
     dest = output_path(spec.repo, quant)
     if dest.is_file():
-        note(f"already pulled: {dest}")
-        return dest
+        try:
+            gguf.read(dest)  # a file of zeros after a power loss is not a model
+        except ModelError as exc:
+            note(f"{dest} is damaged ({exc.message.rstrip('.')}); making it again")
+            dest.unlink()
+        else:
+            note(f"already pulled: {dest}")
+            return dest
     if "tokenizer.json" not in files:
         raise vocabulary.no_tokenizer(spec.repo)
     folder = hub.repo_dir(spec.repo) / DOWNLOAD_DIR
@@ -160,7 +166,7 @@ def pull_and_convert(
             )
     except ModelError as exc:
         raise ModelError(f"{exc.message} {_downloads_left(folder, spec.repo)}") from None
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Interrupted):  # Ctrl-C, SIGTERM
         note(_downloads_left(folder, spec.repo))
         raise
     left = _bytes_in(folder)

@@ -22,18 +22,28 @@ from typing import IO, Any
 
 from memagent_cli import trace
 from memagent_cli.errors import UserError
-from memagent_cli.files import MAX_LINE_BYTES, drop_partial_line
+from memagent_cli.files import (
+    MAX_LINE_BYTES,
+    cannot_write,
+    check_folder,
+    drop_partial_line,
+    lock,
+    open_private,
+    private_folder,
+)
 from memagent_cli.run.engine import Engine
-
-try:
-    import fcntl
-except ImportError:  # not POSIX: no lock, and two identical batches at once are not refused
-    fcntl = None  # type: ignore[assignment]
 
 
 def journal_dir() -> Path:
     """Where journals live: beside the traces in the data folder."""
     return trace.default_dir().parent / "batches"
+
+
+def check_data_folder() -> None:
+    """Fail with one sentence, before any model loads, when runs cannot keep their traces
+    and journals in the data folder (read-only, another user's, a file in its place)."""
+    check_folder(trace.default_dir(), "traces")
+    check_folder(journal_dir(), "batch journals")
 
 
 class Journal:
@@ -44,19 +54,17 @@ class Journal:
         self._lock = threading.Lock()
         self._traces: dict[str, Path] = {}
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._file: IO[str] = path.open("a+", encoding="utf-8")
+            private_folder(path.parent)
+            self._file: IO[str] = open_private(path, "a+")
         except OSError as exc:
-            raise UserError(f"Cannot write the batch journal {path}: {exc.strerror}.") from None
-        if fcntl is not None:
-            try:
-                fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                self._file.close()
-                raise UserError(
-                    "The same command is running in another memagent process (its journal "
-                    f"{path} is locked); wait for it, or stop it and run this again."
-                ) from None
+            reason = cannot_write(path, exc)
+            raise UserError(f"Cannot write the batch journal {path}: {reason}.") from None
+        if not lock(self._file):
+            self._file.close()
+            raise UserError(
+                "The same command is running in another memagent process (its journal "
+                f"{path} is locked); wait for it, or stop it and run this again."
+            )
         drop_partial_line(path)  # a kill in the middle of a line (the lock is ours now)
         self._file.seek(0)
         for line in self._file:

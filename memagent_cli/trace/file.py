@@ -16,7 +16,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-from memagent_cli.files import MAX_LINE_BYTES, drop_partial_line, open_regular
+from memagent_cli.files import (
+    MAX_LINE_BYTES,
+    cannot_write,
+    drop_partial_line,
+    lock,
+    open_private,
+    open_regular,
+    private_folder,
+)
 from memagent_cli.reader import Event, Finished, StepFinished
 from memagent_cli.trace.records import (
     FORMAT_VERSION,
@@ -226,19 +234,37 @@ def check_new(path: Path) -> None:
             "--trace path (a fresh run never writes into an old trace)."
         )
     try:  # the only sure test is to try: permissions, read-only mounts, /proc, a full disk
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("x"):
+        private_folder(path.parent)
+        with open_private(path, "x"):
             pass
         path.unlink()
     except OSError as exc:
-        reason = exc.strerror or type(exc).__name__
-        if isinstance(exc, (FileExistsError, NotADirectoryError)):
-            reason = "a file stands where a folder should be"
-        raise TraceError(f"Cannot write the trace {path}: {reason}.") from None
+        raise TraceError(f"Cannot write the trace {path}: {cannot_write(path, exc)}.") from None
+
+
+def check_resumable(path: Path) -> None:
+    """Fail with a sentence unless the trace at `path` can be continued now: it must be
+    writable, and no other run may be writing it."""
+    try:
+        with open_private(path, "a") as file:
+            if not lock(file):
+                raise TraceError(_busy(path))
+    except FileNotFoundError:
+        raise TraceError(f"Trace not found: {path}") from None
+    except OSError as exc:
+        raise TraceError(f"Cannot write the trace {path}: {cannot_write(path, exc)}.") from None
+
+
+def _busy(path: Path) -> str:
+    return (
+        f"{path} is being written by another memagent run; wait for it to end (or stop it), "
+        "then resume."
+    )
 
 
 class TraceWriter:
-    """Appends one JSON line per event to a trace file and flushes it to disk."""
+    """Appends one JSON line per event to a trace file and flushes it to disk, holding the
+    file's lock until closed, so that no other run resumes it meanwhile."""
 
     def __init__(
         self,
@@ -256,13 +282,18 @@ class TraceWriter:
         try:
             if resume_from is None:
                 check_new(path)
-                path.parent.mkdir(parents=True, exist_ok=True)
-                self._file: IO[str] = path.open("w", encoding="utf-8")
-            else:
-                drop_partial_line(path)
-                self._file = path.open("a", encoding="utf-8")
+                private_folder(path.parent)
+            self._file: IO[str] = open_private(path, "w" if resume_from is None else "a")
         except OSError as exc:
-            raise TraceError(f"Cannot write the trace {path}: {exc.strerror}.") from None
+            raise TraceError(f"Cannot write the trace {path}: {cannot_write(path, exc)}.") from None
+        try:
+            if not lock(self._file):
+                raise TraceError(_busy(path))
+            if resume_from is not None:
+                drop_partial_line(path)  # a kill in the middle of a line (the lock is ours)
+        except BaseException:
+            self._file.close()
+            raise
         self._steps_done = resume_from or 0
         # A trace continues in the format it was started in (an older one, when resumed).
         self._version = header.format if resume_from is None else _format_of(path)

@@ -21,6 +21,7 @@ from memagent_cli import __version__, protocol
 from memagent_cli.errors import UserError
 from memagent_cli.evaluation import plot, report
 from memagent_cli.evaluation.results import Results
+from memagent_cli.files import cannot_write, open_private
 from memagent_cli.trace import StepRecord, Trace
 from memagent_cli.views import traces
 from memagent_cli.views.console import home_relative
@@ -114,21 +115,23 @@ def _page(title: str, body: str, extra_css: str = "") -> str:
 
 
 def write(path: Path, page: str) -> None:
-    """Write a report; one sentence when it cannot be written."""
+    """Write a report (0600 when new: it quotes the document); one sentence when it cannot
+    be written."""
     try:
-        path.write_text(page, encoding="utf-8", errors="replace")
+        with open_private(path, "w", errors="replace") as file:
+            file.write(page)
     except OSError as exc:
-        raise UserError(f"Cannot write the report {path}: {exc.strerror}.") from None
+        raise UserError(f"Cannot write the report {path}: {cannot_write(path, exc)}.") from None
 
 
 def check_writable(path: Path) -> None:
     """Fail before a long run, not after it, when its report could not be written."""
     existed = path.exists()
     try:
-        with path.open("a", encoding="utf-8"):
+        with open_private(path, "a"):
             pass
     except OSError as exc:
-        raise UserError(f"Cannot write the report {path}: {exc.strerror}.") from None
+        raise UserError(f"Cannot write the report {path}: {cannot_write(path, exc)}.") from None
     if not existed:
         path.unlink()
 

@@ -27,7 +27,7 @@ from rich.filesize import decimal
 from memagent_cli.errors import ModelError
 from memagent_cli.models.conversion import architecture, quantize, vocabulary
 from memagent_cli.models.conversion.safetensors import Tensor, read_tensors
-from memagent_cli.models.hub import check_space
+from memagent_cli.models.hub import check_space, durable_rename
 from memagent_cli.progress import Note, Progress, silent
 
 DEFAULT_QUANT = "Q4_K_M"
@@ -218,7 +218,7 @@ def quantize_intermediate(
     part = _part(dest)
     try:
         quantize.quantize(intermediate, part, quant, note=note, progress=progress)
-        part.replace(dest)
+        durable_rename(part, dest)
     finally:
         part.unlink(missing_ok=True)
     # Only the user's ask keeps it: one a failed or interrupted run left (tens of GB for
@@ -297,7 +297,7 @@ def write_gguf(
             if release is not None and left[tensor.file] == 0:
                 release(tensor.file)
         writer.close()
-        part.replace(dest)
+        durable_rename(part, dest)
     except OSError as exc:
         raise ModelError(f"Cannot write {dest}: {exc.strerror or exc}.") from None
     finally:
