@@ -8,7 +8,8 @@ It has no tokenize endpoint unless told to (`tokenizer`: llama-server's /tokeniz
 can be told to take a fixed time per call, to turn calls away as busy (429 with
 Retry-After), to fail with 503, to stop answering after a number of calls, to hold the
 calls after a number until the test releases them (a run that cannot end before a signal),
-or to answer a path with any bytes at any pace (`Raw`: a hostile or broken server).
+to want an API key, or to answer a path with any bytes at any pace (`Raw`: a hostile or
+broken server).
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ class FakeServer:
     answered: list[float] = field(default_factory=list)  # when each served call arrived
     messages: list[str] = field(default_factory=list)
     authorizations: set[str] = field(default_factory=set)  # Authorization headers received
+    api_key: str | None = None  # a key every call must bring, else 401
     raw: dict[str, Raw] = field(default_factory=dict)  # a path's reply, as given
     port: int = 0  # 0: any free port; a server restarted where it was keeps its URL
     url: str = ""
@@ -112,8 +114,12 @@ class FakeServer:
                     self.wfile.write(body)  # unless the client was stopped meanwhile
 
             def _refused(self) -> bool:
-                """Answered already, as the test scripted."""
-                fake.authorizations.add(self.headers.get("Authorization", ""))
+                """Answered already: without the key it wants, or as the test scripted."""
+                given = self.headers.get("Authorization", "")
+                fake.authorizations.add(given)
+                if fake.api_key is not None and given != f"Bearer {fake.api_key}":
+                    self._json(401, {"error": {"message": "Invalid API key"}})
+                    return True
                 raw = fake.raw.get(self.path)
                 if raw is None:
                     return False

@@ -4,13 +4,14 @@ llama-cpp-python's server): the same protocol over `/v1/chat/completions`."""
 from __future__ import annotations
 
 import email.utils
+import ipaddress
 import json
 import math
 import random
 import re
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -51,12 +52,57 @@ _CREDENTIALS = re.compile(r"(^|[A-Za-z][A-Za-z0-9+.-]*://)[^/?#\s]*@")
 MOST_REPLY_BYTES = 64 << 20
 _TOKEN_BYTES = 16
 _MOST_ERROR_CHARS = 200  # of a server's error text, shown on one line
+# OPENAI_API_KEY is the OpenAI SDK's key for its own base URL: it goes with OPENAI_BASE_URL,
+# or to OpenAI, and to no other server (cli/options.py).
+_OPENAI_SERVER = "https://api.openai.com/v1"
 
 
 def without_credentials(text: str) -> str:
     """`text` (a URL, or a message that quotes one) with every URL's user:password@ left
     out, as a trace, --json, an HTML report or an error may show it."""
     return _CREDENTIALS.sub(r"\1", text)
+
+
+def openai_api_key(url: str | None, environ: Mapping[str, str]) -> str | None:
+    """$OPENAI_API_KEY where `url` is the server the OpenAI SDK would send it to: the one
+    $OPENAI_BASE_URL names, or OpenAI's own; else None, whatever the variable holds."""
+    key = environ.get("OPENAI_API_KEY") or None
+    if key is None or not url:
+        return None
+    home = [
+        _OPENAI_SERVER,
+        *([environ["OPENAI_BASE_URL"]] if environ.get("OPENAI_BASE_URL") else []),
+    ]
+    origin = _origin(url)
+    return key if origin is not None and origin in {_origin(place) for place in home} else None
+
+
+def in_the_clear(url: str) -> bool:
+    """Whether what is sent to `url` crosses a network unencrypted: plain http to a host
+    other than this machine (127.0.0.0/8, ::1, localhost)."""
+    try:
+        parsed = httpx2.URL(url)
+    except httpx2.InvalidURL:
+        return False  # never sent: opening the backend says what is wrong with it
+    if parsed.scheme != "http":
+        return False
+    host = parsed.host.lower().rstrip(".")
+    if host == "localhost":
+        return False
+    try:
+        return not ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return True  # a name: another machine as far as anyone can tell from here
+
+
+def _origin(url: str) -> tuple[str, str, int | None] | None:
+    """Scheme, host and port of `url` (None if it is not one): where a request goes."""
+    try:
+        parsed = httpx2.URL(url)
+    except httpx2.InvalidURL:
+        return None
+    default = {"http": 80, "https": 443}.get(parsed.scheme)
+    return parsed.scheme, parsed.host.lower().rstrip("."), parsed.port or default
 
 
 @dataclass(frozen=True)
@@ -96,6 +142,7 @@ class OpenAIBackend(InTurn):
         # What is shown and recorded: without any credentials the URL carries.
         self.base_url, self.server = without_credentials(url), without_credentials(self._root)
         self._timeout = timeout
+        self._api_key = api_key
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         # Only what _read_body can decode within its bounds (httpx2's decoders, 1 MiB a go).
         headers["Accept-Encoding"] = "gzip, deflate"
@@ -175,10 +222,16 @@ class OpenAIBackend(InTurn):
             ) from None
         response = reply.response
         if response.is_error:
+            hint = ""
+            if response.status_code in (401, 403) and not self._api_key:
+                hint = (
+                    "; it may need a key: pass --api-key or set $MEMAGENT_API_KEY "
+                    "($OPENAI_API_KEY goes only to $OPENAI_BASE_URL or api.openai.com)"
+                )
             detail = _shortened(without_credentials(_error_detail(response, reply.body)))
             raise BackendError(
                 f"The server at {self.server} answered HTTP {response.status_code} to {where}: "
-                f"{detail}."
+                f"{detail}{hint}."
             )
         try:
             payload = json.loads(reply.body)
