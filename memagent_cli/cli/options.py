@@ -282,7 +282,8 @@ TimeoutOpt = Annotated[
     float,
     typer.Option(
         min=1.0,
-        help="Seconds a server may take for one call (--backend openai).",
+        help="Seconds one call to a server may take in all, to the last byte of its reply "
+        "(--backend openai).",
         rich_help_panel=SERVER_PANEL,
     ),
 ]
