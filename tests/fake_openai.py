@@ -6,8 +6,10 @@ memory and adds the first words of the section; a final reply boxes the memory's
 It has no tokenize endpoint unless told to (`tokenizer`: llama-server's /tokenize and
 /detokenize, one token per byte), so memagent cuts chunks with tiktoken (offline). The server
 can be told to take a fixed time per call, to turn calls away as busy (429 with
-Retry-After), to fail with 503, to stop answering after a number of calls, or to hold the
-calls after a number until the test releases them (a run that cannot end before a signal).
+Retry-After), to fail with 503, to stop answering after a number of calls, to hold the
+calls after a number until the test releases them (a run that cannot end before a signal),
+to want an API key, or to answer a path with any bytes at any pace (`Raw`: a hostile or
+broken server).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 MODEL = "fake-memagent"
@@ -35,6 +38,29 @@ def reply_to(message: str) -> str:
     if section is None:  # the final prompt
         return f"From memory: \\boxed{{{remembered[0] if remembered else 'nothing'}}}"
     return " ".join((remembered + section.group(1).split()[:6])[-30:])
+
+
+@dataclass
+class Raw:
+    """A reply written byte for byte: any status line, headers and body. `trickle` sends it
+    a byte every `every` seconds: from the first byte ("head"), or after the headers ("body")."""
+
+    body: bytes = b""
+    status: int = 200
+    reason: str = ""  # the status line's words: HTTP's own phrase unless given
+    headers: dict[str, str] = field(default_factory=lambda: {"Content-Type": "application/json"})
+    trickle: str | None = None
+    every: float = 1.0
+
+    @classmethod
+    def json(cls, payload: object, status: int = 200) -> Raw:
+        return cls(json.dumps(payload).encode(), status)
+
+    def head(self) -> bytes:
+        reason = self.reason or HTTPStatus(self.status).phrase
+        headers = {"Content-Length": str(len(self.body)), "Connection": "close", **self.headers}
+        lines = [f"HTTP/1.1 {self.status} {reason}", *(f"{k}: {v}" for k, v in headers.items())]
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
 @dataclass
@@ -59,6 +85,8 @@ class FakeServer:
     answered: list[float] = field(default_factory=list)  # when each served call arrived
     messages: list[str] = field(default_factory=list)
     authorizations: set[str] = field(default_factory=set)  # Authorization headers received
+    api_key: str | None = None  # a key every call must bring, else 401
+    raw: dict[str, Raw] = field(default_factory=dict)  # a path's reply, as given
     port: int = 0  # 0: any free port; a server restarted where it was keeps its URL
     url: str = ""
 
@@ -85,8 +113,30 @@ class FakeServer:
                 with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                     self.wfile.write(body)  # unless the client was stopped meanwhile
 
+            def _refused(self) -> bool:
+                """Answered already: without the key it wants, or as the test scripted."""
+                given = self.headers.get("Authorization", "")
+                fake.authorizations.add(given)
+                if fake.api_key is not None and given != f"Bearer {fake.api_key}":
+                    self._json(401, {"error": {"message": "Invalid API key"}})
+                    return True
+                raw = fake.raw.get(self.path)
+                if raw is None:
+                    return False
+                self.close_connection = True
+                reply = raw.head() + raw.body
+                at_once = {None: len(reply), "head": 0, "body": len(raw.head())}[raw.trickle]
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    self.wfile.write(reply[:at_once])
+                    for byte in range(at_once, len(reply)):
+                        self.wfile.flush()
+                        time.sleep(raw.every)
+                        self.wfile.write(reply[byte : byte + 1])
+                return True
+
             def do_GET(self) -> None:  # noqa: N802
-                fake.authorizations.add(self.headers.get("Authorization", ""))
+                if self._refused():
+                    return
                 if self.path.rstrip("/") == "/v1/models":
                     model = {"id": MODEL, "object": "model"}
                     if fake.context is not None:
@@ -96,9 +146,10 @@ class FakeServer:
                     self._json(404, {"error": {"message": "not found"}})
 
             def do_POST(self) -> None:  # noqa: N802
-                fake.authorizations.add(self.headers.get("Authorization", ""))
                 length = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(length) or b"{}")
+                if self._refused():
+                    return
                 if fake.tokenizer and self.path == "/tokenize":
                     fake.tokenize_calls += 1
                     time.sleep(fake.tokenize_delay)

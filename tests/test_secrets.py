@@ -1,6 +1,8 @@
 """Secrets a user gives memagent (a PDF's password, a server's API key) never come back out:
 not on stdout or stderr, not in a trace or any other file, not in the printed resume hint.
-Both may come from the environment, and a terminal is asked for a missing PDF password."""
+Both may come from the environment, and a terminal is asked for a missing PDF password. A
+key goes only where the user sent it: the OpenAI SDK's $OPENAI_API_KEY with its
+$OPENAI_BASE_URL, and any key sent unencrypted to another machine is warned of."""
 
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ from pathlib import Path
 import builders
 import pytest
 from conftest import MEMAGENT, assert_clean_failure, served, story, words
+
+from memagent_cli.backends.openai import in_the_clear, openai_api_key
 
 STEPS = ["--chunk-tokens", "300", "--memory-tokens", "64", "--temperature", "0"]
 QUESTION = "Who repaired the barn?"
@@ -79,14 +83,13 @@ def test_no_secret_given_on_the_command_line_comes_back_out(
 def test_both_secrets_come_from_the_environment(cli, env, fake_server, locked_pdf):
     refused = cli("ask", str(locked_pdf), QUESTION, *served(fake_server, *STEPS))
     assert_clean_failure(refused, 1, "is encrypted; pass --password, or set MEMAGENT_PDF_PASSWORD")
-    env.update(MEMAGENT_PDF_PASSWORD="pdf-Secret-2718", OPENAI_API_KEY="key-from-openai-var")
+    env.update(MEMAGENT_PDF_PASSWORD="pdf-Secret-2718", MEMAGENT_API_KEY="key-from-memagent-var")
     result = cli("ask", str(locked_pdf), QUESTION, *served(fake_server, *STEPS), "-q")
     assert result.returncode == 0, result.stderr
-    assert fake_server.authorizations >= {"Bearer key-from-openai-var"}
-    env["MEMAGENT_API_KEY"] = "key-from-memagent-var"  # memagent's own variable comes first
+    assert fake_server.authorizations == {"Bearer key-from-memagent-var"}
     result = cli("ask", str(locked_pdf), QUESTION, *served(fake_server, *STEPS, "--no-reuse"))
     assert result.returncode == 0, result.stderr
-    assert "Bearer key-from-memagent-var" in fake_server.authorizations
+    assert "unencrypted" not in result.stderr  # 127.0.0.1: the key never leaves this machine
 
 
 def test_the_server_url_comes_from_openai_base_url(cli, env, fake_server, tmp_path):
@@ -97,6 +100,101 @@ def test_the_server_url_comes_from_openai_base_url(cli, env, fake_server, tmp_pa
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["model"]["path"] == fake_server.url
     assert fake_server.chat_calls > 0
+
+
+def test_openai_api_key_goes_only_where_openai_base_url_points(cli, env, fake_server, tmp_path):
+    """$OPENAI_API_KEY is the OpenAI SDK's key for $OPENAI_BASE_URL: a --base-url typed for
+    another server (even on this machine) never gets it; memagent's own key goes anywhere."""
+    doc = tmp_path / "doc.txt"
+    doc.write_text(story(30))
+    fake_server.api_key = "sdk-Secret-2236"
+    env["OPENAI_API_KEY"] = "sdk-Secret-2236"
+
+    typed = cli("ask", str(doc), QUESTION, *served(fake_server, *STEPS))
+    assert_clean_failure(
+        typed, 1, "answered HTTP 401 to /v1/models: Invalid API key; it may need a key: pass "
+        "--api-key or set $MEMAGENT_API_KEY ($OPENAI_API_KEY goes only to $OPENAI_BASE_URL or "
+        "api.openai.com)."
+    )  # fmt: skip
+    assert fake_server.authorizations == {""}
+    env["MEMAGENT_BASE_URL"] = fake_server.url  # memagent's own variable is typed too
+    assert cli("ask", str(doc), QUESTION, "--backend", "openai", *STEPS).returncode == 1
+    assert fake_server.authorizations == {""}
+    del env["MEMAGENT_BASE_URL"]
+
+    env["OPENAI_BASE_URL"] = fake_server.url  # the SDK's pair: the key goes with its URL
+    paired = cli("ask", str(doc), QUESTION, "--backend", "openai", *STEPS, "-q")
+    assert paired.returncode == 0, paired.stderr
+    assert fake_server.authorizations == {"", "Bearer sdk-Secret-2236"}
+    again = cli("ask", str(doc), QUESTION, *served(fake_server, *STEPS, "--no-reuse", "-q"))
+    assert again.returncode == 0, again.stderr  # typed, but the same server as the pair's
+
+    del env["OPENAI_BASE_URL"]
+    fake_server.api_key = "own-Secret-7071"  # a key given explicitly goes where it is sent
+    for given, variable in (
+        (["--api-key", "own-Secret-7071"], {}),
+        ([], {"MEMAGENT_API_KEY": "own-Secret-7071"}),
+    ):
+        fake_server.authorizations.clear()
+        env.update(variable)
+        own = cli("ask", str(doc), QUESTION, *served(fake_server, *STEPS, *given, "--no-reuse"))
+        assert own.returncode == 0, own.stderr
+        assert fake_server.authorizations == {"Bearer own-Secret-7071"}
+        assert "unencrypted" not in own.stderr  # 127.0.0.1
+    for secret in ("sdk-Secret-2236", "own-Secret-7071"):
+        assert files_holding(tmp_path, secret) == []
+
+
+def test_the_rule_for_openai_api_key():
+    sdk = {"OPENAI_API_KEY": "k", "OPENAI_BASE_URL": "http://gpu-box:8000/v1"}
+    assert openai_api_key("http://gpu-box:8000/v1", sdk) == "k"
+    assert openai_api_key("http://GPU-BOX:8000", sdk) == "k"  # the same server
+    assert openai_api_key("https://api.openai.com/v1", sdk) == "k"  # OpenAI's own key
+    assert openai_api_key("https://api.openai.com/v1", {"OPENAI_API_KEY": "k"}) == "k"
+    for elsewhere in (
+        "http://gpu-box:8001/v1", "https://gpu-box:8000/v1", "http://127.0.0.1:8000/v1",
+        "http://api.openai.com/v1", "https://api.openai.com.example.net/v1", "", None,
+    ):  # fmt: skip
+        assert openai_api_key(elsewhere, sdk) is None, elsewhere
+    assert openai_api_key("http://gpu-box:8000/v1", {"OPENAI_API_KEY": "k"}) is None
+    assert openai_api_key("https://api.openai.com/v1", {"OPENAI_BASE_URL": "x"}) is None
+
+
+def test_what_crosses_a_network_in_the_clear():
+    for mine in (
+        "http://127.0.0.1:8080/v1", "http://127.8.9.10/v1", "http://[::1]:8080/v1",
+        "http://localhost:8080", "http://LocalHost./v1", "https://gpu-box:8000/v1",
+        "https://10.0.0.5/v1",
+    ):  # fmt: skip
+        assert not in_the_clear(mine), mine
+    for theirs in (
+        "http://10.0.0.5:8000/v1", "http://gpu-box:8000/v1", "http://[2001:db8::1]/v1",
+        "http://192.0.2.1/v1", "http://localhost.example.com/v1", "http://128.0.0.1/v1",
+    ):  # fmt: skip
+        assert in_the_clear(theirs), theirs
+
+
+def test_a_key_sent_over_plain_http_to_another_machine_is_warned_of(cli, env, tmp_path):
+    doc = tmp_path / "doc.txt"
+    doc.write_text(story(30))
+    far = "http://192.0.2.1:9/v1"  # TEST-NET-1: never answers, nothing leaves this machine
+    result = cli(
+        "ask", str(doc), QUESTION, "--backend", "openai", "--base-url", far, "--timeout", "1",
+        "--api-key", "key-Secret-3141", "-q",
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert (
+        "warning: the API key goes unencrypted to http://192.0.2.1:9/v1 (plain http to another "
+        "machine), where anyone on the way can read it; use https." in words(result.stderr)
+    )
+    assert "key-Secret-3141" not in result.stdout + result.stderr
+    credentials = far.replace("http://", "http://reader:url-Secret-1618@")
+    result = cli("ask", str(doc), QUESTION, "--backend", "openai", "--base-url", credentials,
+                 "--timeout", "1")  # fmt: skip
+    assert "warning: the user:password of the server URL goes unencrypted to " + far in words(
+        result.stderr
+    )
+    assert "url-Secret-1618" not in result.stderr
 
 
 def test_a_terminal_is_asked_for_the_password_without_echo(env, fake_server, locked_pdf):

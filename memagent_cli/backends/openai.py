@@ -4,14 +4,19 @@ llama-cpp-python's server): the same protocol over `/v1/chat/completions`."""
 from __future__ import annotations
 
 import email.utils
+import ipaddress
+import json
+import math
 import random
 import re
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import httpcore2
 import httpx2
 import tenacity
 
@@ -40,12 +45,64 @@ _MOST_BUSY_WAIT = 600.0  # seconds of waiting for one call, all retries together
 _UNKNOWN_CONTEXT = 10**9
 # The user:password@ of a URL (also one without a scheme): sent, never shown or recorded.
 _CREDENTIALS = re.compile(r"(^|[A-Za-z][A-Za-z0-9+.-]*://)[^/?#\s]*@")
+# A reply is read up to this many bytes (after decompression) and no further: far above any
+# real one (a completion is kilobytes, a long model list a few megabytes), and what a hostile
+# server or a gzip bomb can make memagent hold. A tokenize endpoint may send more in reply
+# to a long text: up to _TOKEN_BYTES per byte of the text sent (a token per byte, as JSON).
+MOST_REPLY_BYTES = 64 << 20
+_TOKEN_BYTES = 16
+_MOST_ERROR_CHARS = 200  # of a server's error text, shown on one line
+# OPENAI_API_KEY is the OpenAI SDK's key for its own base URL: it goes with OPENAI_BASE_URL,
+# or to OpenAI, and to no other server (cli/options.py).
+_OPENAI_SERVER = "https://api.openai.com/v1"
 
 
 def without_credentials(text: str) -> str:
     """`text` (a URL, or a message that quotes one) with every URL's user:password@ left
     out, as a trace, --json, an HTML report or an error may show it."""
     return _CREDENTIALS.sub(r"\1", text)
+
+
+def openai_api_key(url: str | None, environ: Mapping[str, str]) -> str | None:
+    """$OPENAI_API_KEY where `url` is the server the OpenAI SDK would send it to: the one
+    $OPENAI_BASE_URL names, or OpenAI's own; else None, whatever the variable holds."""
+    key = environ.get("OPENAI_API_KEY") or None
+    if key is None or not url:
+        return None
+    home = [
+        _OPENAI_SERVER,
+        *([environ["OPENAI_BASE_URL"]] if environ.get("OPENAI_BASE_URL") else []),
+    ]
+    origin = _origin(url)
+    return key if origin is not None and origin in {_origin(place) for place in home} else None
+
+
+def in_the_clear(url: str) -> bool:
+    """Whether what is sent to `url` crosses a network unencrypted: plain http to a host
+    other than this machine (127.0.0.0/8, ::1, localhost)."""
+    try:
+        parsed = httpx2.URL(url)
+    except httpx2.InvalidURL:
+        return False  # never sent: opening the backend says what is wrong with it
+    if parsed.scheme != "http":
+        return False
+    host = parsed.host.lower().rstrip(".")
+    if host == "localhost":
+        return False
+    try:
+        return not ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return True  # a name: another machine as far as anyone can tell from here
+
+
+def _origin(url: str) -> tuple[str, str, int | None] | None:
+    """Scheme, host and port of `url` (None if it is not one): where a request goes."""
+    try:
+        parsed = httpx2.URL(url)
+    except httpx2.InvalidURL:
+        return None
+    default = {"http": 80, "https": 443}.get(parsed.scheme)
+    return parsed.scheme, parsed.host.lower().rstrip("."), parsed.port or default
 
 
 @dataclass(frozen=True)
@@ -85,41 +142,62 @@ class OpenAIBackend(InTurn):
         # What is shown and recorded: without any credentials the URL carries.
         self.base_url, self.server = without_credentials(url), without_credentials(self._root)
         self._timeout = timeout
+        self._api_key = api_key
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = httpx2.Client(
-            headers=headers, timeout=httpx2.Timeout(timeout, connect=min(timeout, 10.0))
+        # Only what _read_body can decode within its bounds (httpx2's decoders, 1 MiB a go).
+        headers["Accept-Encoding"] = "gzip, deflate"
+        self._deadline = _Deadline()
+        self._client = _deadline_client(
+            self._deadline,
+            headers=headers,
+            timeout=httpx2.Timeout(timeout, connect=min(timeout, 10.0)),
         )
         self._retrying = tenacity.Retrying(
             stop=_stop,
             wait=_wait,
             retry=tenacity.retry_if_exception_type(_TRANSIENT)
-            | tenacity.retry_if_result(lambda response: response.status_code in _RETRY_STATUS),
+            | tenacity.retry_if_result(lambda reply: reply.response.status_code in _RETRY_STATUS),
             retry_error_callback=lambda state: state.outcome.result(),  # the last answer
             reraise=True,
         )
         # No retries at first contact: a server that is not there should be said at once.
-        served = self._request(f"{self._url}/models", retry=False).get("data") or []
+        served = self._models(self._request(f"{self._url}/models", retry=False))
         if not served and not served_model:
             raise BackendError(f"The server at {self.server} serves no model; pass --served-model.")
-        self.served_model = served_model or str(served[0]["id"])
+        self.served_model = served_model or served[0]["id"]
         self.name = self.served_model
         self.context_limit = self._context_limit(served)
         self._tokenizer = self._find_tokenizer(encoding, note)
 
     # -- HTTP -------------------------------------------------------------------------
     def _request(
-        self, url: str, body: dict[str, Any] | None = None, *, retry: bool = True
+        self,
+        url: str,
+        body: dict[str, Any] | None = None,
+        *,
+        retry: bool = True,
+        most_bytes: int = MOST_REPLY_BYTES,
     ) -> dict[str, Any]:
-        """One JSON request, retried with backoff while the failure looks transient."""
+        """One JSON request, retried with backoff while the failure looks transient; each
+        try over within --timeout, and its reply at most `most_bytes` long."""
         where = url.removeprefix(self._root)
 
-        def send() -> httpx2.Response:
-            if body is None:
-                return self._client.get(url)
-            return self._client.post(url, json=body)
+        def send() -> _Reply:
+            self._deadline.at = time.monotonic() + self._timeout
+            try:
+                method = "GET" if body is None else "POST"
+                with self._client.stream(method, url, json=body) as response:
+                    return _Reply(response, _read_body(response, most_bytes))
+            finally:
+                self._deadline.at = None
 
         try:
-            response = self._retrying(send) if retry else send()
+            reply = self._retrying(send) if retry else send()
+        except _TooLong:
+            raise BackendError(
+                f"The server at {self.server} sent more than {_size(most_bytes)} in reply to "
+                f"{where}; memagent reads no further."
+            ) from None
         except httpx2.TimeoutException as exc:
             if isinstance(exc, httpx2.ConnectTimeout):
                 raise BackendError(
@@ -130,21 +208,34 @@ class OpenAIBackend(InTurn):
                 f"The server at {self.server} did not answer {where} within {self._timeout:g} "
                 "seconds (--timeout)."
             ) from None
+        except httpx2.DecodingError:
+            raise BackendError(
+                f"The server at {self.server} sent a compressed reply to {where} that does not "
+                "decompress."
+            ) from None
         except httpx2.HTTPError as exc:
             tries = f" after {_RETRIES + 1} tries" if retry else ""
-            detail = without_credentials(str(exc)) or "no answer"
+            detail = _shortened(without_credentials(str(exc))) or "no answer"
             raise BackendError(
                 f"Cannot reach the server at {self.server} ({type(exc).__name__}: "
                 f"{detail}){tries}; is it running?"
             ) from None
+        response = reply.response
         if response.is_error:
+            hint = ""
+            if response.status_code in (401, 403) and not self._api_key:
+                hint = (
+                    "; it may need a key: pass --api-key or set $MEMAGENT_API_KEY "
+                    "($OPENAI_API_KEY goes only to $OPENAI_BASE_URL or api.openai.com)"
+                )
+            detail = _shortened(without_credentials(_error_detail(response, reply.body)))
             raise BackendError(
                 f"The server at {self.server} answered HTTP {response.status_code} to {where}: "
-                f"{without_credentials(_error_detail(response))}."
+                f"{detail}{hint}."
             )
         try:
-            payload = response.json()
-        except ValueError:
+            payload = json.loads(reply.body)
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than Python goes
             payload = None
         if not isinstance(payload, dict):
             raise BackendError(
@@ -153,18 +244,34 @@ class OpenAIBackend(InTurn):
             )
         return payload
 
+    def _models(self, listed: dict[str, Any]) -> list[dict[str, Any]]:
+        """The models of a /v1/models reply, each an object with a string id, or a sentence."""
+        served = listed.get("data")
+        if served is None:
+            return []
+        if not isinstance(served, list) or not all(
+            isinstance(model, dict) and isinstance(model.get("id"), str) and model["id"]
+            for model in served
+        ):
+            raise BackendError(
+                f"The server at {self.server} answered /v1/models with a list memagent cannot "
+                "read (each model needs an id); is --base-url an OpenAI-compatible server?"
+            )
+        return served
+
     def _context_limit(self, served: list[dict[str, Any]]) -> int:
         """The served context when the server tells it (vLLM's max_model_len, llama-server's
         n_ctx); otherwise unknown, and the server itself reports a step too long."""
         for model in served:
-            if model.get("id") == self.served_model and model.get("max_model_len"):
-                return int(model["max_model_len"])
+            if model["id"] == self.served_model and _whole(model.get("max_model_len")):
+                return model["max_model_len"]
         try:
             props = self._request(f"{self._root}/props", retry=False)
-            n_ctx = (props.get("default_generation_settings") or {}).get("n_ctx")
-            return int(n_ctx) if n_ctx else _UNKNOWN_CONTEXT
         except BackendError:
             return _UNKNOWN_CONTEXT
+        settings = props.get("default_generation_settings")
+        n_ctx = settings.get("n_ctx") if isinstance(settings, dict) else None
+        return n_ctx if _whole(n_ctx) else _UNKNOWN_CONTEXT
 
     # -- tokens -----------------------------------------------------------------------
     def _find_tokenizer(self, encoding: str, note: Note) -> _Tokenizer:
@@ -225,23 +332,42 @@ class OpenAIBackend(InTurn):
         start = time.perf_counter()
         reply = self._request(f"{self._url}/chat/completions", body)
         seconds = time.perf_counter() - start
-        try:
-            choice = reply["choices"][0]
-            text = choice["message"]["content"] or ""
-        except (KeyError, IndexError, TypeError):
+        choices = reply.get("choices")
+        choice = choices[0] if isinstance(choices, list) and choices else None
+        message = choice.get("message") if isinstance(choice, dict) else None
+        text = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(message, dict) or not isinstance(text, str | None):
             raise BackendError(
-                f"The server at {self.server} sent a reply without a message."
-            ) from None
+                f"The server at {self.server} sent a completion without a message's text."
+            )
+        assert isinstance(choice, dict)
         usage = reply.get("usage") or {}
         timings = reply.get("timings") or {}  # llama-server reports its own split
-        prompt_seconds = (timings.get("prompt_ms") or 0.0) / 1000
+        finish_reason = choice.get("finish_reason") or "stop"
+        prompt_tokens: Any = None
+        completion_tokens: Any = None
+        prompt_ms: Any = None
+        if isinstance(usage, dict) and isinstance(timings, dict):
+            prompt_tokens = usage.get("prompt_tokens") or 0
+            completion_tokens = usage.get("completion_tokens") or 0
+            prompt_ms = timings.get("prompt_ms") or 0
+        if not (
+            _count(prompt_tokens)
+            and _count(completion_tokens)
+            and _number(prompt_ms)
+            and isinstance(finish_reason, str)
+        ):
+            raise BackendError(
+                f"The server at {self.server} sent a completion whose usage, timings or "
+                "finish_reason are not of the types OpenAI's API gives them."
+            )
         return Generation(
-            text=text,
-            prompt_tokens=int(usage.get("prompt_tokens") or 0),
-            completion_tokens=int(usage.get("completion_tokens") or 0),
-            prompt_seconds=min(prompt_seconds, seconds),
+            text=text or "",
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            prompt_seconds=min(prompt_ms / 1000, seconds),
             seconds=seconds,
-            finish_reason=choice.get("finish_reason") or "stop",
+            finish_reason=finish_reason,
         )
 
 
@@ -274,7 +400,7 @@ def _busy_wait(state: tenacity.RetryCallState) -> float | None:
     outcome = state.outcome
     if outcome is None or outcome.failed:
         return None
-    return retry_after(outcome.result())
+    return retry_after(outcome.result().response)
 
 
 _backoff = tenacity.wait_exponential(multiplier=1, min=1, max=8)
@@ -298,15 +424,154 @@ def _stop(state: tenacity.RetryCallState) -> bool:
     return state.idle_for + asked > _MOST_BUSY_WAIT
 
 
-def _error_detail(response: httpx2.Response) -> str:
+def _error_detail(response: httpx2.Response, body: bytes) -> str:
+    """What a server said went wrong: the message of its JSON error, else the reason."""
     try:
-        payload = response.json()
-    except ValueError:
+        payload = json.loads(body)
+    except (ValueError, RecursionError):
         return response.reason_phrase or "error"
     error = payload.get("error", payload.get("detail")) if isinstance(payload, dict) else None
     if isinstance(error, dict):
         error = error.get("message", error)
     return str(error or response.reason_phrase).strip().rstrip(".") or "error"
+
+
+def _shortened(text: str) -> str:
+    """`text` on one line and at most _MOST_ERROR_CHARS long: a server's error text can be a
+    page of HTML or a stack trace."""
+    line = " ".join(text.split())
+    if len(line) <= _MOST_ERROR_CHARS:
+        return line
+    return line[: _MOST_ERROR_CHARS - 1].rstrip() + "…"
+
+
+def _size(count: int) -> str:
+    """A byte count as people read it: 64 MiB."""
+    return f"{count / (1 << 20):g} MiB" if count >= 1 << 20 else f"{count:,} bytes"
+
+
+def _count(value: object) -> bool:
+    """Whether `value` is a whole number >= 0 as JSON gives one (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _whole(value: object) -> bool:
+    """Whether `value` is a whole number > 0 as JSON gives one."""
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _number(value: object) -> bool:
+    """Whether `value` is a count or a duration as JSON gives one: a finite number >= 0."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < math.inf
+
+
+@dataclass(frozen=True)
+class _Reply:
+    """A server's answer with its body, read whole within its bound."""
+
+    response: httpx2.Response
+    body: bytes
+
+
+class _TooLong(Exception):
+    """A reply that goes on past its bound."""
+
+
+def _read_body(response: httpx2.Response, most_bytes: int) -> bytes:
+    """The body of `response`, decompressed, or _TooLong as soon as it passes `most_bytes`:
+    httpx2 inflates a compressed reply 1 MiB at a time, so a bomb stops at the bound."""
+    pieces, size = [], 0
+    for piece in response.iter_bytes():
+        pieces.append(piece)
+        size += len(piece)
+        if size > most_bytes:
+            raise _TooLong
+    return b"".join(pieces)
+
+
+class _Deadline(threading.local):
+    """When the request under way in this thread must be over (time.monotonic()), if any."""
+
+    at: float | None = None
+
+    def left(self, timeout: float | None, late: type[Exception]) -> float | None:
+        """`timeout` for one socket operation, cut to the time left; `late` once none is."""
+        if self.at is None:
+            return timeout
+        left = self.at - time.monotonic()
+        if left <= 0:
+            raise late("--timeout passed")
+        return left if timeout is None else min(timeout, left)
+
+
+class _DeadlineStream(httpcore2.NetworkStream):
+    """A connection whose every read and write ends by the deadline of its request."""
+
+    def __init__(self, stream: httpcore2.NetworkStream, deadline: _Deadline) -> None:
+        self._stream, self._deadline = stream, deadline
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._stream.read(max_bytes, self._deadline.left(timeout, httpcore2.ReadTimeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._stream.write(buffer, self._deadline.left(timeout, httpcore2.WriteTimeout))
+
+    def close(self) -> None:
+        self._stream.close()
+
+    def start_tls(
+        self, ssl_context: Any, server_hostname: str | None = None, timeout: float | None = None
+    ) -> httpcore2.NetworkStream:
+        left = self._deadline.left(timeout, httpcore2.ConnectTimeout)
+        return _DeadlineStream(
+            self._stream.start_tls(ssl_context, server_hostname, left), self._deadline
+        )
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._stream.get_extra_info(info)
+
+
+class _DeadlineNetwork(httpcore2.NetworkBackend):
+    """httpcore's sockets with a deadline: its own timeouts bound each read, so a server
+    that trickles a byte at a time would otherwise never time out."""
+
+    def __init__(self, network: httpcore2.NetworkBackend, deadline: _Deadline) -> None:
+        self._network, self._deadline = network, deadline
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore2.NetworkStream:
+        left = self._deadline.left(timeout, httpcore2.ConnectTimeout)
+        stream = self._network.connect_tcp(host, port, left, local_address, socket_options)
+        return _DeadlineStream(stream, self._deadline)
+
+    def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
+    ) -> httpcore2.NetworkStream:
+        left = self._deadline.left(timeout, httpcore2.ConnectTimeout)
+        stream = self._network.connect_unix_socket(path, left, socket_options)
+        return _DeadlineStream(stream, self._deadline)
+
+    def sleep(self, seconds: float) -> None:
+        self._network.sleep(seconds)
+
+
+def _deadline_client(deadline: _Deadline, **options: Any) -> httpx2.Client:
+    """An httpx2 client whose connections (direct, or through a proxy from the environment)
+    keep `deadline`. httpx2 has no option for the network its pools use, so it is set on
+    them: a change there fails tests/test_server_replies.py, not silently."""
+    client = httpx2.Client(**options)
+    for transport in (client._transport, *client._mounts.values()):
+        if transport is None:  # a host that no_proxy sends direct: the default transport
+            continue
+        pool = transport._pool  # type: ignore[attr-defined]
+        pool._network_backend = _DeadlineNetwork(pool._network_backend, deadline)
+    return client
 
 
 class _Tokenizer:
@@ -318,8 +583,12 @@ class _Tokenizer:
         self._backend = backend
         self._prefix: list[int] | None = None
 
-    def _call(self, path: str, body: dict[str, Any], retry: bool = True) -> dict[str, Any]:
-        return self._backend._request(f"{self._backend._root}{path}", body, retry=retry)
+    def _call(
+        self, path: str, body: dict[str, Any], retry: bool = True, most_bytes: int = 0
+    ) -> dict[str, Any]:
+        url = f"{self._backend._root}{path}"
+        most_bytes += MOST_REPLY_BYTES
+        return self._backend._request(url, body, retry=retry, most_bytes=most_bytes)
 
     def probe(self) -> None:
         """Fails unless this server has these endpoints."""
@@ -334,15 +603,30 @@ class _Tokenizer:
         return tokens[len(prefix) :] if prefix and tokens[: len(prefix)] == prefix else tokens
 
     def _tokens(self, text: str, retry: bool = True) -> list[int]:
-        raw = self._call(self.tokenize_path, self._tokenize_body(text), retry).get("tokens")
-        if not isinstance(raw, list):
-            raise BackendError("no tokens")
-        return [t["id"] if isinstance(t, dict) else int(t) for t in raw]
+        body = self._tokenize_body(text)
+        most = _TOKEN_BYTES * len(text.encode("utf-8"))  # a long text has a long answer
+        raw = self._call(self.tokenize_path, body, retry, most).get("tokens")
+        ids = (
+            [t.get("id") if isinstance(t, dict) else t for t in raw]
+            if isinstance(raw, list)
+            else []
+        )
+        if not isinstance(raw, list) or not all(_count(i) for i in ids):
+            raise BackendError(
+                f"The server at {self._backend.server} answered {self.tokenize_path} without "
+                "a list of token ids."
+            )
+        return ids
 
     def detokenize(self, tokens: Sequence[int]) -> bytes:
         reply = self._call(self.detokenize_path, self._detokenize_body(list(tokens)))
         text = reply.get("content", reply.get("prompt", reply.get("text", "")))
-        return str(text).encode("utf-8")
+        if not isinstance(text, str):
+            raise BackendError(
+                f"The server at {self._backend.server} answered {self.detokenize_path} "
+                "without the text of the tokens."
+            )
+        return text.encode("utf-8")
 
     def _tokenize_body(self, text: str) -> dict[str, Any]:
         raise NotImplementedError

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -14,7 +15,12 @@ import typer
 
 from memagent_cli.backend import Sampling
 from memagent_cli.backends.llama_cpp import CacheType, FlashAttn, LlamaOptions
-from memagent_cli.backends.openai import ServerOptions
+from memagent_cli.backends.openai import (
+    ServerOptions,
+    in_the_clear,
+    openai_api_key,
+    without_credentials,
+)
 from memagent_cli.documents.document import DocumentFormat
 from memagent_cli.errors import Interrupted, UserError
 from memagent_cli.run.engine import BackendKind, BackendOptions
@@ -69,8 +75,10 @@ OUTPUT, SERVER_PANEL, ENGINE = "Output", "Server (--backend openai)", "Engine (l
 # Secrets may come from the environment, so that they need not sit in shell history or in
 # what `ps` shows; a resume hint never repeats them (cli/ask.py).
 PASSWORD_VARIABLE = "MEMAGENT_PDF_PASSWORD"
-API_KEY_VARIABLES = ["MEMAGENT_API_KEY", "OPENAI_API_KEY"]  # the first one set wins
-SECRET_OPTIONS = {"--password": PASSWORD_VARIABLE, "--api-key": API_KEY_VARIABLES[0]}
+# $OPENAI_API_KEY is not one of them: it is the OpenAI SDK's key for $OPENAI_BASE_URL
+# (backend_options below sends it there, and to OpenAI, only).
+API_KEY_VARIABLE = "MEMAGENT_API_KEY"
+SECRET_OPTIONS = {"--password": PASSWORD_VARIABLE, "--api-key": API_KEY_VARIABLE}
 
 
 def complete_model(incomplete: str) -> list[str]:
@@ -226,9 +234,10 @@ ApiKeyOpt = Annotated[
     str | None,
     typer.Option(
         metavar="KEY",
-        envvar=API_KEY_VARIABLES,
+        envvar=API_KEY_VARIABLE,
         show_default=False,
-        help="Server API key (the variables keep it out of shell history).",
+        help="Server API key (the variable keeps it out of shell history); $OPENAI_API_KEY "
+        "is sent only to $OPENAI_BASE_URL or api.openai.com.",
         rich_help_panel=SERVER_PANEL,
     ),
 ]
@@ -273,7 +282,8 @@ TimeoutOpt = Annotated[
     float,
     typer.Option(
         min=1.0,
-        help="Seconds a server may take for one call (--backend openai).",
+        help="Seconds one call to a server may take in all, to the last byte of its reply "
+        "(--backend openai).",
         rich_help_panel=SERVER_PANEL,
     ),
 ]
@@ -403,6 +413,24 @@ _LLAMA_FIELDS = {f.name for f in dataclasses.fields(LlamaOptions)}
 _SERVER_FIELDS = {f.name for f in dataclasses.fields(ServerOptions)}
 
 
+def warn_if_in_the_clear(url: str | None, api_key: str | None) -> None:
+    """One line on stderr when a key, or the user:password@ of `url`, goes unencrypted to
+    another machine: the user said where it goes, but may not have meant it to be readable
+    on the way."""
+    if not url or not in_the_clear(url):
+        return
+    if api_key:
+        secret = "API key"
+    elif without_credentials(url) != url:
+        secret = "user:password of the server URL"
+    else:
+        return
+    console.warn(
+        f"the {secret} goes unencrypted to {without_credentials(url)} (plain http to "
+        "another machine), where anyone on the way can read it; use https."
+    )
+
+
 def backend_options(
     backend: BackendKind, parallel: int, runs: str = "question runs", **fields: Any
 ) -> BackendOptions:
@@ -417,6 +445,11 @@ def backend_options(
         )
     llama = {k: v for k, v in fields.items() if k in _LLAMA_FIELDS}
     server = {k: v for k, v in fields.items() if k in _SERVER_FIELDS}
+    if backend == BackendKind.openai:
+        server["api_key"] = server.get("api_key") or openai_api_key(
+            server.get("base_url"), os.environ
+        )
+        warn_if_in_the_clear(server.get("base_url"), server["api_key"])
     return BackendOptions(
         kind=BackendKind(backend),
         model=fields.get("model"),
