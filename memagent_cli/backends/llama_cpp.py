@@ -17,6 +17,7 @@ from memagent_cli.backend import Call, Description, Generation, Sampling
 from memagent_cli.errors import ModelError
 from memagent_cli.files import check_gguf
 from memagent_cli.progress import Progress
+from memagent_cli.text import printable
 
 if TYPE_CHECKING:  # decoding imports llama_cpp, which loads the library: only when used
     from memagent_cli.backends.build import Placement
@@ -77,7 +78,8 @@ def _route_llama_log(verbose: bool) -> None:
     @llama_cpp.llama_log_callback
     def callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
         if verbose:
-            sys.stderr.write(text.decode("utf-8", errors="replace"))
+            # A model file's metadata is in the log: printable, as all memagent shows.
+            sys.stderr.write(printable(text.decode("utf-8", errors="replace")))
 
     _log_callback = callback
     llama_cpp.llama_log_set(callback, ctypes.c_void_p(0))

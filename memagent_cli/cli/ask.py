@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shlex
 import sys
 from pathlib import Path
@@ -250,9 +249,9 @@ def ask(
     def emit(result: run.Result) -> None:
         nonlocal warned
         if as_json:
-            print(json.dumps(result.to_json(), ensure_ascii=False), flush=True)
+            console.result_json(result.to_json())
         else:
-            print(result.stdout_line(), flush=True)
+            console.result(result.stdout_line())
         if where := evidence_line(result.evidence(), len(result.session.chunks)):
             report.note(where)
         if report_file is not None:
