@@ -11,6 +11,7 @@ from typing import Any
 # C0 controls but tab and newline, DEL, and C1 (0x9b is CSI, 0x9d OSC): what a terminal acts
 # on. Lone surrogates are bytes of a name that is not UTF-8 (os.fsdecode's surrogateescape).
 _UNSHOWABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 # What json.dumps(ensure_ascii=False) leaves raw that a terminal acts on or UTF-8 refuses.
 _JSON_RAW = re.compile("[\x7f-\x9f\ud800-\udfff]")
 
@@ -35,3 +36,8 @@ def json_text(value: Any, *, indent: int | None = None, sort_keys: bool = False)
     text = json.dumps(value, ensure_ascii=False, indent=indent, sort_keys=sort_keys)
     return _JSON_RAW.sub(lambda match: f"\\u{ord(match.group()):04x}", text)
 
+
+def decoded(argument: str) -> str:
+    """A command-line argument as text for the model: its bytes that are not UTF-8 (kept by
+    Python as lone surrogates) become U+FFFD, as they do in a text document."""
+    return _SURROGATE.sub("\ufffd", argument)

@@ -1,5 +1,5 @@
 """What a document, a server, a trace or a file name can put on a terminal: text, never a
-control sequence and never Rich markup.
+control sequence and never Rich markup; and file names that are not UTF-8, read and shown.
 
 The document's first word is a run of escape sequences (OSC 52 sets the clipboard, OSC 8
 disguises a link, CSI 2J clears the screen, 0x9b is CSI in one byte) and Rich markup; the
@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import io
 import json
+import os
 from pathlib import Path
 
 import pytest
-from conftest import assert_clean_failure, served, story
+from conftest import assert_clean_failure, served, story, words
 
 from memagent_cli.trace import read_trace
 
@@ -184,3 +185,94 @@ def test_the_screen_console_keeps_rich_s_codes_and_drops_the_text_s():
     assert_harmless(screen.getvalue())
     assert "[bold]loud[/bold]" in screen.getvalue()
 
+
+# ---------------------------------------------------------------- names that are not UTF-8
+
+LATIN1 = b"caf\xe9.txt"  # "café.txt" as Latin-1 wrote it: not UTF-8
+
+
+def latin1_file(folder: Path, text: str) -> Path:
+    """A file whose name is the Latin-1 bytes of "café.txt", made as a file system does."""
+    handle = os.open(os.fsencode(folder) + b"/" + LATIN1, os.O_WRONLY | os.O_CREAT, 0o644)
+    with os.fdopen(handle, "w") as file:
+        file.write(text)
+    return folder / os.fsdecode(LATIN1)
+
+
+def test_a_folder_with_a_latin1_name_is_read_and_shown(cli, fake_server, tmp_path):
+    folder = tmp_path / "books"
+    folder.mkdir()
+    latin = latin1_file(folder, "Paris opens this book. " + story(30))
+    (folder / "plain.txt").write_text("Rome opens this book. " + story(30))
+    result = cli("ask", str(folder), "What opens the book?", *served(fake_server, *STEPS))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["Paris", "Rome"]  # both read: one name stops nothing
+    assert "Traceback" not in result.stderr
+
+    traces = {read_trace(p).header.document["path"]: p for p in _traces(cli)}
+    assert str(latin) in traces  # the trace keeps the name's bytes
+    assert "caf\ufffd.txt" in cli("trace", "--list").stdout  # shown with U+FFFD
+    for view in ([], ["--markdown"], ["--json"]):
+        shown = cli("trace", str(traces[str(latin)]), *view)
+        assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["header"]["document"]["path"] == str(latin)
+    page = tmp_path / "report.html"
+    assert cli("trace", str(traces[str(latin)]), "--html", str(page)).returncode == 0
+    assert "caf\ufffd.txt" in page.read_text()
+
+    again = cli("ask", str(latin), "What opens the book?", *served(fake_server, *STEPS), "--json")
+    assert json.loads(again.stdout)["document"]["path"] == str(latin)
+    inspected = cli("inspect", str(latin), "--tokenizer", "tiktoken")
+    assert inspected.returncode == 0 and "caf\ufffd.txt" in inspected.stdout
+
+
+def _traces(cli) -> list[Path]:
+    return [Path(row["path"]) for row in json.loads(cli("trace", "--list", "--json").stdout)]
+
+
+def test_a_list_of_documents_and_a_question_need_not_be_utf8(cli, fake_server, tmp_path):
+    latin = latin1_file(tmp_path, "Paris opens this book. " + story(30))
+    listing = tmp_path / "documents.txt"
+    listing.write_bytes(os.fsencode(latin) + b"\n")
+    question = "Qu'est-ce qui ouvre le livre, caf" + os.fsdecode(b"\xe9") + "?"
+    result = cli("ask", "", question, "--documents", str(listing), *served(fake_server, *STEPS))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "Paris\n"
+    (trace,) = _traces(cli)
+    assert read_trace(trace).header.question == "Qu'est-ce qui ouvre le livre, caf\ufffd?"
+    assert words(cli("trace", str(trace)).stdout).startswith("Question: Qu'est-ce")
+
+
+def test_an_evaluation_file_whose_name_is_not_utf8_is_a_group(cli, fake_server, tmp_path):
+    case = {"_id": "c1", "input": "Which word?", "context": "Paris opens this. " + story(20)}
+    data = latin1_file(tmp_path, json.dumps([case | {"answers": ["Paris"]}]))
+    out = tmp_path / "run.jsonl"
+    result = cli("eval", str(data), *served(fake_server, *STEPS), "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "caf\ufffd" in result.stdout  # the group: the file's name
+    (record,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert record["group"] == data.stem and record["prediction"] == "Paris"
+
+
+def test_a_model_folder_and_a_gguf_whose_names_are_not_utf8_convert(cli, tmp_path):
+    from hf_model import build
+
+    folder = tmp_path / os.fsdecode(b"mod\xe8le")  # llama.cpp's quantizer opens both names
+    build(folder)
+    out = tmp_path / os.fsdecode(b"mod\xe8le.Q8_0.gguf")
+    result = cli("models", "convert", str(folder), "--quant", "Q8_0", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert (
+        out.is_file() and result.stdout == str(out).replace(os.fsdecode(b"\xe8"), "\ufffd") + "\n"
+    )
+
+
+@pytest.mark.model
+def test_a_model_file_whose_name_is_not_utf8_loads(memagent, tiny_model, tmp_path):
+    model = tmp_path / os.fsdecode(b"mod\xe8le.gguf")
+    model.symlink_to(tiny_model)
+    doc = tmp_path / "book.txt"
+    doc.write_text(story(30))
+    result = memagent("inspect", str(doc), "-m", str(model), "--no-estimate")
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr and "tokens" in result.stdout

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import sys
+import tempfile
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -68,6 +70,21 @@ def can_offload() -> bool:
     import llama_cpp
 
     return bool(llama_cpp.llama_supports_gpu_offload())
+
+
+@contextlib.contextmanager
+def _utf8_name(path: Path) -> Iterator[Path]:
+    """`path`, or while llama.cpp opens it, a link to it with a UTF-8 name where its own name
+    is not UTF-8 (a Latin-1 name): llama-cpp-python's `Llama` encodes the name as UTF-8."""
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:
+        with tempfile.TemporaryDirectory(prefix="memagent-") as folder:
+            link = Path(folder) / "model.gguf"
+            link.symlink_to(path.resolve())
+            yield link
+        return
+    yield path
 
 
 def _route_llama_log(verbose: bool) -> None:
@@ -157,7 +174,8 @@ class LlamaCppBackend:
             self.gpu_layers = -1 if can_offload() else 0
         self._verbose = verbose
         try:
-            self._vocab = Llama(model_path=str(path), vocab_only=True, verbose=verbose)
+            with _utf8_name(path) as named:
+                self._vocab = Llama(model_path=str(named), vocab_only=True, verbose=verbose)
         except (ValueError, RuntimeError) as exc:
             raise ModelError(f"llama.cpp could not load {path}: {exc}.") from None
         template = self._vocab.metadata.get("tokenizer.chat_template")
@@ -395,9 +413,7 @@ class _Engine:
         loading = _Loading(progress, f"loading {backend.name}", backend.path.stat().st_size)
         model_params.progress_callback = loading.callback
         self._loading = loading  # llama.cpp holds a pointer to its callback
-        self.model = llama_cpp.llama_model_load_from_file(
-            str(backend.path).encode("utf-8"), model_params
-        )
+        self.model = llama_cpp.llama_model_load_from_file(os.fsencode(backend.path), model_params)
         del overrides  # llama.cpp reads the patterns while loading only
         if loading.error is not None:  # Ctrl-C, or a failing callback: loading was cancelled
             if self.model:

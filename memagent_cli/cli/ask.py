@@ -55,6 +55,7 @@ from memagent_cli.cli.options import (
     user_errors,
 )
 from memagent_cli.run.engine import BackendKind
+from memagent_cli.text import decoded
 from memagent_cli.trace import check_new, read_trace
 from memagent_cli.views import console, html
 from memagent_cli.views.progress import reporter
@@ -169,7 +170,7 @@ def ask(
     from memagent_cli.run import ask as run
     from memagent_cli.run import batch, engine
 
-    asked = [q.strip() for q in questions or [] if q.strip()]
+    asked = [decoded(q).strip() for q in questions or [] if q.strip()]
     if questions_file is not None:
         asked += inputs.read_list(questions_file, "questions")
     if not asked:

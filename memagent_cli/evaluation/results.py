@@ -18,6 +18,7 @@ from typing import Any
 from memagent_cli.errors import UserError
 from memagent_cli.files import MAX_LINE_BYTES, drop_partial_line, open_regular
 from memagent_cli.folders import data_dir
+from memagent_cli.text import json_text
 
 MAX_RESULTS_BYTES = 1 << 30  # a record is a few KB without the document; this is not ours
 # Fields every record carries; the report needs these.
@@ -106,7 +107,7 @@ class Writer:
             raise ResultsError(f"Cannot write results to {path}: {exc.strerror}.") from None
 
     def add(self, record: dict[str, Any]) -> None:
-        self._file.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self._file.write(json_text(record) + "\n")
         self._file.flush()
         os.fsync(self._file.fileno())
 
