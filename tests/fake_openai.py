@@ -69,6 +69,7 @@ class FakeServer:
     delay: float = 0.0  # seconds before each chat reply
     fail_after: int | None = None  # chat calls answered before every call fails
     fail_status: int = 503  # 503 is retried by memagent, 400 is not
+    fail_message: str = "the model is unwell"  # the error text of a failing call
     hang_after: int | None = None  # chat calls answered before the server stops answering
     hold_after: int | None = None  # chat calls answered before the rest wait for release()
     held: int = 0  # chat calls waiting for release() now
@@ -185,7 +186,7 @@ class FakeServer:
                     with fake._lock:
                         fake.held -= 1
                 if fake.fail_after is not None and calls > fake.fail_after:
-                    self._json(fake.fail_status, {"error": {"message": "the model is unwell"}})
+                    self._json(fake.fail_status, {"error": {"message": fake.fail_message}})
                     return
                 with fake._lock:
                     fake.in_flight += 1

@@ -44,6 +44,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "files",
             "gguf_header",
             "folders",
+            "text",
             "",
         ),
     ),

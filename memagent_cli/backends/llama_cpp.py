@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import sys
+import tempfile
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -17,6 +19,7 @@ from memagent_cli.backend import Call, Description, Generation, Sampling
 from memagent_cli.errors import ModelError
 from memagent_cli.files import check_gguf
 from memagent_cli.progress import Progress
+from memagent_cli.text import printable
 
 if TYPE_CHECKING:  # decoding imports llama_cpp, which loads the library: only when used
     from memagent_cli.backends.build import Placement
@@ -69,6 +72,21 @@ def can_offload() -> bool:
     return bool(llama_cpp.llama_supports_gpu_offload())
 
 
+@contextlib.contextmanager
+def _utf8_name(path: Path) -> Iterator[Path]:
+    """`path`, or while llama.cpp opens it, a link to it with a UTF-8 name where its own name
+    is not UTF-8 (a Latin-1 name): llama-cpp-python's `Llama` encodes the name as UTF-8."""
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:
+        with tempfile.TemporaryDirectory(prefix="memagent-") as folder:
+            link = Path(folder) / "model.gguf"
+            link.symlink_to(path.resolve())
+            yield link
+        return
+    yield path
+
+
 def _route_llama_log(verbose: bool) -> None:
     """Send llama.cpp's own log to stderr with --verbose, and nowhere otherwise."""
     global _log_callback
@@ -77,7 +95,8 @@ def _route_llama_log(verbose: bool) -> None:
     @llama_cpp.llama_log_callback
     def callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
         if verbose:
-            sys.stderr.write(text.decode("utf-8", errors="replace"))
+            # A model file's metadata is in the log: printable, as all memagent shows.
+            sys.stderr.write(printable(text.decode("utf-8", errors="replace")))
 
     _log_callback = callback
     llama_cpp.llama_log_set(callback, ctypes.c_void_p(0))
@@ -155,7 +174,8 @@ class LlamaCppBackend:
             self.gpu_layers = -1 if can_offload() else 0
         self._verbose = verbose
         try:
-            self._vocab = Llama(model_path=str(path), vocab_only=True, verbose=verbose)
+            with _utf8_name(path) as named:
+                self._vocab = Llama(model_path=str(named), vocab_only=True, verbose=verbose)
         except (ValueError, RuntimeError) as exc:
             raise ModelError(f"llama.cpp could not load {path}: {exc}.") from None
         template = self._vocab.metadata.get("tokenizer.chat_template")
@@ -393,9 +413,7 @@ class _Engine:
         loading = _Loading(progress, f"loading {backend.name}", backend.path.stat().st_size)
         model_params.progress_callback = loading.callback
         self._loading = loading  # llama.cpp holds a pointer to its callback
-        self.model = llama_cpp.llama_model_load_from_file(
-            str(backend.path).encode("utf-8"), model_params
-        )
+        self.model = llama_cpp.llama_model_load_from_file(os.fsencode(backend.path), model_params)
         del overrides  # llama.cpp reads the patterns while loading only
         if loading.error is not None:  # Ctrl-C, or a failing callback: loading was cancelled
             if self.model:

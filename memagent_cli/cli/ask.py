@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shlex
 import sys
 from pathlib import Path
@@ -56,6 +55,7 @@ from memagent_cli.cli.options import (
     user_errors,
 )
 from memagent_cli.run.engine import BackendKind
+from memagent_cli.text import decoded
 from memagent_cli.trace import check_new, check_resumable, read_trace
 from memagent_cli.views import console, html
 from memagent_cli.views.progress import reporter
@@ -181,7 +181,7 @@ def ask(
         raise typer.BadParameter(
             "give a DOCUMENT, or a file of them with --documents FILE.", param_hint="DOCUMENT"
         )
-    asked = [q.strip() for q in questions or [] if q.strip()]
+    asked = [decoded(q).strip() for q in questions or [] if q.strip()]
     if questions_file is not None:
         asked += inputs.read_list(questions_file, "questions")
     if not asked:
@@ -265,9 +265,9 @@ def ask(
     def emit(result: run.Result) -> None:
         nonlocal warned
         if as_json:
-            print(json.dumps(result.to_json(), ensure_ascii=False), flush=True)
+            console.result_json(result.to_json())
         else:
-            print(result.stdout_line(), flush=True)
+            console.result(result.stdout_line())
         if where := evidence_line(result.evidence(), len(result.session.chunks)):
             report.note(where)
         if report_file is not None:

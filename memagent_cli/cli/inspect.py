@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from enum import StrEnum
 from typing import Annotated
 
@@ -30,6 +29,7 @@ from memagent_cli.cli.options import (
     user_errors,
 )
 from memagent_cli.run.engine import BackendOptions
+from memagent_cli.views import console
 from memagent_cli.views.progress import reporter
 
 
@@ -88,6 +88,6 @@ def inspect(
         ask_password=options.ask_password(),
     )
     if as_json:
-        print(json.dumps(report, ensure_ascii=False, indent=2))
+        console.result_json(report, indent=2)
     else:
         views.print_report(report)

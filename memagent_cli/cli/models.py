@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
@@ -11,6 +10,7 @@ import typer
 from memagent_cli.cli.options import JsonOpt, QuietOpt, stop_on_sigterm, user_errors
 from memagent_cli.errors import ModelError
 from memagent_cli.models.conversion.quantize import NEEDS_IMATRIX, QuantType, quant_type
+from memagent_cli.views import console as display
 from memagent_cli.views.progress import reporter
 
 app = typer.Typer(
@@ -49,7 +49,7 @@ def models_list(as_json: JsonOpt = False) -> None:
 
     rows = models.catalogue()
     if as_json:
-        print(json.dumps([row.to_json() for row in rows], ensure_ascii=False, indent=2))
+        display.result_json([row.to_json() for row in rows], indent=2)
     else:
         modelview.print_catalogue(rows)
 
@@ -72,7 +72,7 @@ def models_info(
 
     row = models.describe(model)
     if as_json:
-        print(json.dumps(row.to_json(template=True), ensure_ascii=False, indent=2))
+        display.result_json(row.to_json(template=True), indent=2)
     else:
         modelview.print_info(row)
 
@@ -110,7 +110,7 @@ def models_pull(
         pulled = models.pull(
             model, note=report.note, progress=progress, delete_shards=delete_shards
         )
-    print(pulled.path)
+    display.result(str(pulled.path))
 
 
 @app.command("convert")
@@ -165,7 +165,7 @@ def models_convert(
             note=report.note,
             progress=progress,
         )
-    print(model.path)
+    display.result(str(model.path))
 
 
 @app.command("rm")
@@ -186,6 +186,6 @@ def models_rm(
 
     removed = removal.remove(model)
     if as_json:
-        print(json.dumps(removed.to_json(), ensure_ascii=False, indent=2))
+        display.result_json(removed.to_json(), indent=2)
     else:
         modelview.print_removal(removed)

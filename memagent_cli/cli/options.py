@@ -24,6 +24,7 @@ from memagent_cli.backends.openai import (
 from memagent_cli.documents.document import DocumentFormat
 from memagent_cli.errors import Interrupted, UserError
 from memagent_cli.run.engine import BackendKind, BackendOptions
+from memagent_cli.text import printable
 from memagent_cli.views import console
 
 # The defaults of every option below, from the one place that owns each.
@@ -404,7 +405,9 @@ def ask_password() -> Callable[[str], str] | None:
         return None
 
     def prompt(where: str) -> str:
-        return str(typer.prompt(f"Password for {Path(where).name}", hide_input=True, err=True))
+        return str(
+            typer.prompt(f"Password for {printable(Path(where).name)}", hide_input=True, err=True)
+        )
 
     return prompt
 

@@ -3,7 +3,6 @@ views/html.py."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
@@ -105,7 +104,7 @@ def trace(
         rows = listing()
         traceview.warn_unreadable(rows)
         if as_json:
-            print(json.dumps(rows, ensure_ascii=False, indent=2))
+            display.result_json(rows, indent=2)
         elif not rows:
             raise UserError(f"There are no traces in {default_dir()} yet.")
         else:
@@ -127,9 +126,9 @@ def trace(
         return
     loaded = traceview.load(path)
     if as_json:
-        print(json.dumps(loaded.to_json(), ensure_ascii=False, indent=2))
+        display.result_json(loaded.to_json(), indent=2)
     elif markdown:
-        print(traceview.markdown(loaded), end="")
+        display.result(traceview.markdown(loaded), end="")
     elif step is not None:
         traceview.step(out, loaded, step)
     elif diff is not None:

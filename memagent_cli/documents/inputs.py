@@ -28,7 +28,9 @@ def read_list(path: Path, what: str) -> list[str]:
     try:
         if b"\0" in data:
             raise UnicodeDecodeError("utf-8", data, 0, 1, "NUL byte")
-        text = data.decode("utf-8")
+        # File names need not be UTF-8 (a Latin-1 name): a list of documents keeps their
+        # bytes as Python keeps such names, as lone surrogates.
+        text = data.decode("utf-8", "surrogateescape" if what == "documents" else "strict")
     except UnicodeDecodeError:
         raise UserError(
             f"{name.capitalize()} {path} is not UTF-8 text, so it holds no {what}."

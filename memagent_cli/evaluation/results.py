@@ -27,6 +27,7 @@ from memagent_cli.files import (
     private_folder,
 )
 from memagent_cli.folders import data_dir
+from memagent_cli.text import json_text
 
 MAX_RESULTS_BYTES = 1 << 30  # a record is a few KB without the document; this is not ours
 # Fields every record carries; the report needs these.
@@ -127,7 +128,7 @@ class Writer:
             raise
 
     def add(self, record: dict[str, Any]) -> None:
-        self._file.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self._file.write(json_text(record) + "\n")
         self._file.flush()
         os.fsync(self._file.fileno())
 

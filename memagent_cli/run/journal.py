@@ -32,6 +32,7 @@ from memagent_cli.files import (
     private_folder,
 )
 from memagent_cli.run.engine import Engine
+from memagent_cli.text import json_text
 
 
 def journal_dir() -> Path:
@@ -111,7 +112,7 @@ class Journal:
             self._file.close()  # releases the lock
 
     def _write(self, line: dict[str, Any]) -> None:
-        self._file.write(json.dumps(line, ensure_ascii=False) + "\n")
+        self._file.write(json_text(line) + "\n")
         self._file.flush()
         os.fsync(self._file.fileno())
 
@@ -152,6 +153,5 @@ def run_identity(engine: Engine) -> dict[str, Any]:
 def open_journal(identity: dict[str, Any]) -> Journal:
     """The journal of the batch that `identity` names (its command, inputs, model and
     settings, JSON-serializable): the one left by an earlier run of it, or a new one."""
-    text = json.dumps(identity, sort_keys=True, ensure_ascii=False)
-    name = hashlib.sha256(text.encode()).hexdigest()[:32]
+    name = hashlib.sha256(json_text(identity, sort_keys=True).encode()).hexdigest()[:32]
     return Journal(journal_dir() / f"{name}.jsonl", identity)

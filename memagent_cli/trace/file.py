@@ -26,6 +26,7 @@ from memagent_cli.files import (
     private_folder,
 )
 from memagent_cli.reader import Event, Finished, StepFinished
+from memagent_cli.text import json_text
 from memagent_cli.trace.records import (
     FORMAT_VERSION,
     KINDS,
@@ -322,7 +323,7 @@ class TraceWriter:
         self._file.close()
 
     def _write(self, record: dict[str, Any]) -> None:
-        self._file.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self._file.write(json_text(record) + "\n")
         self._file.flush()
         os.fsync(self._file.fileno())
 

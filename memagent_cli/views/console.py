@@ -1,19 +1,55 @@
-"""The consoles: stderr for everything shown to a person, stdout for results only."""
+"""The consoles: stderr for everything shown to a person, stdout for results only. Whatever
+goes through them is printable (memagent_cli/text.py): a document, a memory, a server's
+error or a file name reaches the terminal as text, never as an escape sequence."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
+from typing import Any
 
-from rich.console import Console
+from rich.console import Console, ConsoleOptions, RenderableType
 from rich.markup import escape
+from rich.segment import Segment
 
-console = Console(stderr=True, highlight=False)
+from memagent_cli.text import json_text, printable
+
+
+class Screen(Console):
+    """A Rich console whose every segment of text is printable: Rich's own control codes
+    (colours, the live view's cursor moves) still work, but none from the text it shows.
+    Document text given to it still goes in a `Text` or through `escape`, so that "[bold]"
+    in a document prints as written."""
+
+    def render(
+        self, renderable: RenderableType, options: ConsoleOptions | None = None
+    ) -> Iterable[Segment]:
+        for segment in super().render(renderable, options):
+            if segment.control is None and segment.text:
+                shown = printable(segment.text)
+                if shown is not segment.text:
+                    segment = Segment(shown, segment.style)
+            yield segment
+
+
+console = Screen(stderr=True, highlight=False)
 
 
 def results_console() -> Console:
     """A console for results on stdout. In a pipe it is wide, so that a table keeps one line
     per row however narrow the pipe claims to be."""
-    return Console(file=sys.stdout, highlight=False, width=None if sys.stdout.isatty() else 200)
+    return Screen(file=sys.stdout, highlight=False, width=None if sys.stdout.isatty() else 200)
+
+
+def result(text: str, end: str = "\n") -> None:
+    """A plain result on stdout (an answer, a Markdown report), printable."""
+    print(printable(text), end=end, flush=True)
+
+
+def result_json(value: Any, indent: int | None = None) -> None:
+    """A result on stdout as JSON: every text exactly as it is, its control characters
+    escaped (memagent_cli/text.py)."""
+    print(json_text(value, indent=indent), flush=True)
 
 
 def note(message: str) -> None:

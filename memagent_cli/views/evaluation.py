@@ -3,7 +3,6 @@ interrupted run left."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ def show(run: Results, *, as_json: bool, plot_path: Path | None, note: Reporter)
             "\\boxed{}; they score 0, as in the authors' script (each record keeps the reply)."
         )
     if as_json:
-        print(json.dumps(report.to_json(run), ensure_ascii=False))
+        display.result_json(report.to_json(run))
     else:
         print_table(display.results_console(), run)
     if plot_path is not None:
@@ -46,7 +45,7 @@ def show_reports(
     if html_path is not None:
         write_html(runs, html_path)
     if as_json:
-        print(json.dumps({"runs": [report.to_json(r) for r in runs]}, ensure_ascii=False))
+        display.result_json({"runs": [report.to_json(r) for r in runs]})
     else:
         out = display.results_console()
         for r in runs:

@@ -5,15 +5,16 @@ Inline CSS and inline SVG, no script and nothing fetched: a Content-Security-Pol
 scripts, frames, images and every other request, so a report opens from disk, offline, and
 prints. The renderers are pure functions of trace records and results files; every text
 that comes from a document, a model or a file is escaped, so a memory holding `<script>` or
-`javascript:` shows as those characters.
+`javascript:` shows as those characters, and printable (memagent_cli/text.py), as on a
+terminal.
 """
 
 from __future__ import annotations
 
+import html
 import math
 import re
 from collections.abc import Sequence
-from html import escape
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +23,16 @@ from memagent_cli.errors import UserError
 from memagent_cli.evaluation import plot, report
 from memagent_cli.evaluation.results import Results
 from memagent_cli.files import cannot_write, open_private
+from memagent_cli.text import printable
 from memagent_cli.trace import StepRecord, Trace
 from memagent_cli.views import traces
 from memagent_cli.views.console import home_relative
+
+
+def escape(text: str) -> str:
+    """`text` as HTML text or an attribute's value: never markup, and printable."""
+    return html.escape(printable(text))
+
 
 POLICY = "default-src 'none'; style-src 'unsafe-inline'"
 # Colours the SVG drawings share with the CSS (SVG attributes take no CSS variables).

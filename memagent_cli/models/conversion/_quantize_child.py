@@ -37,7 +37,9 @@ def main(argv: list[str]) -> int:
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = int(ftype)
     params.nthread = int(threads)
-    return int(llama_cpp.llama_model_quantize(source.encode(), dest.encode(), ctypes.byref(params)))
+    return int(
+        llama_cpp.llama_model_quantize(os.fsencode(source), os.fsencode(dest), ctypes.byref(params))
+    )
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from memagent_cli.models.conversion import architecture, quantize, vocabulary
 from memagent_cli.models.conversion.safetensors import Tensor, read_tensors
 from memagent_cli.models.hub import check_space, durable_rename
 from memagent_cli.progress import Note, Progress, silent
+from memagent_cli.text import decoded
 
 DEFAULT_QUANT = "Q4_K_M"
 _F16_MAX = 65504.0  # the largest finite float16
@@ -256,6 +257,9 @@ def write_gguf(
     # from the folder's name, model card and generation_config.json, unless `name` is given.
     meta = gguf.Metadata.load(None, source.folder, name or None, source.parameters)
     meta.name = meta.name or source.folder.name
+    for field, value in vars(meta).items():  # from a folder name that may not be UTF-8
+        if isinstance(value, str):
+            setattr(meta, field, decoded(value))
     if meta.size_label is None:
         meta.size_label = gguf.size_label(source.parameters, source.parameters, 0, 0)
     meta.set_gguf_meta_model(writer)

@@ -66,7 +66,8 @@ def pre_tokenizer(path: Path) -> str:
     from tokenizers import Tokenizer
 
     try:
-        tokenizer = Tokenizer.from_file(str(path))
+        # From its bytes: the library takes a file name as UTF-8 only (not a Latin-1 name).
+        tokenizer = Tokenizer.from_buffer(path.read_bytes())
     except Exception as exc:  # the library raises its own Exception for any bad file
         raise ModelError(f"{path} cannot be read as a tokenizer: {exc}.") from None
     ids = tokenizer.encode(CHECK_TEXT).ids
