@@ -287,14 +287,14 @@ def q4_0_model(tmp_path_factory, tiny_model) -> Path:
 @pytest.mark.model
 @pytest.mark.skipif(not AMX_HERE, reason="this build of llama.cpp uses no AMX")
 def test_on_amx_the_default_reads_repacked_and_llama_cpps_own_choice_crashes(
-    cli, tmp_path, q4_0_model
+    memagent, tmp_path, q4_0_model
 ):
     from conftest import story
 
     document = tmp_path / "story.txt"
     document.write_text(story(400))
     common = ["-m", str(q4_0_model), "--memory-tokens", "64", "--no-reuse", "--verbose"]
-    guarded = cli("ask", str(document), "Who?", *common)
+    guarded = memagent("ask", str(document), "Who?", *common)
     assert guarded.returncode == 0, guarded.stderr[-2000:]
     repacked_mib = re.search(r"CPU_REPACK model buffer size = +([0-9.]+) MiB", guarded.stderr)
     assert repacked_mib and float(repacked_mib.group(1)) > 0
@@ -303,7 +303,7 @@ def test_on_amx_the_default_reads_repacked_and_llama_cpps_own_choice_crashes(
     )
     assert not re.search(r"AMX model buffer size", guarded.stderr)
 
-    crashed = cli("ask", str(document), "Who?", *common, "--repack")
+    crashed = memagent("ask", str(document), "Who?", *common, "--repack")
     assert crashed.returncode == -signal.SIGSEGV
     amx_mib = re.search(r"AMX model buffer size = +([0-9.]+) MiB", crashed.stderr)
     assert amx_mib and float(amx_mib.group(1)) > 0  # llama.cpp's own choice: AMX
