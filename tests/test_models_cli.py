@@ -143,7 +143,7 @@ def test_default_model_metadata_smollm2(cli):
     Q4_1): the one place where its particular numbers are checked."""
     table = cli("models", "list")
     line = next(x for x in table.stdout.splitlines() if x.startswith("smollm2-135m"))
-    assert {"llama", "Q4_1", "8,192", "yes", "98.4", "MB"} <= set(line.split())
+    assert {"(default)", "Q4_1", "8,192", "98.4", "MB"} <= set(line.split())
     info = words(cli("models", "info", "smollm2-135m").stdout)
     for fact in ("architecture llama", "context 8,192 tokens", "layers 30", "49,152 tokens"):
         assert fact in info
