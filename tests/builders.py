@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import re
+import unicodedata
 import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -240,6 +241,7 @@ def mix_pdf(
     for data, index in parts:
         reader = readers.setdefault(id(data), PdfReader(io.BytesIO(data)))
         writer.add_page(reader.pages[index])
+    labels = [label for label in labels if label[0] < len(parts)]
     for start, style, prefix, first in labels:
         ends = [s for s, *_ in labels if s > start]
         end = (min(ends) if ends else len(parts)) - 1
@@ -247,3 +249,36 @@ def mix_pdf(
     buffer = io.BytesIO()
     writer.write(buffer)
     return buffer.getvalue()
+
+
+def character_error_rate(truth: str, read: str) -> float:
+    """How far OCR's `read` is from the original text `truth`: the edit distance over the
+    original's length, each run of whitespace counted as one space (NFKC-normalized)."""
+    truth, read = (" ".join(unicodedata.normalize("NFKC", t).split()) for t in (truth, read))
+    return _distance(truth, read) / max(len(truth), 1)
+
+
+def _distance(a: str, b: str) -> int:
+    """Levenshtein distance, bit-parallel (Myers 1999, in Hyyrö's form for whole strings)."""
+    if not a or not b:
+        return len(a) + len(b)
+    full, last = (1 << len(a)) - 1, 1 << (len(a) - 1)
+    peq: dict[str, int] = {}
+    for i, c in enumerate(a):
+        peq[c] = peq.get(c, 0) | (1 << i)
+    pv, mv, score = full, 0, len(a)
+    for c in b:
+        eq = peq.get(c, 0)
+        xv = eq | mv
+        xh = (((eq & pv) + pv) ^ pv) | eq
+        ph = mv | ~(xh | pv)
+        mh = pv & xh
+        if ph & last:
+            score += 1
+        elif mh & last:
+            score -= 1
+        ph = ((ph << 1) | 1) & full
+        mh = (mh << 1) & full
+        pv = (mh | ~(xv | ph)) & full
+        mv = ph & xv
+    return score

@@ -95,7 +95,7 @@ def read_document(
         )
     for note in document.notes:
         report.warn(note)
-    if document.pages_without_text:
+    if document.pages_without_text and not document.ocr.engine:  # else a note names them
         report.note(
             f"{document.pages_without_text} of {document.pages} pages have no text layer "
             "(scanned or images) and were skipped."

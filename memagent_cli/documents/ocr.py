@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import site
 import sys
 import threading
 from collections.abc import Iterator
@@ -24,12 +25,14 @@ INSTALL = "pip install 'memagent[ocr]'"
 # the memory one page takes) bounded.
 DPI = 300
 MAX_PIXELS = 40_000_000
-# Below this mean word confidence (Tesseract's 0-100) a page is named on stderr: clean and
-# noisy scans of body text measured 86-93 (bench/results/ocr-engines.txt).
-LOW_CONFIDENCE = 70
-# Seconds one page of body text takes on one core at DPI, for estimates: 2026-11-26, Intel
-# Xeon, Tesseract 5.5.4, bench/results/ocr-engines.txt.
-SECONDS_PER_PAGE = 1.0
+# Below this mean word confidence (Tesseract's 0-100) a page is named on stderr: scans of a
+# real manual's pages at 200-300 dpi measured 87-95 (bench/results/ocr-engines.txt), pages
+# read with 12-17% of their characters wrong 60-66 (tests/test_ocr.py's 50 dpi scans).
+LOW_CONFIDENCE = 80
+# Seconds of one core per page, for estimates: two threads read a page every 0.42 s on the
+# 2-core Intel Xeon of bench/results/ocr-engines.txt (2026-11-26, Tesseract 5.5.4,
+# tessdata_fast English, 300 dpi scans of a manual's pages of about 1,200 characters).
+SECONDS_PER_PAGE = 0.84
 
 # ISO 639-1 codes people type, as Tesseract names its languages.
 _ISO = {
@@ -94,6 +97,7 @@ def tessdata_folders() -> list[Path]:
     tessdata-* packages on PyPI), then the system's (Debian's tesseract-ocr-*, Homebrew)."""
     folders = [Path(os.environ["TESSDATA_PREFIX"])] if os.environ.get("TESSDATA_PREFIX") else []
     folders.append(Path(sys.prefix) / "share" / "tessdata")
+    folders.append(Path(site.getuserbase()) / "share" / "tessdata")  # pip install --user
     for root in (Path("/usr/share/tesseract-ocr"), Path("/usr/share"), Path("/usr/local/share")):
         folders += sorted(root.glob("*/tessdata"), reverse=True) + [root / "tessdata"]
     folders.append(Path("/opt/homebrew/share/tessdata"))
@@ -111,6 +115,7 @@ def open_engine(options: OcrOptions, where: str) -> Engine:
             f"{where} has pages without a text layer, and reading them needs memagent's OCR "
             f"extra: {INSTALL} (or `make install` in a clone)."
         ) from None
+    _quiet_leptonica(tesserocr)
     codes = options.codes()
     folders = tessdata_folders()
     for folder in folders:
@@ -182,7 +187,30 @@ def recognize(
 def _api(engine: Engine) -> object:
     import tesserocr
 
-    return tesserocr.PyTessBaseAPI(path=engine.tessdata, lang=engine.languages)
+    api = tesserocr.PyTessBaseAPI(path=engine.tessdata, lang=engine.languages)
+    api.SetVariable("debug_file", os.devnull)  # Tesseract's own notes, off stderr
+    return api
+
+
+def _quiet_leptonica(tesserocr: object) -> None:
+    """Keep Leptonica's messages ("Error in pixScanForForeground" on a blank page) off
+    stderr: stderr is for memagent's sentences. The library is the one tesserocr's wheel
+    carries (tesserocr.libs/, or .dylibs/ on macOS), else the system's."""
+    import ctypes
+    import ctypes.util
+
+    package = Path(str(tesserocr.__file__)).parent  # type: ignore[attr-defined]
+    found = [
+        *package.parent.glob("tesserocr.libs/*leptonica*"),
+        *package.glob(".dylibs/*leptonica*"),
+    ]
+    system = ctypes.util.find_library("leptonica") or ctypes.util.find_library("lept")
+    for path in [*map(str, found), *([system] if system else [])]:
+        try:
+            ctypes.CDLL(path).setMsgSeverity(6)  # L_SEVERITY_NONE
+            return
+        except (OSError, AttributeError):
+            continue
 
 
 def _render(document: object, index: int) -> object:

@@ -125,6 +125,12 @@ def parse(
             f"{LOW_CONFIDENCE}%): check {'it' if len(unsure) == 1 else 'them'} with "
             "`memagent inspect --text`."
         )
+    blank = [(labels[i], "") for i in empty if i in set(without_layer) | set(wanted)]
+    if record.engine and blank:
+        document.notes.append(
+            f"OCR found no text on {_pages(blank)} of {where} (blank, or pictures only): "
+            f"{'it was' if len(blank) == 1 else 'they were'} skipped."
+        )
     document.notes += notes
     return document
 
