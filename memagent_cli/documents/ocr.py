@@ -141,9 +141,11 @@ def recognize(
     password: str | None,
     indexes: list[int],
     engine: Engine,
+    where: str = "the PDF",
     workers: int | None = None,
 ) -> Iterator[Page]:
-    """The pages at `indexes` read by OCR, each as soon as it is done (not in order).
+    """The pages at `indexes` read by OCR, each as soon as it is done (not in order). A page
+    pdfium cannot render reads as no text; a PDF it cannot open is a DocumentError.
 
     Pages are rendered one at a time in this thread (pdfium is not thread-safe) and
     recognized by one Tesseract per core in threads: tesserocr lets go of the GIL while
@@ -153,15 +155,20 @@ def recognize(
     import pypdfium2
 
     workers = workers or os.cpu_count() or 1
-    document = pypdfium2.PdfDocument(data, password=password)
+    try:
+        document = pypdfium2.PdfDocument(bytes(data), password=password)
+    except pypdfium2.PdfiumError as exc:
+        raise DocumentError(
+            f"{where} cannot be rendered for OCR: pdfium says {str(exc).rstrip('.')}."
+        ) from None
     local = threading.local()
-    apis: list[object] = []
 
     def read(image: object, index: int) -> Page:
+        if image is None:
+            return Page(index, "", 100.0)
         api = getattr(local, "api", None)
         if api is None:
             api = local.api = _api(engine)
-            apis.append(api)
         api.SetImage(image)
         text = api.GetUTF8Text()
         return Page(index, text, float(api.MeanTextConf()) if text.strip() else 100.0)
@@ -214,12 +221,20 @@ def _quiet_leptonica(tesserocr: object) -> None:
 
 
 def _render(document: object, index: int) -> object:
-    """Page `index` as a grayscale PIL image at DPI, or less where that passes MAX_PIXELS."""
-    page = document[index]  # type: ignore[index]
+    """Page `index` as a grayscale PIL image at DPI, or less where that passes MAX_PIXELS;
+    None where pdfium cannot render it."""
+    import pypdfium2
+
+    try:
+        page = document[index]  # type: ignore[index]
+    except pypdfium2.PdfiumError:
+        return None
     try:
         width, height = page.get_size()  # points
         scale = min(DPI / 72, (MAX_PIXELS / max(width * height, 1.0)) ** 0.5)
         # A copy: the bitmap's buffer is pdfium's, and goes with the page.
         return page.render(scale=scale, grayscale=True).to_pil().copy()
+    except pypdfium2.PdfiumError:
+        return None
     finally:
         page.close()

@@ -154,7 +154,7 @@ def _recognize(
     if progress is not None:
         progress(what, len(found), len(wanted))
     todo = [index for index in wanted if index not in found]
-    for page in recognize_pages(data, password, todo, engine):
+    for page in recognize_pages(data, password, todo, engine, where):
         found[page.index] = (page.text, page.confidence)
         if cache_key:
             cache.store_page(*cache_key, page.index, page.text, page.confidence)
