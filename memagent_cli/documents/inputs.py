@@ -8,7 +8,7 @@ from pathlib import Path, PurePath
 
 from memagent_cli.documents.document import Document
 from memagent_cli.documents.load import load_document
-from memagent_cli.documents.ocr import OcrOptions
+from memagent_cli.documents.ocr import OcrMode, OcrOptions
 from memagent_cli.documents.pdf import OCR_AUTO
 from memagent_cli.errors import DocumentError, UserError
 from memagent_cli.files import open_regular
@@ -96,8 +96,9 @@ def read_document(
     for note in document.notes:
         report.warn(note)
     if document.pages_without_text and not document.ocr.engine:  # else a note names them
+        hint = " (--ocr auto reads them)" if ocr.mode == OcrMode.never else ""
         report.note(
             f"{document.pages_without_text} of {document.pages} pages have no text layer "
-            "(scanned or images) and were skipped."
+            f"(scanned or images) and were skipped{hint}."
         )
     return document

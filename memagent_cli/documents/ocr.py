@@ -112,8 +112,8 @@ def open_engine(options: OcrOptions, where: str) -> Engine:
         import tesserocr
     except ImportError:
         raise DocumentError(
-            f"{where} has pages without a text layer, and reading them needs memagent's OCR "
-            f"extra: {INSTALL} (or `make install` in a clone)."
+            f"Reading the scanned pages of {where} needs memagent's OCR extra: {INSTALL} (or "
+            "`make install` in a checkout)."
         ) from None
     _quiet_leptonica(tesserocr)
     codes = options.codes()
