@@ -112,8 +112,8 @@ def open_engine(options: OcrOptions, where: str) -> Engine:
         import tesserocr
     except ImportError:
         raise DocumentError(
-            f"Reading the scanned pages of {where} needs memagent's OCR extra: {INSTALL} (or "
-            "`make install` in a checkout)."
+            f"Reading {where} by OCR needs memagent's OCR extra: {INSTALL} (or `make "
+            "install` in a checkout)."
         ) from None
     _quiet_leptonica(tesserocr)
     codes = options.codes()
