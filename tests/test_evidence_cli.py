@@ -13,6 +13,8 @@ import fake_openai
 import pytest
 from conftest import served, story, words
 
+from memagent_cli.trace import read_trace
+
 NEEDLE = "The keeper whispered that the password is PELICAN."
 QUESTION = "What is the password for the vault?"
 STEPS = ["--chunk-tokens", "100", "--memory-tokens", "64", "--temperature", "0"]
@@ -131,6 +133,7 @@ def test_scanned_pages_are_named_as_text_pages_are(memagent, fake_server, monkey
 
     assert out["document"]["ocr"]["pages"] == ["i", "ii", "1", "2", "3", "4"]
     assert out["document"]["ocr"]["engine"].startswith("Tesseract")
+    assert read_trace(Path(out["trace"])).header.document["ocr"] == out["document"]["ocr"]
     assert out["answer"] == "PELICAN"
     [source] = out["evidence"]
     assert "2" in source["pages"].split("–")

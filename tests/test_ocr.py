@@ -18,7 +18,7 @@ from conftest import MEMAGENT, assert_clean_failure
 
 from memagent_cli.documents import load_document
 from memagent_cli.documents.ocr import OcrMode, OcrOptions
-from memagent_cli.errors import DocumentError
+from memagent_cli.errors import DocumentError, UserError
 
 ROOT = Path(__file__).resolve().parent.parent
 ROMAN_THEN_ARABIC = [(0, "/r", "", 1), (2, "/D", "", 1)]  # i, ii, 1, 2, ...
@@ -171,6 +171,13 @@ def test_always_reads_every_page_over_a_garbage_text_layer(source: bytes, tmp_pa
 def test_never_refuses_a_scan_and_names_the_option(scanned: Path) -> None:
     with pytest.raises(DocumentError, match=r"no text layer on any of its 3 pages.*--ocr auto"):
         load_document(str(scanned), ocr=OcrOptions(OcrMode.never))
+
+
+def test_languages_are_named_as_tesseract_names_them() -> None:
+    assert OcrOptions(languages="en,de").codes() == ["eng", "deu"]
+    assert OcrOptions(languages="eng+chi_sim").key() == "eng+chi_sim"
+    with pytest.raises(UserError, match="--ocr-lang names no language"):
+        OcrOptions(languages=" + ").codes()
 
 
 def test_a_language_without_data_is_one_sentence(scanned: Path) -> None:
