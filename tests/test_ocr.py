@@ -288,3 +288,14 @@ def test_ctrl_c_and_a_rerun_go_on_from_the_next_page(env, source: bytes, tmp_pat
     assert [p.splitlines()[0] for p in pages] == [f"==> p. {n} (OCR) <==" for n in range(1, 5)]
     truths = [layers(source)[i] for i in (0, 1, 2, 0)]
     assert all(cer(t, p.split("\n", 1)[1]) < 0.03 for t, p in zip(truths, pages, strict=True))
+
+
+def test_always_leaves_a_damaged_page_to_the_damage_note(tmp_path: Path) -> None:
+    path = builders.pdf(tmp_path / "a.pdf", ["Page one has text.", "Page two has text."])
+    builders.corrupt_page_streams(path, [1], builders.scramble)
+
+    document = load_document(str(path), ocr=OcrOptions(OcrMode.always))
+
+    assert document.ocr.pages == ["1"] and document.pages_without_text == 0
+    assert "Page one has text." in document.text
+    assert [n.split(":")[0] for n in document.notes] == [f"{path} is damaged"]

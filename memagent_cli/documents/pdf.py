@@ -66,16 +66,19 @@ def parse(
         texts: list[str] = []
         without_layer: list[int] = []
         failed: list[tuple[str, str]] = []  # (page label, why pypdf could not read it)
+        damaged: set[int] = set()  # their indexes: not for OCR, which renders what pypdf reads
         for index in range(total):
             logged.clear()
             try:
                 text = reader.pages[index].extract_text()
             except _DAMAGED as exc:
                 failed.append((labels[index], _reason(exc)))
+                damaged.add(index)
                 text = ""
             else:
                 if logged and not text.strip():  # pypdf gave up on the content, said why
                     failed.append((labels[index], f"pypdf: {logged[0].strip().rstrip('.')}"))
+                    damaged.add(index)
                 elif not text.strip():
                     without_layer.append(index)
             texts.append(text)
@@ -84,7 +87,8 @@ def parse(
         title = _title(reader)
     notes: list[str] = []
     record = OcrRecord(needed=len(without_layer))
-    wanted = list(range(total)) if ocr.mode == OcrMode.always else without_layer
+    every = [index for index in range(total) if index not in damaged]
+    wanted = every if ocr.mode == OcrMode.always else without_layer
     if wanted and ocr.mode != OcrMode.never:
         try:
             engine = open_ocr(ocr, where)
@@ -109,7 +113,7 @@ def parse(
         unit="page",
         title=title,
         pages=total,
-        pages_without_text=len(empty) - len(failed),
+        pages_without_text=len(set(empty) - damaged),
         encrypted=reader.is_encrypted,
         ocr=record,
     )
@@ -125,7 +129,7 @@ def parse(
             f"{LOW_CONFIDENCE}%): check {'it' if len(unsure) == 1 else 'them'} with "
             "`memagent inspect --text`."
         )
-    blank = [(labels[i], "") for i in empty if i in set(without_layer) | set(wanted)]
+    blank = [(labels[i], "") for i in empty if i not in damaged]
     if record.engine and blank:
         document.notes.append(
             f"OCR found no text on {_pages(blank)} of {where} (blank, or pictures only): "
