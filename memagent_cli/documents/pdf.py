@@ -66,7 +66,7 @@ def parse(
         texts: list[str] = []
         without_layer: list[int] = []
         failed: list[tuple[str, str]] = []  # (page label, why pypdf could not read it)
-        damaged: set[int] = set()  # their indexes: not for OCR, which renders what pypdf reads
+        damaged: set[int] = set()  # their indexes: reported as damaged, not read by OCR
         for index in range(total):
             logged.clear()
             try:
