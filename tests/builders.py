@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import io
 import re
+import unicodedata
 import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from ebooklib import epub
 from fpdf import FPDF
@@ -179,3 +181,104 @@ def corrupt_page_streams(path: Path, pages: list[int], damage: Callable[[bytes],
 
 def scramble(stream: bytes) -> bytes:
     return stream[:2] + bytes(b ^ 0x5A for b in stream[2:])
+
+
+def scan(
+    source: bytes,
+    pages: Sequence[int] | None = None,
+    *,
+    dpi: int = 300,
+    angle: float = 0.0,
+    noise: float = 0.0,
+    seed: int = 7,
+) -> list[Any]:
+    """Pages of a born-digital PDF as a scanner would see them: each page rendered (pypdfium2)
+    to a grayscale image at `dpi`, turned by `angle` degrees, with gaussian noise of standard
+    deviation `noise` (0-255). PIL images, one per page of `pages` (default: every page)."""
+    import numpy as np
+    import pypdfium2
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    document = pypdfium2.PdfDocument(source)
+    images = []
+    try:
+        for index in range(len(document)) if pages is None else pages:
+            page = document[index]
+            image = page.render(scale=dpi / 72, grayscale=True).to_pil().convert("L")
+            page.close()
+            if angle:
+                image = image.rotate(angle, resample=Image.BICUBIC, fillcolor=255)
+            if noise:
+                pixels = np.asarray(image, dtype=np.float32)
+                pixels = pixels + rng.normal(0.0, noise, pixels.shape)
+                image = Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
+            image.info["dpi"] = (dpi, dpi)
+            images.append(image)
+    finally:
+        document.close()
+    return images
+
+
+def image_pdf(images: Sequence[Any], dpi: int = 300) -> bytes:
+    """An image-only PDF (no text layer), one page per image, as a scanner writes one."""
+    buffer = io.BytesIO()
+    images[0].save(
+        buffer, "PDF", save_all=True, append_images=list(images[1:]), resolution=float(dpi)
+    )
+    return buffer.getvalue()
+
+
+def mix_pdf(
+    parts: Sequence[tuple[bytes, int]], labels: Sequence[tuple[int, str, str, int]] = ()
+) -> bytes:
+    """A PDF of the pages (pdf bytes, 0-based page index) in `parts`, in order, with page
+    labels (first page, style such as "/r" or "/D", prefix, start) set by pypdf."""
+    from pypdf import PdfReader, PdfWriter
+
+    writer = PdfWriter()
+    readers: dict[int, PdfReader] = {}
+    for data, index in parts:
+        reader = readers.setdefault(id(data), PdfReader(io.BytesIO(data)))
+        writer.add_page(reader.pages[index])
+    labels = [label for label in labels if label[0] < len(parts)]
+    for start, style, prefix, first in labels:
+        ends = [s for s, *_ in labels if s > start]
+        end = (min(ends) if ends else len(parts)) - 1
+        writer.set_page_label(start, end, style=style, prefix=prefix or None, start=first)
+    buffer = io.BytesIO()
+    writer.write(buffer)
+    return buffer.getvalue()
+
+
+def character_error_rate(truth: str, read: str) -> float:
+    """How far OCR's `read` is from the original text `truth`: the edit distance over the
+    original's length, each run of whitespace counted as one space (NFKC-normalized)."""
+    truth, read = (" ".join(unicodedata.normalize("NFKC", t).split()) for t in (truth, read))
+    return _distance(truth, read) / max(len(truth), 1)
+
+
+def _distance(a: str, b: str) -> int:
+    """Levenshtein distance, bit-parallel (Myers 1999, in Hyyrö's form for whole strings)."""
+    if not a or not b:
+        return len(a) + len(b)
+    full, last = (1 << len(a)) - 1, 1 << (len(a) - 1)
+    peq: dict[str, int] = {}
+    for i, c in enumerate(a):
+        peq[c] = peq.get(c, 0) | (1 << i)
+    pv, mv, score = full, 0, len(a)
+    for c in b:
+        eq = peq.get(c, 0)
+        xv = eq | mv
+        xh = (((eq & pv) + pv) ^ pv) | eq
+        ph = mv | ~(xh | pv)
+        mh = pv & xh
+        if ph & last:
+            score += 1
+        elif mh & last:
+            score -= 1
+        ph = ((ph << 1) | 1) & full
+        mh = (mh << 1) & full
+        pv = (mh | ~(xv | ph)) & full
+        mv = ph & xv
+    return score

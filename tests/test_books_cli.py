@@ -80,7 +80,11 @@ def bad_books(tmp_path: Path) -> dict[str, tuple[Path, list[str], str]]:
         "no password": (locked, [], "is encrypted; pass --password"),
         "wrong password": (locked, ["--password", "nope"], "password"),
         "epub without opf": (builders.rewrite_zip(epub, drop=["EPUB/content.opf"]), [], "EPUB"),
-        "scanned": (builders.pdf(tmp_path / "scan.pdf", [None, None]), [], "needs OCR"),
+        "scanned": (
+            builders.pdf(tmp_path / "scan.pdf", [None, None]),
+            ["--ocr", "never"],
+            "--ocr auto",
+        ),
     }
 
 

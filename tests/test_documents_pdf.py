@@ -68,10 +68,10 @@ def test_pages_without_text_are_counted_and_skipped(tmp_path: Path) -> None:
     assert [s.label for s in document.sections] == ["1", "3"]
 
 
-def test_a_pdf_without_any_text_asks_for_ocr(tmp_path: Path) -> None:
-    path = builders.pdf(tmp_path / "scan.pdf", [None, None])
+def test_a_pdf_without_any_text_says_ocr_found_none(tmp_path: Path) -> None:
+    path = builders.pdf(tmp_path / "scan.pdf", [None, None])  # a red square on each page
 
-    with pytest.raises(DocumentError, match=r"no text layer on any of its 2 pages.*needs OCR"):
+    with pytest.raises(DocumentError, match=r"no text on any of its 2 pages, and OCR \(Tess"):
         load_document(str(path))
 
 

@@ -13,6 +13,8 @@ import fake_openai
 import pytest
 from conftest import served, story, words
 
+from memagent_cli.trace import read_trace
+
 NEEDLE = "The keeper whispered that the password is PELICAN."
 QUESTION = "What is the password for the vault?"
 STEPS = ["--chunk-tokens", "100", "--memory-tokens", "64", "--temperature", "0"]
@@ -116,3 +118,24 @@ def test_an_answer_no_memory_held_is_said_to_have_no_source(
     assert out["evidence"] == []  # said, never invented
     # The one line under the answer says so, and names no page, chapter or step.
     assert stderr.split("answering from the final memory")[-1].strip() == NO_SOURCE
+
+
+def test_scanned_pages_are_named_as_text_pages_are(memagent, fake_server, monkeypatch, tmp_path):
+    """The same book scanned (every page an image, read by OCR): the answer comes from the
+    page that states the password, named by its printed label, as for the text PDF."""
+    text = labelled_pdf(tmp_path / "book.pdf").read_bytes()
+    scan = builders.image_pdf(builders.scan(text, dpi=200, angle=0.5), 200)
+    labels = [(0, "/r", "", 1), (2, "/D", "", 1)]
+    scanned = tmp_path / "scanned.pdf"
+    scanned.write_bytes(builders.mix_pdf([(scan, i) for i in range(6)], labels))
+
+    out, stderr = ask(memagent, fake_server, monkeypatch, scanned)
+
+    assert out["document"]["ocr"]["pages"] == ["i", "ii", "1", "2", "3", "4"]
+    assert out["document"]["ocr"]["engine"].startswith("Tesseract")
+    assert read_trace(Path(out["trace"])).header.document["ocr"] == out["document"]["ocr"]
+    assert out["answer"] == "PELICAN"
+    [source] = out["evidence"]
+    assert "2" in source["pages"].split("–")
+    shown = f"{'pp.' if '–' in source['pages'] else 'p.'} {source['pages']}"
+    assert stderr.split("answering from the final memory")[-1].strip().startswith(f"from {shown}")

@@ -77,6 +77,15 @@ def test_the_live_view_on_a_terminal_shows_the_memory_as_text(memagent, env, fak
     assert "[bold]loud[/bold]" in result.stderr
 
 
+def test_inspect_text_prints_the_document_as_text(cli, doc):
+    shown = cli("inspect", str(doc), "--text", "--tokenizer", "tiktoken")
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.endswith("\n\f")  # memagent's own form feed ends the text
+    assert_plain(shown.stdout.removesuffix("\f")) and shown.stdout.startswith(SHOWN)
+    as_json = json.loads(cli("inspect", str(doc), "--text", "--json").stdout)
+    assert as_json[0]["text"].startswith(HOSTILE)  # JSON keeps it exactly
+
+
 def test_every_view_of_a_trace_shows_its_text_as_text(cli, env, fake_server, doc, tmp_path):
     trace_path = tmp_path / "run.jsonl"
     assert ask(cli, fake_server, doc, "--trace", str(trace_path)).returncode == 0

@@ -15,6 +15,7 @@ from memagent_cli.cli import options
 from memagent_cli.cli.options import (
     INPUT,
     LLAMA,
+    OCR,
     OUTPUT,
     SAMPLING,
     SECRET_OPTIONS,
@@ -38,6 +39,8 @@ from memagent_cli.cli.options import (
     NoCacheOpt,
     NoDocumentCacheOpt,
     NoTraceOpt,
+    OcrLangOpt,
+    OcrOpt,
     PasswordOpt,
     QuietOpt,
     RepackOpt,
@@ -54,6 +57,7 @@ from memagent_cli.cli.options import (
     WatchOpt,
     user_errors,
 )
+from memagent_cli.documents.ocr import OcrOptions
 from memagent_cli.run.engine import BackendKind
 from memagent_cli.text import decoded
 from memagent_cli.trace import check_new, check_resumable, read_trace
@@ -107,6 +111,8 @@ def ask(
     password: PasswordOpt = None,
     format: FormatOpt = None,
     no_document_cache: NoDocumentCacheOpt = False,
+    ocr: OcrOpt = OCR.mode,
+    ocr_lang: OcrLangOpt = OCR.languages,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
     trace: Annotated[
@@ -255,6 +261,7 @@ def ask(
         ask_password=options.ask_password(),
         format=format,
         document_cache=not no_document_cache,
+        ocr=OcrOptions(ocr, ocr_lang),
         parallel=1 if in_process else parallel or 1,
         together=parallel if in_process else 1,
         watch=watch - 1,

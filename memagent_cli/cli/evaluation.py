@@ -12,6 +12,7 @@ from memagent_cli import protocol
 from memagent_cli.cli import options
 from memagent_cli.cli.options import (
     LLAMA,
+    OCR,
     SAMPLING,
     SERVER,
     ApiKeyOpt,
@@ -26,6 +27,8 @@ from memagent_cli.cli.options import (
     ModelOpt,
     NoCacheOpt,
     NoTraceOpt,
+    OcrLangOpt,
+    OcrOpt,
     ParallelOpt,
     QuietOpt,
     RepackOpt,
@@ -38,6 +41,7 @@ from memagent_cli.cli.options import (
     VerboseOpt,
     user_errors,
 )
+from memagent_cli.documents.ocr import OcrOptions
 from memagent_cli.evaluation.niah import VARIANTS
 from memagent_cli.run.engine import BackendKind
 from memagent_cli.views.progress import reporter
@@ -205,6 +209,8 @@ def eval_niah(
     seed: Annotated[
         int, typer.Option(help="Seed of the cases (keys, values, other needles) and sampling.")
     ] = 0,
+    ocr: OcrOpt = OCR.mode,
+    ocr_lang: OcrLangOpt = OCR.languages,
     output: EvalOutputOpt = None,
     as_json: JsonOpt = False,
     plot: PlotOpt = None,
@@ -244,7 +250,13 @@ def eval_niah(
     )  # fmt: skip
     try:
         finished = evaluate.eval_niah(
-            haystack, lengths=lengths, depths=depths, variant=needles, seed=seed, options=options
+            haystack,
+            lengths=lengths,
+            depths=depths,
+            variant=needles,
+            seed=seed,
+            options=options,
+            ocr=OcrOptions(ocr, ocr_lang),
         )
     except evaluate.Stopped as stop:
         raise typer.Exit(views.stopped(stop)) from None

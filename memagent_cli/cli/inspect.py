@@ -11,6 +11,8 @@ from memagent_cli import protocol
 from memagent_cli.backends.llama_cpp import LlamaOptions
 from memagent_cli.cli import options
 from memagent_cli.cli.options import (
+    OCR,
+    OUTPUT,
     SERVER,
     ChunkTokensOpt,
     DocumentArg,
@@ -21,6 +23,8 @@ from memagent_cli.cli.options import (
     MemoryTokensOpt,
     ModelOpt,
     NoDocumentCacheOpt,
+    OcrLangOpt,
+    OcrOpt,
     PasswordOpt,
     QuietOpt,
     RepackOpt,
@@ -28,6 +32,7 @@ from memagent_cli.cli.options import (
     VerboseOpt,
     user_errors,
 )
+from memagent_cli.documents.ocr import OcrOptions
 from memagent_cli.run.engine import BackendOptions
 from memagent_cli.views import console
 from memagent_cli.views.progress import reporter
@@ -56,6 +61,17 @@ def inspect(
     password: PasswordOpt = None,
     format: FormatOpt = None,
     no_document_cache: NoDocumentCacheOpt = False,
+    ocr: OcrOpt = OCR.mode,
+    ocr_lang: OcrLangOpt = OCR.languages,
+    text: Annotated[
+        bool,
+        typer.Option(
+            "--text",
+            help="Print the text memagent reads, page by page (chapter by chapter), each "
+            "under a line with its label, instead of the report.",
+            rich_help_panel=OUTPUT,
+        ),
+    ] = False,
     gpu_layers: GpuLayersOpt = None,
     threads: ThreadsOpt = None,
     repack: RepackOpt = None,
@@ -67,6 +83,21 @@ def inspect(
     from memagent_cli.run import inspect as inspection
     from memagent_cli.views import inspect as views
 
+    if text:
+        pages = inspection.document_pages(
+            document,
+            password=password,
+            format=format,
+            report=reporter(quiet),
+            use_cache=not no_document_cache,
+            ask_password=options.ask_password(),
+            ocr=OcrOptions(ocr, ocr_lang),
+        )
+        if as_json:
+            console.result_json(pages, indent=2)
+        else:
+            views.print_pages(pages)
+        return
     report = inspection.inspect_document(
         document,
         password=password,
@@ -86,6 +117,7 @@ def inspect(
         report=reporter(quiet),
         use_cache=not no_document_cache,
         ask_password=options.ask_password(),
+        ocr=OcrOptions(ocr, ocr_lang),
     )
     if as_json:
         console.result_json(report, indent=2)

@@ -22,6 +22,7 @@ from memagent_cli.backends.openai import (
     without_credentials,
 )
 from memagent_cli.documents.document import DocumentFormat
+from memagent_cli.documents.ocr import OcrMode, OcrOptions
 from memagent_cli.errors import Interrupted, UserError
 from memagent_cli.run.engine import BackendKind, BackendOptions
 from memagent_cli.text import printable
@@ -159,6 +160,26 @@ NoDocumentCacheOpt = Annotated[
         rich_help_panel=INPUT,
     ),
 ]
+OcrOpt = Annotated[
+    OcrMode,
+    typer.Option(
+        "--ocr",
+        help="Read PDF pages by OCR: those without a text layer (auto), every page, for a "
+        "garbage text layer (always), or none (never).",
+        rich_help_panel=INPUT,
+    ),
+]
+OcrLangOpt = Annotated[
+    str,
+    typer.Option(
+        "--ocr-lang",
+        metavar="LANGS",
+        help="Languages of the pages OCR reads: Tesseract's names joined by + (eng+deu), or "
+        "ISO codes (en,de).",
+        rich_help_panel=INPUT,
+    ),
+]
+OCR = OcrOptions()  # the defaults of --ocr and --ocr-lang
 GpuLayersOpt = Annotated[
     int | None,
     typer.Option(

@@ -2,32 +2,37 @@
 
 One JSON file per document in the cache folder's documents/, named by the sha256 of the
 file's bytes. A missing, stale or unreadable entry is a miss; failing to write is ignored.
-The text of an encrypted document is never written: a password must not be a formality
-that a copy in plain text sidesteps. The folder holds at most `max_bytes()`; past that the
-entries used longest ago go first.
+Pages read by OCR are kept as they are done, a JSON line each in
+`<sha256>.ocr-<languages>.jsonl`, so an interrupted reading goes on from the next page. The
+text of an encrypted document is never written: a password must not be a formality that a
+copy in plain text sidesteps. The folder holds at most `max_bytes()`; past that the entries
+used longest ago go first.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memagent_cli.documents.document import Document, Section
+from memagent_cli.documents.document import Document, OcrRecord, Section
 from memagent_cli.errors import UserError
-from memagent_cli.files import private_folder
+from memagent_cli.files import open_private, private_folder
 from memagent_cli.folders import cache_dir
 
-VERSION = 3  # bump when extraction changes what it produces; 3: no encrypted documents
+VERSION = 4  # bump when extraction changes what it produces; 4: pages read by OCR
 MAX_BYTES = 1_000_000_000  # 1 GB of extracted text: hundreds of books
 LIMIT_VARIABLE = "MEMAGENT_DOCUMENT_CACHE_BYTES"
 _TEMP_PREFIX = ".tmp-"
 STALE_SECONDS = 3600  # a write takes seconds; a temporary file this old was cut short
+_SUFFIXES = (".json", ".jsonl")  # a document's text; pages read by OCR so far
 
 
 def directory() -> Path:
@@ -53,9 +58,11 @@ def max_bytes() -> int:
     return limit
 
 
-def load(sha256: str, source: str) -> Document | None:
+def load(sha256: str, source: str, ocr_key: Callable[[int], str] = lambda _: "") -> Document | None:
     """The cached Document for this content, with `path` set to `source`, or None. A stale
-    entry is deleted; a hit counts as a use, so it is evicted last."""
+    entry is deleted; a hit counts as a use, so it is evicted last. `ocr_key(pages without
+    a text layer)` is the OCR the caller asks for (OcrRecord.key): an entry read with other
+    OCR is a miss."""
     path = directory() / f"{sha256}.json"
     if max_bytes() == 0:
         return None
@@ -64,6 +71,8 @@ def load(sha256: str, source: str) -> Document | None:
         if entry.get("version") != VERSION or entry.get("sha256") != sha256 or entry["encrypted"]:
             # An older version's entry, possibly the text of an encrypted document.
             path.unlink()
+            return None
+        if entry["ocr"]["key"] != ocr_key(entry["ocr"]["needed"]):
             return None
         document = Document(
             text=entry["text"],
@@ -77,6 +86,7 @@ def load(sha256: str, source: str) -> Document | None:
             pages_without_text=entry["pages_without_text"],
             encrypted=False,
             notes=[str(note) for note in entry["notes"]],
+            ocr=OcrRecord(**entry["ocr"]),
             from_cache=True,
         )
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
@@ -103,6 +113,7 @@ def store(document: Document) -> None:
         "pages_without_text": document.pages_without_text,
         "encrypted": False,
         "notes": document.notes,
+        "ocr": dataclasses.asdict(document.ocr),
         "sections": [[s.start, s.label] for s in document.sections],
         "text": document.text,
     }
@@ -124,6 +135,42 @@ def store(document: Document) -> None:
                 os.unlink(temp)
 
 
+def _pages_path(sha256: str, key: str) -> Path:
+    return directory() / f"{sha256}.ocr-{key}.jsonl"
+
+
+def load_pages(sha256: str, key: str) -> dict[int, tuple[str, float]]:
+    """The pages of this content already read by OCR with `key` (the languages): index ->
+    (text, confidence). A line cut short by an interruption is skipped."""
+    pages: dict[int, tuple[str, float]] = {}
+    if max_bytes() == 0:
+        return pages
+    try:
+        with open(_pages_path(sha256, key), encoding="utf-8") as file:
+            for line in file:
+                try:
+                    index, text, confidence = json.loads(line)
+                    pages[int(index)] = (str(text), float(confidence))
+                except (ValueError, TypeError):
+                    continue
+    except OSError:
+        return pages
+    return pages
+
+
+def store_page(sha256: str, key: str, index: int, text: str, confidence: float) -> None:
+    """Add one page read by OCR to this content's pages (a private file, mode 0600).
+    Callers never pass an encrypted document's pages."""
+    if max_bytes() == 0:
+        return
+    line = json.dumps([index, text, confidence], ensure_ascii=False) + "\n"
+    path = _pages_path(sha256, key)
+    with contextlib.suppress(OSError, ValueError):
+        private_folder(path.parent)
+        with open_private(path, "a") as file:
+            file.write(line)
+
+
 @dataclass(frozen=True)
 class Usage:
     """What the cache holds."""
@@ -143,7 +190,9 @@ def _entries() -> list[tuple[float, str, int, Path]]:
     if not folder.is_dir():
         return []
     now = time.time()
-    for path in folder.glob("*.json"):
+    for path in folder.glob("*.json*"):
+        if path.suffix not in _SUFFIXES:
+            continue
         try:
             info = path.stat()
         except OSError:  # removed meanwhile by another memagent
@@ -178,7 +227,9 @@ def _evict(limit: int) -> None:
 def usage() -> Usage:
     """How many entries and bytes the cache holds, and its limit."""
     entries = _entries()
-    documents = sum(not name.startswith(_TEMP_PREFIX) for _, name, _, _ in entries)
+    documents = sum(
+        name.endswith(".json") and not name.startswith(_TEMP_PREFIX) for _, name, _, _ in entries
+    )
     return Usage(directory(), documents, sum(e[2] for e in entries), max_bytes())
 
 
@@ -188,7 +239,7 @@ def clear() -> Usage:
     folder = directory()
     if folder.is_dir():
         for path in folder.iterdir():
-            if path.is_file() and path.suffix == ".json":
+            if path.is_file() and path.suffix in _SUFFIXES:
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
     return before

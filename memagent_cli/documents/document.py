@@ -31,6 +31,19 @@ class Section:
 
 
 @dataclass
+class OcrRecord:
+    """How a PDF's pages were read by OCR: `key` is "" where no OCR was asked for (or none
+    was needed), else the mode and languages ("auto:eng"); `pages` and `low_confidence` are
+    page labels."""
+
+    key: str = ""
+    engine: str = ""  # "Tesseract 5.5.4 (tesserocr 2.13.0), eng"
+    needed: int = 0  # pages with no text layer, or an empty one: what --ocr auto reads
+    pages: list[str] = field(default_factory=list)  # the pages whose text is OCR's
+    low_confidence: list[str] = field(default_factory=list)
+
+
+@dataclass
 class Document:
     """The text of one document, ready to chunk, and where each character came from.
 
@@ -45,11 +58,12 @@ class Document:
     sections: list[Section] = field(default_factory=list)
     title: str = ""
     pages: int = 0  # pages in the PDF, or items in the EPUB's spine
-    pages_without_text: int = 0  # PDF pages with no text layer (scanned, images)
+    pages_without_text: int = 0  # PDF pages left without text (scanned, images; not OCR'd)
     encrypted: bool = False
     # What the reader should know about how the text was read (a missing spine, pages
     # that could not be decoded); the caller shows them, since documents/ prints nothing.
     notes: list[str] = field(default_factory=list)
+    ocr: OcrRecord = field(default_factory=OcrRecord)
     from_cache: bool = field(default=False, compare=False)
     _starts: list[int] = field(default_factory=list, init=False, repr=False, compare=False)
 

@@ -8,6 +8,8 @@ from pathlib import Path, PurePath
 
 from memagent_cli.documents.document import Document
 from memagent_cli.documents.load import load_document
+from memagent_cli.documents.ocr import OcrMode, OcrOptions
+from memagent_cli.documents.pdf import OCR_AUTO
 from memagent_cli.errors import DocumentError, UserError
 from memagent_cli.files import open_regular
 from memagent_cli.progress import SILENT, Reporter
@@ -78,10 +80,11 @@ def read_document(
     report: Reporter = SILENT,
     use_cache: bool = True,
     ask_password: Callable[[str], str] | None = None,
+    ocr: OcrOptions = OCR_AUTO,
 ) -> Document:
     """Load a document (as `format`, when given, whatever its content looks like), telling
-    `report` of extraction progress and of what the reader had to work around. `use_cache`
-    and `ask_password`: as `load_document` takes them."""
+    `report` of extraction progress and of what the reader had to work around. `use_cache`,
+    `ask_password` and `ocr`: as `load_document` takes them."""
     with report.progress("pages") as progress:
         document = load_document(
             path,
@@ -90,12 +93,14 @@ def read_document(
             format=format,
             use_cache=use_cache,
             ask_password=ask_password,
+            ocr=ocr,
         )
     for note in document.notes:
         report.warn(note)
-    if document.pages_without_text:
+    if document.pages_without_text and not document.ocr.engine:  # else a note names them
+        hint = " (--ocr auto reads them)" if ocr.mode == OcrMode.never else ""
         report.note(
             f"{document.pages_without_text} of {document.pages} pages have no text layer "
-            "(scanned or images) and were skipped."
+            f"(scanned or images) and were skipped{hint}."
         )
     return document

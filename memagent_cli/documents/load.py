@@ -7,10 +7,12 @@ import os
 import stat
 import sys
 from collections.abc import Callable
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from memagent_cli.documents import cache, detect, epub, pdf, text
 from memagent_cli.documents.document import FORMATS, Document
+from memagent_cli.documents.ocr import OcrMode, OcrOptions
+from memagent_cli.documents.pdf import OCR_AUTO
 from memagent_cli.errors import DocumentError, UserError
 from memagent_cli.progress import Progress
 
@@ -30,13 +32,15 @@ def load_document(
     format: str | None = None,
     use_cache: bool = True,
     ask_password: Callable[[str], str] | None = None,
+    ocr: OcrOptions = OCR_AUTO,
 ) -> Document:
     """Read the document at `path` (`-` is stdin), detecting its format from its content.
 
     `format` ("text", "pdf" or "epub") overrides the detection. PDF and EPUB text is
     cached per file content unless `use_cache` is off, so a second load skips extraction
     (`Document.from_cache`); an encrypted document's text never is. `password` opens
-    encrypted PDFs; without one, `ask_password(where)` is asked for it when given.
+    encrypted PDFs; without one, `ask_password(where)` is asked for it when given. `ocr`
+    says which PDF pages are read by OCR, in which languages.
     `progress(what, done, total)` is called as pages or chapters are extracted. At most
     `max_document_bytes()` are read.
     """
@@ -53,11 +57,13 @@ def load_document(
         document = text.parse(data, source)
         document.sha256 = sha256
     else:
-        document = cache.load(sha256, source) if use_cache else None
+        wanted = _ocr_key(ocr) if kind == "pdf" else _no_ocr
+        document = cache.load(sha256, source, wanted) if use_cache else None
         if document is None:
             try:
                 if kind == "pdf":
-                    document = _pdf(data, source, where, password, progress, ask_password)
+                    pages = {"ocr": ocr, "sha256": sha256 if use_cache else None}
+                    document = _pdf(data, source, where, password, progress, ask_password, pages)
                 else:
                     document = epub.parse(data, source, where, progress=progress, limit=limit)
             except DocumentError as exc:
@@ -79,14 +85,32 @@ def _pdf(
     password: str | None,
     progress: Progress | None,
     ask_password: Callable[[str], str] | None,
+    pages: dict[str, Any],
 ) -> Document:
-    """A PDF's Document; for an encrypted one without `password`, `ask_password` is asked."""
+    """A PDF's Document; for an encrypted one without `password`, `ask_password` is asked.
+    `pages`: how pages without text are read (pdf.parse's `ocr` and `sha256`)."""
     try:
-        return pdf.parse(data, source, where, password=password, progress=progress)
+        return pdf.parse(data, source, where, password=password, progress=progress, **pages)
     except pdf.PasswordNeeded:
         if ask_password is None:
             raise
-    return pdf.parse(data, source, where, password=ask_password(where), progress=progress)
+    password = ask_password(where)
+    return pdf.parse(data, source, where, password=password, progress=progress, **pages)
+
+
+def _ocr_key(ocr: OcrOptions) -> Callable[[int], str]:
+    """The OcrRecord.key of a PDF read with `ocr`, from its pages without a text layer."""
+
+    def key(needed: int) -> str:
+        if ocr.mode == OcrMode.never or (ocr.mode == OcrMode.auto and not needed):
+            return ""
+        return f"{ocr.mode}:{ocr.key()}"
+
+    return key
+
+
+def _no_ocr(needed: int) -> str:
+    return ""
 
 
 def _text_not_pdf(data: bytes, where: str) -> DocumentError:

@@ -13,7 +13,12 @@ from pathlib import PurePath
 from pypdf import PasswordType, PdfReader
 from pypdf.errors import DependencyError, PyPdfError
 
-from memagent_cli.documents.document import Document, assemble
+from memagent_cli.documents import cache
+from memagent_cli.documents.document import Document, OcrRecord, assemble
+from memagent_cli.documents.ocr import LOW_CONFIDENCE, OcrMode, OcrOptions
+from memagent_cli.documents.ocr import Engine as OcrEngine
+from memagent_cli.documents.ocr import open_engine as open_ocr
+from memagent_cli.documents.ocr import recognize as recognize_pages
 from memagent_cli.errors import DocumentError
 from memagent_cli.progress import Progress
 
@@ -32,6 +37,9 @@ _DAMAGED = (
 )
 
 
+OCR_AUTO = OcrOptions()
+
+
 def parse(
     data: bytes,
     source: str,
@@ -39,11 +47,15 @@ def parse(
     *,
     password: str | None = None,
     progress: Progress | None = None,
+    ocr: OcrOptions = OCR_AUTO,
+    sha256: str | None = None,
 ) -> Document:
     """A page-labelled Document from the bytes of a PDF.
 
-    Pages without a text layer (or whose text pypdf cannot decode) are counted in
-    `pages_without_text`; a PDF with no text at all is refused with advice to OCR it.
+    Pages without a text layer (or an empty one) are read by OCR under `ocr` (every page
+    with `--ocr always`); each recognized page is cached as it is done, under `sha256` when
+    given, unless the PDF is encrypted. Pages left without text are counted in
+    `pages_without_text`; a PDF with no text at all is refused, saying why.
     """
     reader = open_reader(data, where, password)
     with _quiet() as logged:
@@ -51,54 +63,138 @@ def parse(
         if total == 0:
             raise DocumentError(f"The document is empty: {where} has no pages.")
         labels = _labels(reader, total)
-        parts: list[tuple[str, str]] = []
-        without_text = 0
+        texts: list[str] = []
+        without_layer: list[int] = []
         failed: list[tuple[str, str]] = []  # (page label, why pypdf could not read it)
+        damaged: set[int] = set()  # their indexes: reported as damaged, not read by OCR
         for index in range(total):
             logged.clear()
             try:
                 text = reader.pages[index].extract_text()
             except _DAMAGED as exc:
                 failed.append((labels[index], _reason(exc)))
+                damaged.add(index)
                 text = ""
             else:
                 if logged and not text.strip():  # pypdf gave up on the content, said why
                     failed.append((labels[index], f"pypdf: {logged[0].strip().rstrip('.')}"))
+                    damaged.add(index)
                 elif not text.strip():
-                    without_text += 1
-            parts.append((labels[index], text))
+                    without_layer.append(index)
+            texts.append(text)
             if progress is not None:
                 progress(f"extracting {PurePath(where).name}", index + 1, total)
         title = _title(reader)
-    if failed and without_text + len(failed) == total:  # no text at all, and not for OCR
-        which = f"any of its {total} pages" if len(failed) == total else _pages(failed)
-        rest = "" if len(failed) == total else ", and its other pages have no text layer"
-        raise DocumentError(
-            f"{where} is damaged: pypdf could not decode the content of {which} "
-            f"({failed[0][1]}){rest}."
-        )
-    if without_text == total:
-        raise DocumentError(
-            f"{where} has no text layer on any of its {total} pages: it looks scanned and "
-            "needs OCR first (for example `ocrmypdf in.pdf out.pdf`)."
-        )
+    notes: list[str] = []
+    record = OcrRecord(needed=len(without_layer))
+    every = [index for index in range(total) if index not in damaged]
+    wanted = every if ocr.mode == OcrMode.always else without_layer
+    if wanted and ocr.mode != OcrMode.never:
+        try:
+            engine = open_ocr(ocr, where)
+        except DocumentError as exc:
+            if ocr.mode == OcrMode.always or len(wanted) + len(failed) == total:
+                raise
+            notes.append(exc.message)  # the pages that have text are read all the same
+        else:
+            cache_key = None if reader.is_encrypted or sha256 is None else (sha256, ocr.key())
+            record = _recognize(
+                data, password, where, wanted, labels, texts, engine, cache_key, progress
+            )
+            record.key, record.needed = f"{ocr.mode}:{ocr.key()}", len(without_layer)
+    empty = [index for index in range(total) if not texts[index].strip()]
+    if len(empty) == total:
+        raise _no_text(where, total, failed, record, ocr)
     document = assemble(
-        parts,
+        zip(labels, texts, strict=True),
         path=source,
         format="pdf",
         sha256="",
         unit="page",
         title=title,
         pages=total,
-        pages_without_text=without_text,
+        pages_without_text=len(set(empty) - damaged),
         encrypted=reader.is_encrypted,
+        ocr=record,
     )
     if failed:
         document.notes.append(
             f"{where} is damaged: pypdf could not decode the content of {_pages(failed)} "
             f"({failed[0][1]}); {'it was' if len(failed) == 1 else 'they were'} skipped."
         )
+    if record.low_confidence:
+        unsure = [(label, "") for label in record.low_confidence]
+        document.notes.append(
+            f"OCR is unsure of {_pages(unsure)} of {where} (confidence under "
+            f"{LOW_CONFIDENCE}%): check {'it' if len(unsure) == 1 else 'them'} with "
+            "`memagent inspect --text`."
+        )
+    blank = [(labels[i], "") for i in empty if i not in damaged]
+    if record.engine and blank:
+        document.notes.append(
+            f"OCR found no text on {_pages(blank)} of {where} (blank, or pictures only): "
+            f"{'it was' if len(blank) == 1 else 'they were'} skipped."
+        )
+    document.notes += notes
     return document
+
+
+def _recognize(
+    data: bytes,
+    password: str | None,
+    where: str,
+    wanted: list[int],
+    labels: list[str],
+    texts: list[str],
+    engine: OcrEngine,
+    cache_key: tuple[str, str] | None,
+    progress: Progress | None,
+) -> OcrRecord:
+    """Read the pages at `wanted` by OCR into `texts`: those cached under `cache_key` from
+    there, the others by `engine`, each cached as it is done."""
+    known = cache.load_pages(*cache_key) if cache_key else {}
+    found = {index: known[index] for index in wanted if index in known}
+    what = f"recognizing {PurePath(where).name}"
+    if progress is not None:
+        progress(what, len(found), len(wanted))
+    todo = [index for index in wanted if index not in found]
+    for page in recognize_pages(data, password, todo, engine, where):
+        found[page.index] = (page.text, page.confidence)
+        if cache_key:
+            cache.store_page(*cache_key, page.index, page.text, page.confidence)
+        if progress is not None:
+            progress(what, len(found), len(wanted))
+    record = OcrRecord(engine=engine.describe())
+    for index in wanted:
+        text, confidence = found[index]
+        texts[index] = text
+        if text.strip():
+            record.pages.append(labels[index])
+            if confidence < LOW_CONFIDENCE:
+                record.low_confidence.append(labels[index])
+    return record
+
+
+def _no_text(
+    where: str, total: int, failed: list[tuple[str, str]], record: OcrRecord, ocr: OcrOptions
+) -> DocumentError:
+    """Why a PDF has no text on any page: damage, OCR that found none, or no OCR."""
+    if failed:
+        which = f"any of its {total} pages" if len(failed) == total else _pages(failed)
+        rest = "" if len(failed) == total else ", and its other pages have no text layer"
+        return DocumentError(
+            f"{where} is damaged: pypdf could not decode the content of {which} "
+            f"({failed[0][1]}){rest}."
+        )
+    if record.engine:
+        return DocumentError(
+            f"{where} has no text on any of its {total} pages, and OCR ({record.engine}) "
+            "found none either."
+        )
+    return DocumentError(
+        f"{where} has no text layer on any of its {total} pages: it looks scanned, and "
+        f"--ocr {OcrMode.auto} reads it (not --ocr {ocr.mode})."
+    )
 
 
 def _pages(failed: list[tuple[str, str]]) -> str:

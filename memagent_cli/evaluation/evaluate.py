@@ -19,6 +19,8 @@ from typing import Any
 from memagent_cli import trace
 from memagent_cli.documents.document import Document
 from memagent_cli.documents.inputs import read_document
+from memagent_cli.documents.ocr import OcrOptions
+from memagent_cli.documents.pdf import OCR_AUTO
 from memagent_cli.errors import Interrupted, UserError
 from memagent_cli.evaluation import data, niah, results
 from memagent_cli.evaluation.data import Case
@@ -104,13 +106,14 @@ def eval_niah(
     variant: str,
     seed: int,
     options: EvalOptions,
+    ocr: OcrOptions = OCR_AUTO,
 ) -> results.Results:
-    """Build needle cases from the document at `haystack` and run them; the finished
-    results, or Stopped."""
+    """Build needle cases from the document at `haystack` (its PDF pages read by `ocr` where
+    they need it) and run them; the finished results, or Stopped."""
     parsed_lengths, parsed_depths = niah.parse_lengths(lengths), niah.parse_depths(depths)
     if variant not in niah.VARIANTS:
         raise UserError(f"Unknown needle variant {variant}; choose {', '.join(niah.VARIANTS)}.")
-    document = read_document(haystack, password=None, report=options.report)
+    document = read_document(haystack, password=None, report=options.report, ocr=ocr)
     output = options.output or results.default_path(Path(f"niah-{variant}"))
     results.read(output, missing_ok=True)
     with _writer(output, options) as writer:

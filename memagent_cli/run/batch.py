@@ -21,6 +21,7 @@ from pathlib import Path
 
 from memagent_cli import trace
 from memagent_cli.documents.inputs import read_document
+from memagent_cli.documents.ocr import OcrOptions
 from memagent_cli.errors import DocumentError, Interrupted
 from memagent_cli.run import ask as run
 from memagent_cli.run import journal, pool
@@ -38,6 +39,7 @@ class Options:
     ask_password: Callable[[str], str] | None = None  # an encrypted PDF without a password
     format: str | None = None  # --format: read every document as this format
     document_cache: bool = True  # False: --no-document-cache
+    ocr: OcrOptions = OcrOptions()  # --ocr, --ocr-lang
     parallel: int = 1  # runs at once, each in its own thread (a server backend)
     together: int | None = 1  # questions read together in one pass; None: all that fit
     watch: int = 0  # whose memory the live view shows (question index)
@@ -183,6 +185,7 @@ def _groups(
                 report=report,
                 use_cache=options.document_cache,
                 ask_password=options.ask_password,
+                ocr=options.ocr,
             )
         except DocumentError as exc:
             if not several:

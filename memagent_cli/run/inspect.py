@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -10,7 +11,10 @@ from memagent_cli.backend import Sampling
 from memagent_cli.backends.llama_cpp import LlamaCppBackend
 from memagent_cli.backends.tokenizers import DEFAULT_ENCODING, TiktokenTokenizer
 from memagent_cli.chunking import Chunk
+from memagent_cli.documents import ocr
 from memagent_cli.documents.inputs import read_document
+from memagent_cli.documents.ocr import OcrOptions
+from memagent_cli.documents.pdf import OCR_AUTO
 from memagent_cli.errors import BudgetError
 from memagent_cli.progress import SILENT, Reporter
 from memagent_cli.reader import Settings, context_needed
@@ -35,10 +39,11 @@ def inspect_document(
     report: Reporter = SILENT,
     use_cache: bool = True,
     ask_password: Callable[[str], str] | None = None,
+    ocr: OcrOptions = OCR_AUTO,
 ) -> dict[str, Any]:
     """Everything `inspect` reports, as plain data (the JSON output). Tokens are counted with
     the `model`'s tokenizer, or with tiktoken's `encoding` when no model is given.
-    `use_cache` and `ask_password`: as `load_document` takes them."""
+    `use_cache`, `ask_password` and `ocr`: as `load_document` takes them."""
     document = read_document(
         path,
         password=password,
@@ -46,6 +51,7 @@ def inspect_document(
         report=report,
         use_cache=use_cache,
         ask_password=ask_password,
+        ocr=ocr,
     )
     backend = None
     if model is None:
@@ -63,11 +69,63 @@ def inspect_document(
         "tokens": len(tokens),
         "chunk_tokens": chunk_tokens,
         "chunks": [c.where(document.span(c.char_start, c.char_end)) for c in chunks],
+        "ocr_estimate": ocr_estimate(document.ocr.needed),
         "estimate": None,
     }
     if estimate and isinstance(backend, LlamaCppBackend):
         found["estimate"] = estimate_seconds(backend, chunks, chunk_tokens, memory_tokens, report)
     return found
+
+
+def ocr_estimate(pages: int) -> dict[str, Any] | None:
+    """Seconds OCR takes for `pages` pages on this machine's cores, from the rate measured by
+    bench/ocr.py (documents/ocr.py's SECONDS_PER_PAGE); None for no pages."""
+    if not pages:
+        return None
+    cores = os.cpu_count() or 1
+    return {
+        "pages": pages,
+        "seconds": round(pages * ocr.SECONDS_PER_PAGE / cores, 1),
+        "cores": cores,
+        "seconds_per_page_per_core": ocr.SECONDS_PER_PAGE,
+        "assumes": "pages of body text at the rate bench/ocr.py measured on a 2-core Xeon",
+    }
+
+
+def document_pages(
+    path: str,
+    *,
+    password: str | None,
+    format: str | None = None,
+    report: Reporter = SILENT,
+    use_cache: bool = True,
+    ask_password: Callable[[str], str] | None = None,
+    ocr: OcrOptions = OCR_AUTO,
+) -> list[dict[str, Any]]:
+    """The text memagent reads from the document at `path`, page by page (chapter by
+    chapter): each with its label ("p. 3", a chapter's title) and whether OCR read it. A
+    document without pages or chapters is one part with no label."""
+    document = read_document(
+        path,
+        password=password,
+        format=format,
+        report=report,
+        use_cache=use_cache,
+        ask_password=ask_password,
+        ocr=ocr,
+    )
+    if not document.sections:
+        return [{"label": "", "ocr": False, "text": document.text}]
+    recognized = set(document.ocr.pages)
+    starts = [s.start for s in document.sections] + [len(document.text) + 2]
+    return [
+        {
+            "label": f"p. {section.label}" if document.unit == "page" else section.label,
+            "ocr": section.label in recognized,
+            "text": document.text[section.start : starts[index + 1] - 2],
+        }
+        for index, section in enumerate(document.sections)
+    ]
 
 
 def estimate_seconds(

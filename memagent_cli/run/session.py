@@ -27,6 +27,15 @@ def describe_document(document: Document) -> dict[str, Any]:
         "pages_without_text": document.pages_without_text,
         "sections": len(document.sections),
         "characters": len(document.text),
+        # Pages with no text layer (what --ocr auto reads), and those OCR read, by label.
+        "pages_needing_ocr": document.ocr.needed,
+        "ocr": {
+            "engine": document.ocr.engine,
+            "pages": document.ocr.pages,
+            "low_confidence": document.ocr.low_confidence,
+        }
+        if document.ocr.engine
+        else None,
     }
 
 

@@ -24,9 +24,24 @@ def print_report(report: dict[str, Any]) -> None:
     row(summary, "document", doc["path"])
     row(summary, "format", doc["format"] + (f" ({doc['title']})" if doc["title"] else ""))
     if doc["unit"] == "page":
-        without = doc["pages_without_text"]
-        pages = f"{doc['pages']:,}" + (f" ({without} without text)" if without else "")
-        row(summary, "pages", pages)
+        without, ocr = doc["pages_without_text"], doc["ocr"]
+        parts = [f"{len(ocr['pages'])} read by OCR"] if ocr else []
+        parts += [f"{without} without text"] if without else []
+        row(summary, "pages", f"{doc['pages']:,}" + (f" ({', '.join(parts)})" if parts else ""))
+        if ocr:
+            low = ocr["low_confidence"]
+            unsure = f"; low confidence on p. {', '.join(low)}" if low else ""
+            row(summary, "OCR", f"{ocr['engine']}{unsure}")
+        estimate = report.get("ocr_estimate")
+        if estimate:
+            row(
+                summary,
+                "OCR time",
+                f"{estimate['pages']:,} pages without a text layer: about "
+                f"{_duration(estimate['seconds'])} of OCR on {estimate['cores']} cores (an "
+                f"estimate: {estimate['seconds_per_page_per_core']:g} s per page per core, "
+                f"{estimate['assumes']})",
+            )
     elif doc["unit"] == "chapter":
         row(summary, "chapters", f"{doc['sections']:,}")
     row(summary, "characters", f"{doc['characters']:,}")
@@ -61,6 +76,18 @@ def print_report(report: dict[str, Any]) -> None:
         )
     out.print()
     out.print(table)
+
+
+def print_pages(pages: list[dict[str, Any]]) -> None:
+    """The text memagent reads, as pdftotext prints a PDF: each page ended by a form feed,
+    and started here by a line with its label ("==> p. 3 (OCR) <==", as `head` names files),
+    so that an extraction can be checked before a long reading. The text is printable
+    (memagent_cli/text.py): the form feed is memagent's, never the document's."""
+    for page in pages:
+        if page["label"]:
+            mark = " (OCR)" if page["ocr"] else ""
+            display.result(f"==> {page['label']}{mark} <==")
+        display.result(page["text"], end="\n\f")
 
 
 def _duration(seconds: float) -> str:
