@@ -12,6 +12,7 @@ import resource
 import subprocess
 import sys
 import threading
+import time
 import zipfile
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -365,8 +366,8 @@ def test_entities_in_the_package_file_are_never_expanded(book: Path) -> None:
 
 def test_a_spine_that_repeats_one_file_reads_it_once(tmp_path: Path) -> None:
     files = {"a.xhtml": builders.page("<p>Once.</p>")}
-    manifest = [(f"a{n}", f"a.xhtml#f{n}", XHTML) for n in range(20_000)]
-    spine = [f"a{n}" for n in range(20_000)]
+    manifest = [(f"a{n}", f"a.xhtml#f{n}", XHTML) for n in range(40_000)]
+    spine = [f"a{n}" for n in range(40_000)]
     path = builders.package_epub(tmp_path / "r.epub", files, manifest=manifest, spine=spine)
 
     assert load_document(str(path)).text == "Once."
@@ -396,3 +397,68 @@ def test_a_pdf_page_that_inflates_to_a_gigabyte_stays_within_memory(
     assert json.loads(result.stdout)["document"]["characters"] == len("Hello page")
     note = load_document(str(path)).notes[0]
     assert "could not decode the content of p. 2 (pypdf: Limit reached" in note
+
+
+# -- Declared encodings and many links: bounded time ----------------------------------------
+
+NOT_TEXT = {
+    "punycode": "punycode",  # quadratic: 600 KB would take about a minute
+    "idna": "idna",
+    "unicode_escape": "unicode_escape",
+    "utf-7": "utf-7",
+    "base64": "base64",  # not a text encoding at all
+    "unknown": "x-no-such-codec",
+}
+
+
+@pytest.mark.parametrize("case", NOT_TEXT)
+def test_a_chapter_in_an_encoding_that_is_not_text_is_read_as_utf8(tmp_path: Path, case) -> None:
+    # 500 KB of ASCII that punycode decodes in quadratic time: 16 s (8 MB: most of an hour).
+    words = "ahoy " * 20_000 + "-" + "a" * 400_000
+    chapter = builders.page(f"<p>Caf\u00e9 \\u0041.</p><p>{words}</p>")
+    declared = chapter.replace('encoding="utf-8"', f'encoding="{NOT_TEXT[case]}"', 1)
+    files = {"a.xhtml": declared, "b.xhtml": builders.page("<p>Safe text.</p>")}
+    manifest = [("a", "a.xhtml", XHTML), ("b", "b.xhtml", XHTML)]
+    path = builders.package_epub(tmp_path / "e.epub", files, manifest=manifest, spine=["a", "b"])
+
+    started = time.monotonic()
+    document = load_document(str(path))
+
+    assert time.monotonic() - started < 5
+    assert "Caf\u00e9 \\u0041." in document.text and "Safe text." in document.text
+    assert document.notes[-1] == (
+        f"In {path}, OEBPS/a.xhtml ({NOT_TEXT[case]!r}) declares an encoding that memagent does "
+        "not read as text, so it was read as UTF-8."
+    )
+
+
+def test_a_chapter_in_a_text_encoding_is_decoded_with_it(tmp_path: Path) -> None:
+    chapter = builders.page("<p>Caf\u00e9.</p>").replace("utf-8", "windows-1252", 1)
+    path = builders.package_epub(
+        tmp_path / "e.epub", {}, manifest=[("a", "a.xhtml", XHTML)], spine=["a"]
+    )
+    builders.replace_member(path, builders.Member("OEBPS/a.xhtml", chapter.encode("cp1252")))
+
+    document = load_document(str(path))
+
+    assert document.text == "Caf\u00e9." and "UTF-8" not in " ".join(document.notes)
+
+
+def test_many_links_in_another_case_are_found_in_linear_time(tmp_path: Path) -> None:
+    count = 8000  # and 40,000 other members: a scan of them all per link took 9 s
+    files = {f"Chapter{n}.xhtml": builders.page(f"<p>{n}</p>") for n in range(count)}
+    manifest = [(f"c{n}", f"chapter{n}.xhtml", XHTML) for n in range(count)]
+    spine = [f"c{n}" for n in range(count)]
+    path = builders.package_epub(tmp_path / "m.epub", {}, manifest=manifest, spine=spine)
+    members = builders.members_of(path)
+    members += [
+        builders.Member(f"OEBPS/images/{n}.png", method=zipfile.ZIP_STORED) for n in range(20_000)
+    ]
+    members += [builders.Member(f"OEBPS/{name}", body.encode()) for name, body in files.items()]
+    builders.write_zip(path, members)
+
+    started = time.monotonic()
+    text = load_document(str(path)).text
+
+    assert time.monotonic() - started < 5
+    assert text.split() == [str(n) for n in range(count)]

@@ -51,6 +51,7 @@ class Archive:
         try:
             self._zip = zipfile.ZipFile(io.BytesIO(data))
             self._members = {info.filename: info for info in self._zip.infolist()}
+            self._folded: dict[str, str] | None = None  # case-folded name -> member, built once
         except _ZIP_ERRORS as exc:
             raise DocumentError(
                 f"{where} is damaged or not an EPUB: it is not a valid ZIP archive."
@@ -64,8 +65,11 @@ class Archive:
         on case-insensitive file systems link "Chapter1.xhtml" to "chapter1.xhtml")."""
         if name in self._members:
             return name
-        folded = name.casefold()
-        return next((n for n in self._members if n.casefold() == folded), None)
+        if self._folded is None:  # once per book: a scan per link is quadratic in chapters
+            self._folded = {}
+            for member in self._members:
+                self._folded.setdefault(member.casefold(), member)
+        return self._folded.get(name.casefold())
 
     def read(self, name: str, *, limit: int = MEMBER_LIMIT) -> bytes:
         """The inflated bytes of member `name`; DocumentError (one sentence) if it cannot be

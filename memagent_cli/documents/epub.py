@@ -48,11 +48,16 @@ def parse(
     _refuse_drm(archive, files, where)
     titles = _toc_titles(archive, book, where, notes)
     parts: list[tuple[str, str]] = []
+    undecoded: list[str] = []  # chapters that declare an encoding memagent does not decode
     for done, name in enumerate(files, 1):
         member = archive.find(name)
         if member is None:
             raise DocumentError(f"{where} is damaged: {name}, listed in its manifest, is missing.")
-        text, heading = xhtml.to_text(archive.read(member))
+        content = archive.read(member)
+        declared = xhtml.encoding(content)[1]
+        if declared:
+            undecoded.append(f"{name} ({declared!r})")
+        text, heading = xhtml.to_text(content)
         parts.append((titles.get(name) or heading or PurePosixPath(name).name, text))
         if progress is not None:
             progress(f"extracting {PurePath(where).name}", done, len(files))
@@ -65,8 +70,22 @@ def parse(
         title=book.title,
         pages=len(files),
     )
+    if undecoded:
+        notes.append(_undecoded_note(where, undecoded))
     document.notes = notes
     return document
+
+
+def _undecoded_note(where: str, chapters: list[str]) -> str:
+    """One sentence on the chapters read as UTF-8 instead of the encoding they declare."""
+    listed = ", ".join(chapters[:3]) + (
+        f" and {len(chapters) - 3} more" if len(chapters) > 3 else ""
+    )
+    one = len(chapters) == 1
+    return (
+        f"In {where}, {listed} {'declares an encoding' if one else 'declare encodings'} that "
+        f"memagent does not read as text, so {'it was' if one else 'they were'} read as UTF-8."
+    )
 
 
 def _package_path(archive: Archive, where: str) -> str:

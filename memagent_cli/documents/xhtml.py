@@ -7,6 +7,7 @@ external entities or anything over the network (`no_network=True`).
 
 from __future__ import annotations
 
+import codecs
 import re
 from typing import Any
 
@@ -26,6 +27,14 @@ _HEADINGS = frozenset(("h1", "h2", "h3"))
 _BREAK = "\x00"  # stands for <br> until whitespace is collapsed
 _SPACES = re.compile(r"[ \t\n\r\f\v]+")
 _XML_DECLARATION = re.compile(rb"^\s*<\?xml[^>]*?encoding=[\"']([A-Za-z0-9._-]+)")
+# Codecs Python counts as text encodings that are no character set a page is written in:
+# punycode and idna spell domain names (punycode decodes in quadratic time: 80K characters
+# take 0.3 s, 8 MB most of an hour), the escape codecs read Python string literals, UTF-7
+# hides markup (HTML forbids it), and "undefined" always fails. Python itself refuses the
+# codecs that are not text encodings at all (base64, zlib, rot13, ...).
+_NOT_CHARSETS = frozenset(
+    ("punycode", "idna", "unicode-escape", "raw-unicode-escape", "utf-7", "undefined")
+)
 _PARSER = html.HTMLParser(no_network=True, remove_comments=True, remove_pis=True)
 
 
@@ -95,15 +104,32 @@ def to_text(content: bytes) -> tuple[str, str]:
     return "\n\n".join(paragraphs), heading_text
 
 
+def encoding(content: bytes) -> tuple[str, str]:
+    """The codec that decodes an XHTML file, and the encoding it declares when that is not
+    a character set memagent decodes ("" when it is): such a file is read as UTF-8.
+
+    Only the XML declaration and a byte order mark count: the text is decoded before lxml
+    parses it, so a `<meta charset>` is never acted on.
+    """
+    if content.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return "utf-16", ""
+    declared = _XML_DECLARATION.match(content)
+    if declared is None:
+        return "utf-8-sig", ""
+    name = declared.group(1).decode("ascii")
+    try:
+        codec = codecs.lookup(name)
+    except LookupError:
+        return "utf-8-sig", name
+    if not codec._is_text_encoding or codec.name in _NOT_CHARSETS:
+        return "utf-8-sig", name
+    return codec.name, ""
+
+
 def _decode(content: bytes) -> str:
     """XHTML bytes as text, without the XML declaration (lxml refuses it in a str)."""
-    if content.startswith((b"\xff\xfe", b"\xfe\xff")):
-        encoding = "utf-16"
-    else:
-        declared = _XML_DECLARATION.match(content)
-        encoding = declared.group(1).decode("ascii") if declared else "utf-8-sig"
     try:
-        text = content.decode(encoding, errors="replace")
-    except LookupError:
+        text = content.decode(encoding(content)[0], errors="replace")
+    except UnicodeError:  # a codec that fails whatever `errors` says
         text = content.decode("utf-8-sig", errors="replace")
     return re.sub(r"^\s*<\?xml[^>]*\?>", "", text.lstrip("\ufeff"), count=1)
