@@ -62,6 +62,7 @@ class TensorInfo:
     name: str
     type: int
     shape: tuple[int, ...]
+    offset: int = 0  # where its data starts in the file, as the header says
 
 
 def parse(data: mmap.mmap) -> tuple[dict[str, Any], list[TensorInfo]]:
@@ -106,7 +107,7 @@ def parse(data: mmap.mmap) -> tuple[dict[str, Any], list[TensorInfo]]:
             return at
         raise ValueError(f"unknown GGUF value type {kind}")
 
-    fields: dict[str, Any] = {"GGUF.tensor_count": n_tensors}
+    fields: dict[str, Any] = {}
     for _ in range(n_kv):
         key, offset = string(offset)
         (kind,) = u32.unpack_from(data, offset)
@@ -126,8 +127,12 @@ def parse(data: mmap.mmap) -> tuple[dict[str, Any], list[TensorInfo]]:
             raise ValueError(f"unknown GGUF value type {kind}")
         if offset > len(data):
             raise ValueError("metadata past the end of the file")
+    fields["GGUF.tensor_count"] = n_tensors  # after the pairs: no key may stand for it
+    alignment = fields.get("general.alignment", 32)
+    if not isinstance(alignment, int) or alignment < 1 or alignment & (alignment - 1):
+        raise ValueError("an alignment that is not a power of two")
 
-    tensors = []
+    tensors, found = [], []
     for _ in range(n_tensors):
         name, offset = string(offset)
         (n_dims,) = u32.unpack_from(data, offset)
@@ -135,7 +140,10 @@ def parse(data: mmap.mmap) -> tuple[dict[str, Any], list[TensorInfo]]:
             raise ValueError("too many dimensions")
         dims = struct.unpack_from(endian + "Q" * n_dims, data, offset + 4)
         offset += 4 + 8 * n_dims
-        (kind,) = u32.unpack_from(data, offset)
-        offset += 4 + 8  # type, then the data offset
-        tensors.append(TensorInfo(name, kind, tuple(int(n) for n in dims)))
+        kind, at = struct.unpack_from(endian + "IQ", data, offset)
+        offset += 4 + 8
+        found.append((name, kind, tuple(int(n) for n in dims), at))
+    start = -(-offset // alignment) * alignment  # the data follows the header, aligned
+    for name, kind, dims, at in found:
+        tensors.append(TensorInfo(name, kind, dims, start + at))
     return fields, tensors

@@ -32,6 +32,11 @@ from memagent_cli.text import json_text
 MAX_RESULTS_BYTES = 1 << 30  # a record is a few KB without the document; this is not ours
 # Fields every record carries; the report needs these.
 REQUIRED = ("id", "group", "sub_em", "seconds", "tokens")
+# What the report computes with, as memagent writes it: labels, and numbers it divides.
+_LABELS = ("id", "group")
+_NUMBERS = ("sub_em", "seconds", "tokens")
+_OPTIONAL_NUMBERS = ("em", "f1", "depth")
+LARGEST = 2**53  # no score, count or duration comes near; past 1e308 an int is no float
 
 
 class ResultsError(UserError):
@@ -77,12 +82,17 @@ def read(path: Path, *, missing_ok: bool = False) -> Results:
     records, skipped = [], 0
     try:
         with path.open("rb") as file:
-            for line in file:
+            for number, line in enumerate(file, 1):
                 record = _record(line)
                 if record is None:
                     skipped += line.strip() != b""
-                else:
-                    records.append(record)
+                    continue
+                if wrong := _wrong_field(record):
+                    raise ResultsError(
+                        f"{path}, line {number} has a {wrong!r} field of the wrong type or "
+                        "out of range."
+                    )
+                records.append(record)
     except OSError as exc:
         raise ResultsError(f"Cannot read results file {path}: {exc.strerror}.") from None
     if skipped and not records:
@@ -95,11 +105,27 @@ def _record(line: bytes) -> dict[str, Any] | None:
         return None
     try:
         record = json.loads(line)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # also bad UTF-8, deep nesting and huge numbers
         return None
     if not isinstance(record, dict) or any(name not in record for name in REQUIRED):
         return None
     return record
+
+
+def _wrong_field(record: dict[str, Any]) -> str:
+    """The first field of a result the report cannot use as it is ("" when all can be)."""
+    for name in _LABELS:
+        if isinstance(record[name], bool) or not isinstance(record[name], str | int):
+            return name
+    for name in (*_NUMBERS, *_OPTIONAL_NUMBERS):
+        value = record.get(name)
+        if value is None and name in _OPTIONAL_NUMBERS:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return name
+        if not 0 <= value <= LARGEST:  # NaN compares false
+            return name
+    return ""
 
 
 class Writer:

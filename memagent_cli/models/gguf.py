@@ -81,29 +81,63 @@ def read(path: Path) -> GGUFInfo:
         raise ModelError(
             f"{path} is a damaged GGUF file: its header is cut short or malformed."
         ) from None
-    arch = str(fields.get("general.architecture", ""))
+    _check_tensors(path, tensors, path.stat().st_size)
+    arch = _value(path, fields, "general.architecture", str) or ""
     index, count = gguf_header.split_parts(path)
     size = path.stat().st_size
     if count > 1 and index == 1:
         parts = gguf_header.part_paths(path)
         size = sum(p.stat().st_size for p in parts if p.is_file())
-    context = fields.get(f"{arch}.context_length")
-    layers = fields.get(f"{arch}.block_count")
-    template = fields.get("tokenizer.chat_template")
+    template = _value(path, fields, "tokenizer.chat_template", str)
     return GGUFInfo(
         path=path,
         size=size,
         architecture=arch or "?",
-        quantization=_quantization(fields.get("general.file_type"), _elements(tensors)),
-        context_length=int(context) if context is not None else None,
-        chat_template=str(template) if template else None,
-        name=str(fields.get("general.name", "")),
-        size_label=str(fields.get("general.size_label", "")),
-        layers=int(layers) if layers is not None else None,
-        vocabulary=fields.get("tokenizer.ggml.tokens"),
-        tensors=int(fields.get("GGUF.tensor_count", 0)),
-        parts=max(count, int(fields.get("split.count", 1) or 1)),
+        quantization=_quantization(
+            _value(path, fields, "general.file_type", int), _elements(tensors)
+        ),
+        context_length=_value(path, fields, f"{arch}.context_length", int),
+        chat_template=template or None,
+        name=_value(path, fields, "general.name", str) or "",
+        size_label=_value(path, fields, "general.size_label", str) or "",
+        layers=_value(path, fields, f"{arch}.block_count", int),
+        vocabulary=_value(path, fields, "tokenizer.ggml.tokens", int),
+        tensors=fields["GGUF.tensor_count"],
+        parts=max(count, _value(path, fields, "split.count", int) or 1),
     )
+
+
+def _value(path: Path, fields: dict[str, Any], key: str, kind: type) -> Any:
+    """The value of `key` (None when the header has none); ModelError if it is not `kind`
+    (int: a count, never negative, a bool or a float; the token list: its length)."""
+    value = fields.get(key)
+    if value is None:
+        return None
+    if isinstance(value, kind) and not isinstance(value, bool) and (kind is str or value >= 0):
+        return value
+    what = "text" if kind is str else "a count" if key != "tokenizer.ggml.tokens" else "a list"
+    raise ModelError(f"{path} is a damaged GGUF file: its {key} is not {what}.")
+
+
+def _check_tensors(path: Path, tensors: list[gguf_header.TensorInfo], size: int) -> None:
+    """ModelError unless each tensor lies inside the file (a file cut short, or a hostile
+    offset). A type newer than the gguf package is left to llama.cpp to judge."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    for tensor in tensors:
+        try:
+            block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(tensor.type)]
+        except (ValueError, KeyError):
+            continue
+        elements = 1
+        for dim in tensor.shape:
+            elements *= dim
+        end = tensor.offset + elements // block * block_bytes
+        if elements % block or end > size:
+            raise ModelError(
+                f"{path} is a damaged GGUF file (cut short?): tensor {tensor.name} would end "
+                f"at byte {end:,}, and the file has {size:,}."
+            )
 
 
 def _elements(tensors: list[gguf_header.TensorInfo]) -> Counter[int]:

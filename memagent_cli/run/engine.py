@@ -12,7 +12,7 @@ from memagent_cli.backend import Backend
 from memagent_cli.backends.llama_cpp import LlamaCppBackend, LlamaOptions, can_offload
 from memagent_cli.backends.openai import OpenAIBackend, ServerOptions
 from memagent_cli.errors import BudgetError
-from memagent_cli.models import resolve
+from memagent_cli.models import gguf, resolve
 from memagent_cli.progress import Note, Progress, silent
 from memagent_cli.reader import Settings, context_needed
 
@@ -43,6 +43,7 @@ def open_backend(
     if options.kind == BackendKind.openai:
         return OpenAIBackend(options.server, note=note)
     found = resolve(options.model, note=note, progress=progress)
+    gguf.read(found.path)  # a damaged or hostile header: one sentence, before llama.cpp
     backend = LlamaCppBackend(found.path, options.llama, name=found.name)
     if backend.exact and backend.gpu_layers != 0 and can_offload():
         note(

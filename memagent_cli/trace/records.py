@@ -31,6 +31,17 @@ class TraceError(UserError):
 _Check = type | tuple[type, ...] | str
 _NUMBER = (int, float)
 _SCALARS = (str, int, float, bool, type(None))
+# No count, offset or duration memagent writes comes near this; past it a float loses whole
+# numbers, and past 1e308 an int cannot become one (a view dividing it fails).
+LARGEST = 2**53
+
+
+def _in_range(value: Any, *, signed: bool = False) -> bool:
+    """Whether a number is one a trace can hold: finite, at most LARGEST, not negative
+    (unless `signed`); anything else is in range."""
+    if isinstance(value, bool) or not isinstance(value, _NUMBER):
+        return True
+    return (-LARGEST if signed else 0) <= value <= LARGEST  # NaN compares false
 
 
 def _valid(value: Any, check: _Check) -> bool:
@@ -59,6 +70,8 @@ def _fields(
         if not _valid(record[name], check):
             raise TraceError(f"{where} has a {name!r} field of the wrong type.")
         value = record[name]
+        if not all(map(_in_range, value if check == "pair" else [value])):
+            raise TraceError(f"{where} has a {name!r} field out of range.")
         out[name] = tuple(value) if check == "pair" else value
     return out
 
@@ -101,8 +114,12 @@ class Header:
         _fields(values["document"], cls._DOCUMENT, f"{where}'s document")
         _fields(values["model"], cls._MODEL, f"{where}'s model")
         for key, value in values["settings"].items():
-            if not isinstance(value, _SCALARS):
+            if not isinstance(value, _SCALARS) or not _in_range(value, signed=True):
                 raise TraceError(f"{where} has a setting {key!r} that is not a plain value.")
+        for part in ("document", "model"):
+            for key, value in values[part].items():
+                if not _in_range(value, signed=True):
+                    raise TraceError(f"{where} has a {part} {key!r} out of range.")
         return cls(**values)
 
     def to_json(self) -> dict[str, Any]:

@@ -37,11 +37,23 @@ def warn_problems(loaded: Trace) -> None:
 # ---------------------------------------------------------------- what a trace says
 
 
+# Word pairs a diff may compare: a memory of 1,000 words against another takes 0.15 s at
+# worst (few distinct words). difflib's matcher is quadratic or worse in the words, so a
+# larger pair of memories (a hostile trace's) is shown as all of one replaced by the other.
+DIFF_LIMIT = 1_000_000
+
+
+def _opcodes(old: list[str], new: list[str]) -> list[tuple[str, int, int, int, int]]:
+    """difflib's opcodes turning `old` into `new`, or one "replace" above DIFF_LIMIT."""
+    if len(old) * len(new) > DIFF_LIMIT:
+        return [("replace", 0, len(old), 0, len(new))]
+    return difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes()
+
+
 def word_change(before: str, after: str) -> tuple[int, int]:
     """Words added and removed going from `before` to `after`."""
-    matcher = difflib.SequenceMatcher(None, before.split(), after.split(), autojunk=False)
     added = removed = 0
-    for op, i1, i2, j1, j2 in matcher.get_opcodes():
+    for op, i1, i2, j1, j2 in _opcodes(before.split(), after.split()):
         if op != "equal":
             removed += i2 - i1
             added += j2 - j1
@@ -196,11 +208,8 @@ def word_diff(before: str, after: str) -> list[Piece]:
     """`after` against `before`, word by word, git --word-diff style: kept text with its own
     spacing and line breaks, and the words dropped and added, each run without its spacing."""
     old, new = re.findall(r"\S+\s*", before), re.findall(r"\S+\s*", after)
-    matcher = difflib.SequenceMatcher(
-        None, [w.strip() for w in old], [w.strip() for w in new], autojunk=False
-    )
     pieces: list[Piece] = []
-    for op, i1, i2, j1, j2 in matcher.get_opcodes():
+    for op, i1, i2, j1, j2 in _opcodes([w.strip() for w in old], [w.strip() for w in new]):
         if op == "equal":
             pieces.append(("=", "".join(new[j1:j2])))
             continue

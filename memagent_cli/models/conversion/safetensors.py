@@ -11,7 +11,7 @@ import json
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import numpy as np
 
@@ -20,6 +20,7 @@ from memagent_cli.errors import ModelError
 # safetensors dtype -> (numpy storage dtype, bytes per element); BF16 is read as uint16.
 _DTYPES = {"F32": (np.float32, 4), "F16": (np.float16, 2), "BF16": (np.uint16, 2)}
 _MAX_HEADER = 100 << 20  # the format's own limit
+_MAX_DIMS = 8  # no weight has more (ggml's tensors have 4)
 _BLOCK = 1 << 22  # elements converted at a time: 16 MB of float32 at most
 
 
@@ -71,10 +72,14 @@ def read_tensors(folder: Path) -> dict[str, Tensor]:
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-            files = sorted({folder / str(f) for f in weight_map.values()})
-        except (ValueError, KeyError, TypeError, AttributeError):
+            with index.open("rb") as handle:
+                weight_map = json.loads(handle.read(_MAX_HEADER + 1))["weight_map"]
+            names = set(weight_map.values())
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
             raise ModelError(f"{index} is not a valid safetensors index.") from None
+        if not all(isinstance(n, str) and _inside(n) for n in names):
+            raise ModelError(f"{index} names a weights file outside {folder}.")
+        files = sorted(folder / n for n in names)
     if not files:
         raise ModelError(f"There is no .safetensors file in {folder}.")
     tensors: dict[str, Tensor] = {}
@@ -99,7 +104,7 @@ def _read_header(file: Path) -> dict[str, Tensor]:
             )
         try:
             header = json.loads(handle.read(length))
-        except (UnicodeDecodeError, ValueError):
+        except (ValueError, RecursionError):  # also bad UTF-8 and absurdly deep nesting
             raise ModelError(f"{damaged}: its header is not JSON.") from None
     if not isinstance(header, dict):
         raise ModelError(f"{damaged}: its header is not a table of tensors.")
@@ -116,10 +121,13 @@ def _read_header(file: Path) -> dict[str, Tensor]:
             )
         except (KeyError, TypeError, ValueError):
             raise ModelError(f"{damaged}: tensor {name} is described wrongly.") from None
+        valid = isinstance(dtype, str) and len(shape) <= _MAX_DIMS
+        if not (valid and all(map(_count, (*shape, begin, end)))):
+            raise ModelError(f"{damaged}: tensor {name} is described wrongly.")
         if dtype not in _DTYPES:
             kinds = ", ".join(_DTYPES)
             raise ModelError(f"Tensor {name} in {file} is {dtype}; memagent converts {kinds}.")
-        tensor = Tensor(name, dtype, shape, file, base + int(begin), base + int(end))
+        tensor = Tensor(name, dtype, shape, file, base + begin, base + end)
         if tensor.end - tensor.start != tensor.elements * _DTYPES[dtype][1] or tensor.end > size:
             raise ModelError(
                 f"{damaged} (cut short?): tensor {name} should end at byte {tensor.end:,}, "
@@ -127,3 +135,14 @@ def _read_header(file: Path) -> dict[str, Tensor]:
             )
         tensors[name] = tensor
     return tensors
+
+
+def _count(value: object) -> bool:
+    """Whether a shape's dimension or a data offset is one: a whole number, not negative."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _inside(name: str) -> bool:
+    """Whether a file name of an index stays in the model's folder."""
+    parts = PurePosixPath(name.replace("\\", "/")).parts
+    return bool(parts) and not name.startswith("/") and ".." not in parts
