@@ -37,6 +37,20 @@ def json_text(value: Any, *, indent: int | None = None, sort_keys: bool = False)
     return _JSON_RAW.sub(lambda match: f"\\u{ord(match.group()):04x}", text)
 
 
+# The largest number memagent takes from a JSON file someone else may have written (a trace,
+# a results file): no count, score or duration comes near, and past 2**53 an integer is no
+# longer exact as a float (past 1e308 it is no float at all).
+LARGEST = 2**53
+
+
+def json_number(value: Any, *, signed: bool = False) -> bool:
+    """Whether `value`, read from such a file, is a number memagent can use: an int or float
+    (not a bool), finite, at most LARGEST in size, and not negative unless `signed`."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return (-LARGEST if signed else 0) <= value <= LARGEST  # NaN compares false
+
+
 def decoded(argument: str) -> str:
     """A command-line argument as text for the model: its bytes that are not UTF-8 (kept by
     Python as lone surrogates) become U+FFFD, as they do in a text document."""

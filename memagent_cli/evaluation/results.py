@@ -27,7 +27,7 @@ from memagent_cli.files import (
     private_folder,
 )
 from memagent_cli.folders import data_dir
-from memagent_cli.text import json_text
+from memagent_cli.text import json_number, json_text
 
 MAX_RESULTS_BYTES = 1 << 30  # a record is a few KB without the document; this is not ours
 # Fields every record carries; the report needs these.
@@ -36,7 +36,6 @@ REQUIRED = ("id", "group", "sub_em", "seconds", "tokens")
 _LABELS = ("id", "group")
 _NUMBERS = ("sub_em", "seconds", "tokens")
 _OPTIONAL_NUMBERS = ("em", "f1", "depth")
-LARGEST = 2**53  # no score, count or duration comes near; past 1e308 an int is no float
 
 
 class ResultsError(UserError):
@@ -121,9 +120,7 @@ def _wrong_field(record: dict[str, Any]) -> str:
         value = record.get(name)
         if value is None and name in _OPTIONAL_NUMBERS:
             continue
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            return name
-        if not 0 <= value <= LARGEST:  # NaN compares false
+        if not json_number(value):
             return name
     return ""
 

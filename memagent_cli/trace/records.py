@@ -18,6 +18,7 @@ from memagent_cli.chunking import Chunk
 from memagent_cli.errors import UserError
 from memagent_cli.progress import SpanOf
 from memagent_cli.reader import Answer, Step, evidence
+from memagent_cli.text import json_number
 
 FORMAT_VERSION = 2
 FORMATS = (1, 2)  # the formats this memagent reads
@@ -31,17 +32,16 @@ class TraceError(UserError):
 _Check = type | tuple[type, ...] | str
 _NUMBER = (int, float)
 _SCALARS = (str, int, float, bool, type(None))
+
+
 # No count, offset or duration memagent writes comes near this; past it a float loses whole
 # numbers, and past 1e308 an int cannot become one (a view dividing it fails).
-LARGEST = 2**53
-
-
 def _in_range(value: Any, *, signed: bool = False) -> bool:
-    """Whether a number is one a trace can hold: finite, at most LARGEST, not negative
-    (unless `signed`); anything else is in range."""
+    """Whether a number is one a trace can hold (text.json_number); anything that is not a
+    number is in range (its type is checked apart)."""
     if isinstance(value, bool) or not isinstance(value, _NUMBER):
         return True
-    return (-LARGEST if signed else 0) <= value <= LARGEST  # NaN compares false
+    return json_number(value, signed=signed)
 
 
 def _valid(value: Any, check: _Check) -> bool:
