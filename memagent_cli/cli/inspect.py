@@ -80,28 +80,29 @@ def inspect(
     verbose: VerboseOpt = False,
 ) -> None:
     """Show DOCUMENT's format, pages, tokens and chunks without asking the model anything."""
+    from memagent_cli.documents import inputs
     from memagent_cli.run import inspect as inspection
     from memagent_cli.views import inspect as views
 
+    report = reporter(quiet)
+    read = inputs.read_document(
+        document,
+        password=password,
+        format=format,
+        report=report,
+        use_cache=not no_document_cache,
+        ask_password=options.ask_password(),
+        ocr=OcrOptions(ocr, ocr_lang),
+    )
     if text:
-        pages = inspection.document_pages(
-            document,
-            password=password,
-            format=format,
-            report=reporter(quiet),
-            use_cache=not no_document_cache,
-            ask_password=options.ask_password(),
-            ocr=OcrOptions(ocr, ocr_lang),
-        )
+        pages = inspection.document_pages(read)
         if as_json:
             console.result_json(pages, indent=2)
         else:
             views.print_pages(pages)
         return
-    report = inspection.inspect_document(
-        document,
-        password=password,
-        format=format,
+    found = inspection.inspect_document(
+        read,
         model=BackendOptions(
             model=model,
             llama=LlamaOptions(
@@ -114,12 +115,9 @@ def inspect(
         chunk_tokens=chunk_tokens,
         memory_tokens=memory_tokens,
         estimate=estimate and tokenizer == "model",
-        report=reporter(quiet),
-        use_cache=not no_document_cache,
-        ask_password=options.ask_password(),
-        ocr=OcrOptions(ocr, ocr_lang),
+        report=report,
     )
     if as_json:
-        console.result_json(report, indent=2)
+        console.result_json(found, indent=2)
     else:
-        views.print_report(report)
+        views.print_report(found)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from typing import Any
 
 from memagent_cli import protocol
@@ -12,9 +11,7 @@ from memagent_cli.backends.llama_cpp import LlamaCppBackend
 from memagent_cli.backends.tokenizers import DEFAULT_ENCODING, TiktokenTokenizer
 from memagent_cli.chunking import Chunk
 from memagent_cli.documents import ocr
-from memagent_cli.documents.inputs import read_document
-from memagent_cli.documents.ocr import OcrOptions
-from memagent_cli.documents.pdf import OCR_AUTO
+from memagent_cli.documents.document import Document
 from memagent_cli.errors import BudgetError
 from memagent_cli.progress import SILENT, Reporter
 from memagent_cli.reader import Settings, context_needed
@@ -27,32 +24,18 @@ _WARMUP_REPLY_TOKENS = 32
 
 
 def inspect_document(
-    path: str,
+    document: Document,
     *,
-    password: str | None,
-    format: str | None = None,
     model: BackendOptions | None,
     encoding: str | None,
     chunk_tokens: int,
     memory_tokens: int,
     estimate: bool,
     report: Reporter = SILENT,
-    use_cache: bool = True,
-    ask_password: Callable[[str], str] | None = None,
-    ocr: OcrOptions = OCR_AUTO,
 ) -> dict[str, Any]:
-    """Everything `inspect` reports, as plain data (the JSON output). Tokens are counted with
-    the `model`'s tokenizer, or with tiktoken's `encoding` when no model is given.
-    `use_cache`, `ask_password` and `ocr`: as `load_document` takes them."""
-    document = read_document(
-        path,
-        password=password,
-        format=format,
-        report=report,
-        use_cache=use_cache,
-        ask_password=ask_password,
-        ocr=ocr,
-    )
+    """Everything `inspect` reports on a document read by documents.inputs.read_document, as
+    plain data (the JSON output). Tokens are counted with the `model`'s tokenizer, or with
+    tiktoken's `encoding` when no model is given."""
     backend = None
     if model is None:
         tokenizer = TiktokenTokenizer(encoding or DEFAULT_ENCODING)
@@ -92,28 +75,10 @@ def ocr_estimate(pages: int) -> dict[str, Any] | None:
     }
 
 
-def document_pages(
-    path: str,
-    *,
-    password: str | None,
-    format: str | None = None,
-    report: Reporter = SILENT,
-    use_cache: bool = True,
-    ask_password: Callable[[str], str] | None = None,
-    ocr: OcrOptions = OCR_AUTO,
-) -> list[dict[str, Any]]:
-    """The text memagent reads from the document at `path`, page by page (chapter by
-    chapter): each with its label ("p. 3", a chapter's title) and whether OCR read it. A
-    document without pages or chapters is one part with no label."""
-    document = read_document(
-        path,
-        password=password,
-        format=format,
-        report=report,
-        use_cache=use_cache,
-        ask_password=ask_password,
-        ocr=ocr,
-    )
+def document_pages(document: Document) -> list[dict[str, Any]]:
+    """The text memagent reads from `document`, page by page (chapter by chapter): each with
+    its label ("p. 3", a chapter's title) and whether OCR read it. A document without pages
+    or chapters is one part with no label."""
     if not document.sections:
         return [{"label": "", "ocr": False, "text": document.text}]
     recognized = set(document.ocr.pages)
