@@ -101,7 +101,7 @@ def memagent(env: dict[str, str]):
     """Run the installed `memagent` command as a user would; returns the finished process."""
 
     def run(
-        *args: str, input: str | None = None, timeout: float = 900
+        *args: str, input: str | None = None, timeout: float = 900, umask: int = -1
     ) -> subprocess.CompletedProcess:
         return subprocess.run(
             [str(MEMAGENT), *args],
@@ -110,6 +110,7 @@ def memagent(env: dict[str, str]):
             text=True,
             env=env,
             timeout=timeout,
+            umask=umask,  # -1: this process's
         )
 
     return run

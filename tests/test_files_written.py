@@ -27,19 +27,6 @@ def mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
 
-def run(env: dict[str, str], *args: str, umask: int = 0o022) -> subprocess.CompletedProcess:
-    """`memagent ARGS` as a process started under `umask`."""
-    return subprocess.run(
-        [str(MEMAGENT), *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        umask=umask,
-        stdin=subprocess.DEVNULL,
-        timeout=300,
-    )
-
-
 @pytest.fixture
 def doc(tmp_path) -> Path:
     return builders.pdf(tmp_path / "book.pdf", [story(60, seed=1), story(60, seed=2)])
@@ -47,7 +34,7 @@ def doc(tmp_path) -> Path:
 
 @pytest.mark.parametrize("umask", [0o022, 0o000], ids=["umask-022", "umask-000"])
 def test_every_file_holding_the_document_is_private_whatever_the_umask(
-    env, fake_server, doc, tmp_path, umask
+    memagent, env, fake_server, doc, tmp_path, umask
 ):
     data = Path(env["XDG_DATA_HOME"])
     cache = Path(env["XDG_CACHE_HOME"])
@@ -56,15 +43,15 @@ def test_every_file_holding_the_document_is_private_whatever_the_umask(
     shared.chmod(0o755)
     report = shared / "report.html"
     named = shared / "new" / "deeper" / "named.jsonl"
-    asked = run(env, "ask", str(doc), "Who?", *served(fake_server, *STEPS), "--html",
+    asked = memagent("ask", str(doc), "Who?", *served(fake_server, *STEPS), "--html",
                 str(report), umask=umask)  # fmt: skip
     assert asked.returncode == 0, asked.stderr
-    again = run(env, "ask", str(doc), "What?", *served(fake_server, *STEPS), "--trace",
+    again = memagent("ask", str(doc), "What?", *served(fake_server, *STEPS), "--trace",
                 str(named), umask=umask)  # fmt: skip
     assert again.returncode == 0, again.stderr
     cases = [{"_id": "c1", "input": "Who?", "context": story(20, seed=3), "answers": ["x"]}]
     (tmp_path / "eval_50.json").write_text(json.dumps(cases))
-    evaluated = run(env, "eval", str(tmp_path / "eval_50.json"), *served(fake_server, *STEPS),
+    evaluated = memagent("eval", str(tmp_path / "eval_50.json"), *served(fake_server, *STEPS),
                     umask=umask)  # fmt: skip
     assert evaluated.returncode == 0, evaluated.stderr
 
