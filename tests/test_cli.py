@@ -37,6 +37,17 @@ def test_ask_help_lists_llama_cpp_spellings(cli):
         assert option in text
 
 
+def test_help_shows_a_metavar_only_where_it_says_something(cli):
+    for command in (["ask"], ["inspect"], ["eval", "niah"], ["models", "pull"], ["trace"]):
+        text = cli(*command, "--help").stdout
+        assert not [t for t in ("<bool>", "<str>", "<int", "<float", "<path>", "[x>=") if t in text]
+    rows = {line.split()[1]: line for line in cli("ask", "--help").stdout.splitlines()[1:]
+            if line.startswith("│ --")}  # fmt: skip
+    assert rows["--chunk-tokens"].split()[2] == "N" and rows["--trace"].split()[2] == "FILE"
+    assert rows["--base-url"].split()[2] == "URL" and rows["--format"].split()[2] == "text|pdf|epub"
+    assert rows["--json"].split()[2] == "Print"  # a flag: its help follows its name
+
+
 def test_python_dash_m_works(env):
     result = subprocess.run(
         [sys.executable, "-m", "memagent_cli", "--version"], capture_output=True, text=True, env=env
