@@ -163,7 +163,7 @@ def ask_many(
     session = open_session(document, model.engine(questions))
     report = _Callbacks(None, progress, note)
     paths = list(traces) if traces is not None else [None] * len(questions)
-    options = [run.RunOptions(trace=path, use_cache=False, report=report) for path in paths]
+    options = [run.RunOptions(trace=path, reuse=False, report=report) for path in paths]
     outcomes = run.ask_together(session, list(questions), options)
     for outcome in outcomes:
         if isinstance(outcome, run.Stopped):

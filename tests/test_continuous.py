@@ -99,7 +99,7 @@ def jobs(engine: Engine, tmp_path, texts=TEXTS, **more) -> list[run.Job]:
     made = []
     for i, text in enumerate(texts):
         document = Document(text=text, path=f"/books/b{i}.txt", format="text", sha256=f"{i:064x}")
-        how = run.RunOptions(trace=tmp_path / f"b{i}.jsonl", use_cache=False, **more)
+        how = run.RunOptions(trace=tmp_path / f"b{i}.jsonl", reuse=False, **more)
         made.append(run.Job(open_session(document, engine), QUESTION, how))
     return made
 

@@ -85,7 +85,7 @@ def session_of(backend, text: str = TEXT, path: str = "/books/tower.txt"):
 
 def options(tmp_path, count: int = len(QUESTIONS), **more) -> list[run.RunOptions]:
     return [
-        run.RunOptions(trace=tmp_path / f"q{i + 1}.jsonl", use_cache=False, **more)
+        run.RunOptions(trace=tmp_path / f"q{i + 1}.jsonl", reuse=False, **more)
         for i in range(count)
     ]
 
@@ -125,7 +125,7 @@ def test_an_interrupted_pass_keeps_every_trace_and_resumes_to_the_same_answers(t
         status = trace.read_trace(second / f"q{i + 1}.jsonl")
         assert len(status.steps) == 3 and status.interruption is not None
     resumed_options = [
-        run.RunOptions(resume=second / f"q{i + 1}.jsonl", use_cache=False)
+        run.RunOptions(resume=second / f"q{i + 1}.jsonl", reuse=False)
         for i in range(len(QUESTIONS))
     ]
     resumed = run.ask_together(session_of(EchoBackend()), QUESTIONS, resumed_options)
@@ -174,7 +174,7 @@ def test_a_batch_reads_the_questions_of_a_document_in_groups_in_order(tmp_path, 
     backend.fits = 2
     engine = Engine(backend, SETTINGS, 4096)
     answers: list[str | None] = []
-    how = batch.Options(run=run.RunOptions(use_cache=False), together=None)
+    how = batch.Options(run=run.RunOptions(reuse=False), together=None)
     code = batch.ask_all(
         [str(path)],
         QUESTIONS,
@@ -203,8 +203,8 @@ def test_a_question_answered_before_the_others_stop_keeps_its_answer(tmp_path):
     first.mkdir(), second.mkdir()
     # The first question gets three steps ahead; Ctrl-C comes while the second still reads.
     run.ask_together(session_of(EchoBackend(calls_left=3)), QUESTIONS[:1], options(first, 1))
-    ahead = run.RunOptions(resume=first / "q1.jsonl", use_cache=False)
-    behind = run.RunOptions(trace=second / "q2.jsonl", use_cache=False)
+    ahead = run.RunOptions(resume=first / "q1.jsonl", reuse=False)
+    behind = run.RunOptions(trace=second / "q2.jsonl", reuse=False)
     rounds = len(session_of(EchoBackend()).chunks) + 1 - 3  # until the first has answered
     backend = EchoBackend(calls_left=2 * rounds + 1)  # and one more step of the second
     answered, stopped = run.ask_together(session_of(backend), QUESTIONS[:2], [ahead, behind])

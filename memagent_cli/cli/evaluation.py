@@ -25,7 +25,7 @@ from memagent_cli.cli.options import (
     JsonOpt,
     MemoryTokensOpt,
     ModelOpt,
-    NoCacheOpt,
+    NoReuseOpt,
     NoTraceOpt,
     OcrLangOpt,
     OcrOpt,
@@ -158,7 +158,7 @@ def eval_run(
     exact: ExactOpt = LLAMA.exact,
     repack: RepackOpt = LLAMA.repack,
     no_trace: NoTraceOpt = False,
-    no_cache: NoCacheOpt = False,
+    no_reuse: NoReuseOpt = False,
     quiet: QuietOpt = False,
     verbose: VerboseOpt = False,
 ) -> None:
@@ -173,7 +173,7 @@ def eval_run(
         model=model, base_url=base_url, api_key=api_key, served_model=served_model,
         encoding=encoding, threads=threads, gpu_layers=gpu_layers, timeout=timeout,
         verbose=verbose, exact=exact, repack=repack, output=output, write_traces=not no_trace,
-        use_cache=not no_cache, quiet=quiet, as_json=as_json, plot=plot,
+        reuse=not no_reuse, quiet=quiet, as_json=as_json, plot=plot,
     )  # fmt: skip
     try:
         finished = evaluate.eval_files(data, limit, options)
@@ -231,7 +231,7 @@ def eval_niah(
     exact: ExactOpt = LLAMA.exact,
     repack: RepackOpt = LLAMA.repack,
     no_trace: NoTraceOpt = False,
-    no_cache: NoCacheOpt = False,
+    no_reuse: NoReuseOpt = False,
     quiet: QuietOpt = False,
     verbose: VerboseOpt = False,
 ) -> None:
@@ -246,7 +246,7 @@ def eval_niah(
         model=model, base_url=base_url, api_key=api_key, served_model=served_model,
         encoding=encoding, threads=threads, gpu_layers=gpu_layers, timeout=timeout,
         verbose=verbose, exact=exact, repack=repack, output=output, write_traces=not no_trace,
-        use_cache=not no_cache, quiet=quiet, as_json=as_json, plot=plot,
+        reuse=not no_reuse, quiet=quiet, as_json=as_json, plot=plot,
     )  # fmt: skip
     try:
         finished = evaluate.eval_niah(

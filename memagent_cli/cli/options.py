@@ -323,7 +323,7 @@ def html_file(name: str, help: str, panel: str | None = None) -> Any:
 NoTraceOpt = Annotated[
     bool, typer.Option("--no-trace", help="Write no trace.", rich_help_panel=OUTPUT)
 ]
-NoCacheOpt = Annotated[
+NoReuseOpt = Annotated[
     bool,
     typer.Option(
         "--no-reuse",

@@ -48,7 +48,7 @@ class EvalOptions:
     backend: BackendOptions
     settings: Settings
     output: Path | None = None  # results file; default: a new one in the data folder
-    use_cache: bool = True  # a greedy case already run (same trace header) is not read again
+    reuse: bool = True  # a greedy case already run (same trace header) is not read again
     parallel: int = 1
     write_traces: bool = True
     report: Reporter = SILENT  # progress lines and notes
@@ -233,7 +233,7 @@ def _job(
     session = open_session(document, engine)
     how = run.RunOptions(
         report=options.report,
-        use_cache=options.use_cache,
+        reuse=options.reuse,
         trace=trace.default_path(document.path) if options.write_traces else None,
         label=f"{case.group} {case.id}" if options.parallel > 1 else "",
         cancel=cancel,

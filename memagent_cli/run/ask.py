@@ -38,7 +38,7 @@ class RunOptions:
     trace: Path | None = None  # where a fresh run writes its trace; None writes none
     resume: Path | None = None  # continue this interrupted trace
     resume_latest: bool = False  # continue the newest unfinished trace of the same run
-    use_cache: bool = True  # answer an identical greedy run from its finished trace
+    reuse: bool = True  # answer an identical greedy run from its finished trace
     report: Reporter = SILENT  # where notes and the reading view go
     label: str = ""  # names the run in progress lines and rows when there are several
     plain: bool = False  # other runs share stderr at the same time: plain lines, no live view
@@ -455,7 +455,7 @@ def _earlier_run(header: trace.Header, options: RunOptions) -> trace.Trace | Non
                 "settings to resume; name one with --resume TRACE."
             )
         return found
-    if options.use_cache and header.settings["temperature"] == 0:
+    if options.reuse and header.settings["temperature"] == 0:
         return trace.find_run(header, finished=True)
     return None
 
