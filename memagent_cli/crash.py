@@ -1,6 +1,7 @@
 """A crash inside native code (llama.cpp) is never silent: stderr gets Python's traceback of
-every thread, then one sentence naming the native call that died and what to try. The
-process then dies of the same signal, so a shell still reports 139 for SIGSEGV."""
+every thread, the native frames that led to the signal (where libc can list them), then one
+sentence naming the native call that died and what to try. The process then dies of the same
+signal, so a shell still reports 139 for SIGSEGV."""
 
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ def install() -> None:
         for signum in _FATAL:
             libc.signal(signum, ctypes.cast(handler, ctypes.c_void_p))
         _installed.extend((libc, handler))
+        native_frames()  # the first call loads the unwinder: not inside a signal handler
     # faulthandler saves the handler above and calls it once it has printed the traceback.
     faulthandler.enable(file=sys.stderr, all_threads=True)
 
@@ -52,10 +54,62 @@ def _on_fatal(signum: int) -> None:
     # without it). Only write to fd 2, then die of the signal with its default action.
     libc = _installed[0]
     try:
+        frames = _fault_frames(native_frames())
+        if frames:
+            listed = "".join(f"  {frame}\n" for frame in frames)
+            os.write(2, f"\nNative frames (most recent call first):\n{listed}".encode())
         os.write(2, message(signum, native_call()).encode("utf-8", "replace"))
     finally:
         libc.signal(signum, 0)  # SIG_DFL
         libc["raise"](signum)  # delivered, and fatal, once this handler returns
+
+
+def native_frames(limit: int = 48) -> list[str]:
+    """The native call stack of this thread, as libc's backtrace_symbols gives it ("libllama.so
+    (llama_decode+0x5e)"), each library named without its folder; empty where libc has no
+    backtrace (musl) or nothing is installed. Inside a signal handler the stack runs through
+    the signal frame into the code that faulted."""
+    if not _installed:
+        return []
+    libc = _installed[0]
+    try:
+        backtrace, symbols = libc.backtrace, libc.backtrace_symbols
+    except AttributeError:
+        return []
+    backtrace.restype, backtrace.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_int]
+    symbols.restype = ctypes.POINTER(ctypes.c_char_p)
+    symbols.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    addresses = (ctypes.c_void_p * limit)()
+    count = backtrace(addresses, limit)
+    names = symbols(addresses, count)
+    if not names:
+        return []
+    try:
+        found = [(names[i] or b"?").decode("utf-8", "replace") for i in range(count)]
+    finally:
+        libc.free(ctypes.cast(names, ctypes.c_void_p))
+    return [_short(path) + rest for path, rest in (_split_frame(frame) for frame in found)]
+
+
+def _fault_frames(frames: list[str]) -> list[str]:
+    """The native frames from the code that faulted down to the ctypes call that entered it
+    (Python's traceback has the rest). This handler runs inside faulthandler's, which
+    re-raised the signal, so the stack is this handler, a signal frame, the re-raise (raise,
+    or gsignal as glibc names it), another signal frame, then the fault."""
+    for i, frame in enumerate(frames):
+        if re.search(r"\((raise|gsignal)\+", frame):
+            frames = frames[i + 2 :]
+            break
+    for i, frame in enumerate(frames):
+        if i and frame.startswith(("libffi", "_ctypes")):
+            return frames[:i]
+    return frames
+
+
+def _split_frame(frame: str) -> tuple[str, str]:
+    """"/lib/libc.so.6(strlen+0x1d) [0x7f...]" as its library and the rest."""
+    path, paren, rest = frame.partition("(")
+    return path, paren + rest
 
 
 def native_call() -> tuple[str, str] | None:

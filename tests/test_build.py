@@ -6,6 +6,7 @@ placement does not (on a CPU with AMX), and a native crash is named on stderr.""
 from __future__ import annotations
 
 import json
+import platform
 import re
 import signal
 import subprocess
@@ -218,6 +219,12 @@ def test_a_native_crash_names_the_call_and_keeps_the_signal(tmp_path):
     assert "script.py:6)" in sentence
     assert "Weights: AMX buffers off." in sentence and "--version --json" in sentence
     assert result.stdout == ""
+    if sys.platform == "linux" and platform.libc_ver()[0] == "glibc":
+        # The native frames start where it faulted (strlen, in libc) and stop at ctypes.
+        frames = result.stderr.split("Native frames (most recent call first):\n")[1]
+        frames = frames.split("\n\n")[0].splitlines()
+        assert frames[0].startswith("  libc.so"), frames
+        assert not any("libffi" in frame or "libpython" in frame for frame in frames), frames
 
 
 def test_a_fatal_signal_sent_from_outside_is_fatal_too(tmp_path):

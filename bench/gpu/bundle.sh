@@ -11,7 +11,7 @@ cd "$(dirname "$0")/../.."
 grep -qx '/.gpu/' .git/info/exclude || echo '/.gpu/' >> .git/info/exclude
 PY=${PY:-.venv/bin/python}
 rm -rf .gpu && mkdir -p .gpu/whl .gpu/whl-build .gpu/whl-ifneeded .gpu/gitshim
-cp bench/gpu/run.sh bench/gpu/pycheck.py .gpu/
+cp bench/gpu/run.sh bench/gpu/pycheck.py bench/gpu/probe.py .gpu/
 cp bench/gpu/git-shim .gpu/gitshim/git && chmod +x .gpu/gitshim/git
 work=$(mktemp -d)
 "$PY" -m pip download -q --no-deps --no-binary :all: -d "$work" llama-cpp-python==0.3.36

@@ -301,6 +301,41 @@ stage_bench() {
     return 0
 }
 
+stage_crash() {
+    # `memagent ask` on the tiny model, then its pieces one at a time (.gpu/probe.py), each
+    # with and without Python's faulthandler; under gdb, the native stack of a crash.
+    local model=$REPO/.gpu/tiny.Q4_1.gguf doc=/tmp/probe-doc.txt py=$VENV/bin/python3
+    python3 -c "print('The vault code is 4711. ' * 300)" >"$doc"
+    local ask=(ask "$doc" "What is the vault code?" --model "$model" --chunk-tokens 256
+               --memory-tokens 32 --temperature 0 --no-reuse)
+    try() {
+        local name=$1; shift
+        echo "----- $name: $*"
+        timeout 90 "$@" >"$OUT/crash-$name.out" 2>"$OUT/crash-$name.err"
+        echo "----- $name: rc=$?"
+        grep -v '^llama_model_loader: - \|^print_info' "$OUT/crash-$name.err" | tail -30
+    }
+    try ask "$VENV/bin/memagent" "${ask[@]}"
+    try ask-ngl0 "$VENV/bin/memagent" "${ask[@]}" -ngl 0
+    try ask-nocrash "$py" -c 'import sys; from memagent_cli import crash
+crash.install = lambda: None
+from memagent_cli.cli import main
+sys.argv[0] = "memagent"; sys.exit(main())' "${ask[@]}"
+    local mode
+    for mode in backend llama raw raw-noextra; do
+        try "$mode" "$py" .gpu/probe.py "$mode" "$model"
+        try "$mode-fh" "$py" -X faulthandler .gpu/probe.py "$mode" "$model"
+        try "$mode-crash" "$py" .gpu/probe.py "$mode" "$model" --crash
+    done
+    if command -v gdb >/dev/null; then
+        try gdb timeout 120 gdb -q -batch -ex 'set pagination off' -ex run -ex bt \
+            -ex 'info threads' --args "$py" -m memagent_cli "${ask[@]}" --verbose
+    else
+        echo "no gdb here"
+    fi
+    return 0
+}
+
 stage_cfgcheck() {  # not in the default list: CMake configure only, with the build's args
     rm -rf /tmp/cfgcheck
     PATH="$REPO/.gpu/gitshim:$PATH" cmake -S "$SRC_DIR" -B /tmp/cfgcheck -G Ninja \
