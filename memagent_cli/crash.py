@@ -107,7 +107,7 @@ def _fault_frames(frames: list[str]) -> list[str]:
 
 
 def _split_frame(frame: str) -> tuple[str, str]:
-    """"/lib/libc.so.6(strlen+0x1d) [0x7f...]" as its library and the rest."""
+    """A frame ("/lib/libc.so.6(strlen+0x1d) [0x7f...]") as its library and the rest."""
     path, paren, rest = frame.partition("(")
     return path, paren + rest
 

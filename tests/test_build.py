@@ -334,3 +334,20 @@ def test_the_guarded_server_refuses_a_missing_model_in_one_sentence(tmp_path):
     assert (
         result.stderr.strip() == f"error: model not found: {tmp_path / 'nope.gguf'} is not a file."
     )
+
+
+def test_the_cxx_runtime_is_global_before_llama_cpp_loads(tmp_path):
+    # numpy loads libstdc++ privately; memagent's backends make it global (the global scope
+    # is searched first), so a CUDA build's libggml-cuda cannot lend llama.cpp its copies.
+    if not (sys.platform == "linux" and platform.libc_ver()[0] == "glibc"):
+        pytest.skip("the dynamic linker's scopes are glibc's")
+    result = run_python(
+        "import ctypes, sys\n"
+        "import numpy\n"
+        "def global_(): return hasattr(ctypes.CDLL(None), '_ZNSo9_M_insertIlEERSoT_')\n"
+        "before = global_()\n"
+        "import memagent_cli.backends\n"
+        "print(before, global_(), 'llama_cpp' in sys.modules)\n",
+        tmp_path,
+    )
+    assert result.stdout.split() == ["False", "True", "False"], result.stderr

@@ -6,6 +6,7 @@
 #   bash .gpu/run.sh                  # default: probe wheels buildtools cuda src build memagent version
 #   bash .gpu/run.sh all              # the default, then tests and bench
 #   bash .gpu/run.sh memagent version tests   # a warm machine that built it already
+#   bash .gpu/run.sh ... crash cxx    # a crash taken apart (probe.py), and the libstdc++ check
 # Any subset runs: each start re-derives the environment (PYTHONPATH, CUDA paths, ...) from
 # what earlier calls left in /tmp, and skips what is already there (FORCE_BUILD=1 rebuilds).
 #
@@ -333,6 +334,44 @@ sys.argv[0] = "memagent"; sys.exit(main())' "${ask[@]}"
     else
         echo "no gdb here"
     fi
+    return 0
+}
+
+stage_cxx() {
+    # Which copy of libstdc++'s functions llama.cpp binds to, with numpy imported first (as
+    # memagent does) and with memagent's backends imported first; then `memagent ask`.
+    # Everything goes to $OUT/cxx.txt.
+    local model=$REPO/.gpu/tiny.Q4_1.gguf doc=/tmp/probe-doc.txt py=$VENV/bin/python3
+    local lib=$SITE/llama_cpp/lib sym=_ZNSo9_M_insertIlEERSoT_
+    python3 -c "print('The vault code is 4711. ' * 300)" >"$doc"
+    { set +x; } 2>/dev/null
+    {
+        echo "== std:: functions libggml-cuda exports: $(nm -D --defined-only "$lib"/libggml-cuda.so* | grep -c ' [TWV] _ZNS')"
+        nm -D --defined-only "$lib"/libggml-cuda.so* | grep "$sym"
+        local first
+        for first in "" numpy memagent_cli.backends "numpy, memagent_cli.backends"; do
+            echo "== import ${first:-nothing} first, then load raw"
+            LD_DEBUG=bindings LD_DEBUG_OUTPUT=/tmp/bind timeout 60 "$py" -c "import sys, runpy
+${first:+import $first}
+sys.argv = ['probe', 'raw', '$model']
+runpy.run_path('.gpu/probe.py', run_name='__main__')" 2>&1 | grep -v '^llama_model_loader\|^print_info\|^create_tensor\|^load_tensors\|^llama_context\|^ggml_cuda' | tail -4
+            echo "rc=${PIPESTATUS[0]}"
+            grep -h "libllama.*$sym" /tmp/bind.* | head -2; rm -f /tmp/bind.*
+        done
+        local ask=(ask "$doc" "What is the vault code?" --model "$model" --chunk-tokens 256
+                   --memory-tokens 32 --temperature 0 --no-reuse)
+        echo "== memagent ask (all layers on the GPU)"
+        timeout 90 "$VENV/bin/memagent" "${ask[@]}" 2>/tmp/ask.err; echo "rc=$?"; tail -5 /tmp/ask.err
+        echo "== memagent ask -ngl 0"
+        timeout 90 "$VENV/bin/memagent" "${ask[@]}" -ngl 0 2>/tmp/ask.err; echo "rc=$?"; tail -5 /tmp/ask.err
+        echo "== memagent ask --json, twice: equal?"
+        timeout 90 "$VENV/bin/memagent" "${ask[@]}" --json >/tmp/a1.json 2>/dev/null
+        timeout 90 "$VENV/bin/memagent" "${ask[@]}" --json >/tmp/a2.json 2>/dev/null
+        python3 -c 'import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:])
+print("replies equal:", a["reply"] == b["reply"], repr(a["reply"][:80]))' /tmp/a1.json /tmp/a2.json
+    } 2>&1 | tee "$OUT/cxx.txt"
+    set -x
     return 0
 }
 
