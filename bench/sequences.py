@@ -28,9 +28,10 @@ import llama_cpp
 from village import story
 
 from memagent_cli import reader
-from memagent_cli.backend import Call, Sampling
+from memagent_cli.backend import Call, Generation, Sampling
 from memagent_cli.backends.decoding import Decoded
 from memagent_cli.backends.llama_cpp import LlamaCppBackend, LlamaOptions
+from memagent_cli.backends.llama_cpp import _generation as generation
 from memagent_cli.backends.llama_parts import Batch
 from memagent_cli.chunking import make_chunks
 
@@ -160,16 +161,37 @@ class Costs:
 
 
 class Recording(LlamaCppBackend):
-    """The backend, keeping every decode_many's records (rounds per reply) in `calls`."""
+    """The backend, keeping the decoding record (rounds per reply) of every reply in
+    `calls`: the k-th group holds each sequence's k-th reply. The reader's calls go through
+    next_replies (continuous batching), so a group is the step the questions read together,
+    though its replies need not start or end in the same round."""
 
     def __init__(self, path: Path, options: LlamaOptions) -> None:
         super().__init__(path, options)
         self.calls: list[list[Decoded]] = []
+        self._replies: dict[int, int] = {}  # replies so far, by sequence
 
     def decode_many(self, calls: Sequence[Call], *, sampling: Sampling) -> list[Decoded]:
         replies = super().decode_many(calls, sampling=sampling)
         self.calls.append(replies)
         return replies
+
+    def next_replies(
+        self, calls: Sequence[Call], *, sampling: Sampling
+    ) -> list[tuple[int, Generation]]:
+        decoder = self._decoder()
+        for call in calls:
+            decoder.start(self._request(call, sampling))
+        while decoder.in_flight:
+            if ended := decoder.step():
+                for sequence, decoded in ended:
+                    k = self._replies.get(sequence, 0)
+                    self._replies[sequence] = k + 1
+                    if k == len(self.calls):
+                        self.calls.append([])
+                    self.calls[k].append(decoded)
+                return [(sequence, generation(decoded)) for sequence, decoded in ended]
+        return []
 
 
 def _open(
