@@ -63,6 +63,26 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return convert.convert(folder, folder.parent / "tiny-qwen2.Q4_1.gguf", "Q4_1")
 
 
+# The tiny model with 24 layers for the negative control (tests/test_speculation.py): on 2
+# layers llama.cpp's single-row and batched kernels give the same logits (bench/widths.py),
+# on 24 the small differences grow until some tokens change, as they do in a trained model.
+DEEP_TINY_LAYERS = 24
+
+
+@pytest.fixture(scope="session")
+def deep_tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model's widths and seed, 24 layers deep (28 MB, made in about a second)."""
+    import hf_model
+
+    from memagent_cli.models.conversion import convert
+
+    folder = tmp_path_factory.mktemp("deep-tiny") / "Deep-Tiny-Qwen2"
+    eos = {("model.embed_tokens.weight", hf_model.EOS): TINY_EOS_SCALE}
+    sizes = TINY_SIZES | {"num_hidden_layers": DEEP_TINY_LAYERS}
+    hf_model.build(folder, sizes=sizes, seed=TINY_SEED, scale_rows=eos)
+    return convert.convert(folder, folder.parent / "deep-tiny-qwen2.Q4_1.gguf", "Q4_1")
+
+
 def _tiny_for(request: pytest.FixtureRequest) -> str | None:
     """The tiny model's path where the test is a model test not marked real_model."""
     node = request.node

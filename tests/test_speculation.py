@@ -136,12 +136,37 @@ def test_a_copying_reply_accepts_long_drafts() -> None:
     assert got.accepted < got.drafted  # and some were rejected: both paths ran
 
 
+def test_forced_drafts_change_some_reply_without_exact_and_none_with_it(
+    deep_tiny_model: Path,
+) -> None:
+    """The negative control of the equality tests, on a random model deep enough for
+    llama.cpp's single-row and batched kernels to change tokens: without --exact a verified
+    draft runs on the batched kernels and a plain token on the single-row ones, and some
+    replies differ (5 of 8 on 2 AVX-512 cores); with --exact none does."""
+    single = _backend(speculate=False, exact=False, path=deep_tiny_model)
+    forced = _backend(speculate=True, draft=8, exact=False, path=deep_tiny_model)
+    plain_exact = _backend(speculate=False, exact=True, path=deep_tiny_model)
+    forced_exact = _backend(speculate=True, draft=8, exact=True, path=deep_tiny_model)
+    differ = []
+    for seed in range(8):
+        sampling = Sampling(temperature=0.7, top_p=0.95, seed=seed)
+        a = single.generate(fresh(seed), max_tokens=64, sampling=sampling)
+        b = forced.generate(fresh(seed), max_tokens=64, sampling=sampling)
+        differ.append(a.text != b.text)
+        assert b.drafted > 0 or a.text == b.text  # a difference comes from a verified draft
+        same(
+            forced_exact.generate(fresh(seed), max_tokens=64, sampling=sampling),
+            plain_exact.generate(fresh(seed), max_tokens=64, sampling=sampling),
+        )
+    assert any(differ), "no reply changed: the equality tests could not see a fault"
+
+
 @pytest.mark.real_model
 def test_without_exact_forced_drafts_change_some_reply() -> None:
     """The negative control of the equality tests: without --exact, a verified draft runs on
     llama.cpp's batched kernels and a plain token on its single-row ones, and with the real
-    model some replies differ (seeds 0, 1: both, on 2 cores). The tiny model's small
-    matrices give equal logits both ways (bench/widths.py), so this runs on the real one."""
+    model some replies differ (seeds 0, 1: both, on 2 cores), greedy as the trained model
+    decodes: the real model's check of the control above."""
     path = real_model_path()
     single = _backend(speculate=False, exact=False, path=path)
     forced = _backend(speculate=True, draft=8, exact=False, path=path)
