@@ -49,15 +49,16 @@ def note(text: str) -> None:
 
 
 def library(folder: Path, documents: int, sentences: int) -> list[str]:
-    """`ask` arguments for `documents` documents: the first, and --documents FILE."""
+    """`ask` arguments for `documents` documents: --documents FILE, which lists them all
+    (every positional argument is then a question)."""
     paths = []
     for i in range(documents):
         path = folder / f"doc{i:05d}.txt"
         path.write_text(story(sentences, fact=None, seed=i))
         paths.append(str(path))
     listing = folder / "documents.txt"
-    listing.write_text("\n".join(paths[1:]) + "\n")
-    return [paths[0], "--documents", str(listing)]
+    listing.write_text("\n".join(paths) + "\n")
+    return ["--documents", str(listing)]
 
 
 def run_memagent(args: list[str], home: Path) -> dict[str, float]:
