@@ -350,4 +350,6 @@ def test_the_cxx_runtime_is_global_before_llama_cpp_loads(tmp_path):
         "print(before, global_(), 'llama_cpp' in sys.modules)\n",
         tmp_path,
     )
-    assert result.stdout.split() == ["False", "True", "False"], result.stderr
+    # Before: False where numpy loaded it privately (here); a Python linked with libstdc++
+    # has it global already. After: global either way, and llama_cpp not loaded yet.
+    assert result.stdout.split()[1:] == ["True", "False"], result.stderr
