@@ -61,12 +61,12 @@ $(VENV)/.dev: pyproject.toml
 	touch $@
 
 lint: $(VENV)/.dev
-	$(BIN)/ruff check memagent_cli tests
-	$(BIN)/ruff format --check memagent_cli tests
+	$(BIN)/ruff check memagent_cli tests bench examples
+	$(BIN)/ruff format --check memagent_cli tests bench examples
 
 format: $(VENV)/.dev
-	$(BIN)/ruff format memagent_cli tests
-	$(BIN)/ruff check --fix memagent_cli tests
+	$(BIN)/ruff format memagent_cli tests bench examples
+	$(BIN)/ruff check --fix memagent_cli tests bench examples
 
 # docs/cli.md, made again from `--help` (tests/test_shell.py checks it); `readme` is the
 # target's old name.

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import functools
 import os
 import platform
 import subprocess
 import sys
+import threading
 import time
 from importlib import metadata
 from pathlib import Path
@@ -190,6 +192,19 @@ def _read(args) -> str:
     return _WORKER(render(data, index, dpi))
 
 
+def _read_with_free_engine(index, *, free, guard, render_lock, scan, dpi) -> str:
+    """One page read by whichever of the threads' engines is free; rendering one at a time."""
+    with guard:
+        engine = free.pop()
+    try:
+        with render_lock:
+            image = render(scan, index, dpi)
+        return engine(image)
+    finally:
+        with guard:
+            free.append(engine)
+
+
 def site_size(packages: list[str]) -> float:
     """MB that `packages` (distribution names) take in site-packages, files as installed."""
     total = 0
@@ -209,6 +224,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pages", type=int, default=8)
     parser.add_argument("--ocr-dpi", type=int, default=300, help="resolution the engines read")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=ROOT / "build" / "bench" / "ocr-engines.txt",
+        help="where the report goes (bench/results/ keeps the one docs/ocr.md quotes)",
+    )
     parser.add_argument(
         "--tessdata",
         action="append",
@@ -232,8 +253,10 @@ def main() -> None:
         platform.processor(),
     )
     out = [
-        f"bench/ocr.py, 2026-11-26, {os.cpu_count()} cores ({cpu}), Python {platform.python_version()}",
-        f"pages: {len(pages)} pages of {what}, {sum(len(' '.join(t.split())) for t in originals):,} characters",
+        f"bench/ocr.py, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores ({cpu}), "
+        f"Python {platform.python_version()}",
+        f"pages: {len(pages)} pages of {what}, "
+        f"{sum(len(' '.join(t.split())) for t in originals):,} characters",
         "versions: "
         + ", ".join(
             f"{n} {metadata.version(n)}"
@@ -248,7 +271,8 @@ def main() -> None:
             )
             if _has(n)
         ),
-        f"the engines read pages rendered at {args.ocr_dpi} dpi; CER: edit distance / original characters, whitespace collapsed",
+        f"the engines read pages rendered at {args.ocr_dpi} dpi; "
+        "CER: edit distance / original characters, whitespace collapsed",
         "",
     ]
     print("\n".join(out), flush=True)
@@ -282,34 +306,31 @@ def main() -> None:
             started = time.perf_counter()
             list(pool.map(_read, [(scans[name], i, args.ocr_dpi) for i in range(len(pages))]))
             seconds = (time.perf_counter() - started) / len(pages)
-        line = f"{engine_name}: {name}: {seconds:.2f} s/page with {os.cpu_count()} processes of 1 thread"
+        line = (
+            f"{engine_name}: {name}: {seconds:.2f} s/page "
+            f"with {os.cpu_count()} processes of 1 thread"
+        )
         print(line, flush=True)
         out.append(line)
         # Threads of one process, an engine each, pages rendered in the main thread.
         workers = [factory(1) for _ in range(os.cpu_count() or 1)]
-        free = list(workers)
-        import threading
-
-        guard = threading.Lock()
-
-        def read(index: int) -> str:
-            with guard:
-                engine = free.pop()
-            try:
-                with render_lock:
-                    image = render(scans[name], index, args.ocr_dpi)
-                return engine(image)
-            finally:
-                with guard:
-                    free.append(engine)
-
-        render_lock = threading.Lock()
+        read = functools.partial(
+            _read_with_free_engine,
+            free=list(workers),
+            guard=threading.Lock(),
+            render_lock=threading.Lock(),
+            scan=scans[name],
+            dpi=args.ocr_dpi,
+        )
         with concurrent.futures.ThreadPoolExecutor(len(workers)) as pool:
             list(pool.map(read, range(len(workers))))
             started = time.perf_counter()
             list(pool.map(read, range(len(pages))))
             seconds = (time.perf_counter() - started) / len(pages)
-        line = f"{engine_name}: {name}: {seconds:.2f} s/page with {len(workers)} threads of 1 engine each"
+        line = (
+            f"{engine_name}: {name}: {seconds:.2f} s/page "
+            f"with {len(workers)} threads of 1 engine each"
+        )
         print(line, flush=True)
         out.append(line)
         workers.clear()
@@ -343,7 +364,8 @@ def main() -> None:
             f"  {name}: {site_size(packages):.0f} MB ({', '.join(p for p in packages if _has(p))})"
         )
     print("\n".join(out[-4:]))
-    target = ROOT / "bench" / "results" / "ocr-engines.txt"
+    target = args.out
+    target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text("\n".join(out) + "\n")
     print(f"written to {target}")
 

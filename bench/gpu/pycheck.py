@@ -103,7 +103,7 @@ MODULES = [
     "platformdirs", "pypdf", "cryptography", "gguf", "tenacity", "httpx2", "diskcache",
     "jinja2", "huggingface_hub", "huggingface_hub.utils", "huggingface_hub.errors",
     "fpdf", "ebooklib", "pytest", "xdist",
-]
+]  # fmt: skip
 
 
 def cmd_imports(args: list[str]) -> int:
