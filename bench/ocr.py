@@ -323,7 +323,7 @@ def main() -> None:
             dpi=args.ocr_dpi,
         )
         with concurrent.futures.ThreadPoolExecutor(len(workers)) as pool:
-            list(pool.map(read, range(len(workers))))
+            list(pool.map(read, [i % len(pages) for i in range(len(workers))]))
             started = time.perf_counter()
             list(pool.map(read, range(len(pages))))
             seconds = (time.perf_counter() - started) / len(pages)
