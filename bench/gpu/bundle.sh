@@ -4,11 +4,19 @@
 #   bash bench/gpu/bundle.sh            # here, with pip and the network of this machine
 #   run(command="bash .gpu/run.sh", carry=[".gpu"], timeout_s=600)          # build, --version
 #   run(command="bash .gpu/run.sh memagent version tests bench", carry=[".gpu"])  # at once after
+# With --default-model, the default model (98 MB, over one call's 64 MiB) too, in two halves
+# that travel in two calls of their own, back to back while the machine is warm (an ignored
+# folder a call does not carry stays there):
+#   run(command="bash .gpu/run.sh", carry=[".gpu"])                      # build
+#   run(command="ls -l .gpu-model-1", carry=[".gpu-model-1"])            # half 1 travels
+#   run(command="bash .gpu/run.sh model reading", carry=[".gpu-model-2"])  # half 2; join, bench
 # The source release is cut to what a CUDA build reads (75 MB of vocabularies, docs, other
 # backends and tools dropped: 4.9 MB); runtime wheels are those the image lacks (Python 3.12).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-grep -qx '/.gpu/' .git/info/exclude || echo '/.gpu/' >> .git/info/exclude
+for ignored in /.gpu/ /.gpu-model-1/ /.gpu-model-2/; do
+    grep -qx "$ignored" .git/info/exclude || echo "$ignored" >> .git/info/exclude
+done
 PY=${PY:-.venv/bin/python}
 rm -rf .gpu && mkdir -p .gpu/whl .gpu/whl-build .gpu/whl-ifneeded .gpu/gitshim
 cp bench/gpu/run.sh bench/gpu/pycheck.py bench/gpu/probe.py .gpu/
@@ -54,4 +62,14 @@ hf_model.build(folder, sizes=TINY_SIZES, seed=TINY_SEED,
                scale_rows={("model.embed_tokens.weight", hf_model.EOS): TINY_EOS_SCALE})
 shutil.copy(convert(folder, folder.parent / "tiny.Q4_1.gguf", "Q4_1"), ".gpu/tiny.Q4_1.gguf")
 PYTHON
+if [ "${1:-}" = --default-model ]; then
+    # The default model's GGUF in two halves; run.sh's stage `model` joins and checks them.
+    model=$("$PY" -c 'from memagent_cli.models import resolve; print(resolve(None).path)')
+    rm -rf .gpu-model-1 .gpu-model-2 && mkdir -p .gpu-model-1 .gpu-model-2
+    half=$(( ($(stat -c %s "$model") + 1) / 2 ))
+    head -c "$half" "$model" >.gpu-model-1/part
+    tail -c +"$((half + 1))" "$model" >.gpu-model-2/part
+    (cd "$(dirname "$model")" && sha256sum "$(basename "$model")") >.gpu/default-model.sha256
+    du -sh .gpu-model-1 .gpu-model-2
+fi
 du -sh .gpu

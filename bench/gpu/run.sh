@@ -7,6 +7,7 @@
 #   bash .gpu/run.sh all              # the default, then tests and bench
 #   bash .gpu/run.sh memagent version tests   # a warm machine that built it already
 #   bash .gpu/run.sh ... crash cxx    # a crash taken apart (probe.py), and the libstdc++ check
+#   bash .gpu/run.sh model reading    # the default model's halves joined, bench/reading.py
 # Any subset runs: each start re-derives the environment (PYTHONPATH, CUDA paths, ...) from
 # what earlier calls left in /tmp, and skips what is already there (FORCE_BUILD=1 rebuilds).
 #
@@ -300,6 +301,28 @@ stage_bench() {
     MEMAGENT_MODEL=$REPO/.gpu/tiny.Q4_1.gguf timeout 120 "$VENV/bin/python3" bench/widths.py \
         --gpu-layers 0 --threads 8 --out "$OUT/widths-cpu.json" 2>&1 | tail -20
     return 0
+}
+
+stage_model() {
+    # The default model, carried in two halves by two calls (bundle.sh --default-model),
+    # joined and checked against the sha256 taken where it was split.
+    local name sum
+    read -r sum name <"$REPO/.gpu/default-model.sha256" || return 1
+    cat "$REPO/.gpu-model-1/part" "$REPO/.gpu-model-2/part" >"/tmp/$name" || return 1
+    echo "$sum  /tmp/$name" | sha256sum -c - || return 1
+    remember DEFAULT_MODEL "/tmp/$name"
+}
+
+stage_reading() {
+    # The four ways of reading one document (bench/reading.py) on the default model, every
+    # layer on the GPU: the figures of docs/performance.md's GPU section, kept in $OUT.
+    # READING_ARGS replaces "--reading-only" (e.g. "--quick --reading-only" for a smoke run).
+    [ -n "${DEFAULT_MODEL:-}" ] || { echo "no default model: run the stage model first"; return 1; }
+    timeout 420 "$VENV/bin/python3" bench/reading.py --model "$DEFAULT_MODEL" --gpu-layers 99 \
+        ${READING_ARGS:---reading-only} --out "$OUT/reading-gpu.json" >"$OUT/reading-gpu.log" 2>&1
+    local rc=$?
+    grep -v '^llama_\|^print_info\|^load\|^ggml_' "$OUT/reading-gpu.log" | tail -45
+    return $rc
 }
 
 stage_crash() {
