@@ -414,6 +414,17 @@ def predict_elsewhere(calls: Calls, path: Path, result: dict) -> None:
             f"{predicted[f'{drafts}_vs_{plain}']['speedup']:.3f} (batch costs at depths "
             f"{', '.join(str(d) for d in engine['batch_cost'])})"
         )
+    # The four ways side by side on that engine: which is fastest there, and the default's
+    # time against it (these rounds, drafts and acceptance; that engine's costs).
+    seconds = {name: summary[name]["ideal_seconds"] for name in VARIANTS}
+    fastest = min(seconds, key=seconds.get)
+    predicted["ideal_seconds"] = seconds
+    predicted["default_vs_fastest"] = seconds["default"] / seconds[fastest]
+    print(
+        f"on the engine of {path.name}, seconds: "
+        + ", ".join(f"{name} {value:.1f}" for name, value in seconds.items())
+        + f"; the default {predicted['default_vs_fastest']:.3f}x the fastest ({fastest})"
+    )
 
 
 def numbers(text: str) -> list[int]:
