@@ -73,11 +73,13 @@ format: $(VENV)/.dev
 docs readme:
 	$(BIN)/python tests/cli_docs.py
 
-# Engine rates; llama.cpp's single-row path, the default and --exact, each with and without
+# Extraction and conversion; engine rates; llama.cpp's single-row path, the default and --exact, each with and without
 # drafts, on a copying reply and sampled ones; floor ratios; questions together; RSS; then
 # NIAH cases one by one against 3 at once. Under an hour on 2 cores.
 bench: $(VENV)/.dev
 	$(BIN)/python bench/extraction.py
+	@# memagent models convert on the test material's real folder: each phase, and Ctrl-C.
+	$(BIN)/python bench/convert.py
 	@# Where llama.cpp keeps weights: memagent's placement against extra buffers off.
 	$(BIN)/python bench/amx.py
 	$(BIN)/python bench/reading.py --predict-with build/bench/shaped-7b.json
