@@ -41,6 +41,17 @@ def note(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
+def cpu_name() -> str:
+    """The CPU's model name as Linux reports it (platform.processor() is empty there)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
 def run(folder: Path, quant: str, out: Path, interrupt_after: float | None = None) -> dict:
     """One `memagent models convert`; with `interrupt_after`, Ctrl-C that long after the
     quantizer's first progress line."""
@@ -96,7 +107,8 @@ def main() -> None:
         args.folder = qwen_material.hf_folder()
     weights = sum(p.stat().st_size for p in args.folder.glob("*.safetensors"))
     result: dict[str, Any] = {
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.processor()}",
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {cpu_name()}",
+        "date": time.strftime("%Y-%m-%d"),
         "folder": args.folder.name,
         "safetensors_bytes": weights,
         "load_average_start": os.getloadavg(),
@@ -114,7 +126,8 @@ def main() -> None:
     result["runs"] = runs
     result["load_average"] = os.getloadavg()
 
-    print(f"{args.folder.name}: {weights / 1e9:.2f} GB of safetensors; {result['machine']}")
+    print(f"{args.folder.name}: {weights / 1e9:.2f} GB of safetensors")
+    print(f"{result['date']}, {result['machine']}")
     print(
         f"{'run':<16} {'seconds':>8} {'converting':>11} {'quantizing':>11} "
         f"{'peak RSS MB':>12} {'exit':>5} {'GGUF MB':>8}"
