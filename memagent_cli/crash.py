@@ -1,7 +1,8 @@
 """A crash inside native code (llama.cpp) is never silent: stderr gets Python's traceback of
 every thread, the native frames that led to the signal (where libc can list them), then one
 sentence naming the native call that died and what to try. The process then dies of the same
-signal, so a shell still reports 139 for SIGSEGV."""
+signal, so a shell still reports 139 for SIGSEGV; a report that hangs (a fault inside malloc)
+is cut off by an alarm after REPORT_SECONDS."""
 
 from __future__ import annotations
 
@@ -22,6 +23,10 @@ _FATAL = {
     signal.SIGFPE: "SIGFPE",
     signal.SIGABRT: "SIGABRT",
 }
+# The report runs Python (and libc's backtrace_symbols, which allocates) inside the handler:
+# after a fault inside malloc it could wait forever on the heap's lock. An alarm this many
+# seconds after the fault ends the process (SIGALRM, exit 142) if the report has not.
+REPORT_SECONDS = 10
 _notes: dict[str, str] = {}  # what was running, for the sentence: note() sets them
 _installed: list[object] = []  # the C callback, which must outlive every crash
 
@@ -53,6 +58,8 @@ def _on_fatal(signum: int) -> None:
     # Runs inside the signal handler, with the GIL (ctypes takes it; llama.cpp's calls run
     # without it). Only write to fd 2, then die of the signal with its default action.
     libc = _installed[0]
+    libc.signal(signal.SIGALRM, 0)  # SIG_DFL: the alarm ends the process
+    libc.alarm(REPORT_SECONDS)
     try:
         frames = _fault_frames(native_frames())
         if frames:

@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -225,6 +226,23 @@ def test_a_native_crash_names_the_call_and_keeps_the_signal(tmp_path):
         frames = frames.split("\n\n")[0].splitlines()
         assert frames[0].startswith("  libc.so"), frames
         assert not any("libffi" in frame or "libpython" in frame for frame in frames), frames
+
+
+def test_a_crash_report_that_hangs_is_cut_off_in_bounded_time(tmp_path):
+    # As after a fault inside malloc, where the report would wait on the heap's lock forever.
+    started = time.monotonic()
+    result = run_python(
+        "import ctypes, time\n"
+        "from memagent_cli import crash\n"
+        "crash.install()\n"
+        "crash.REPORT_SECONDS = 1\n"
+        "crash.native_frames = lambda: time.sleep(60) or []\n"
+        "ctypes.CDLL(None).strlen(None)\n",
+        tmp_path,
+    )
+    assert time.monotonic() - started < 30
+    assert result.returncode == -signal.SIGALRM  # a shell reports 142
+    assert "Fatal Python error: Segmentation fault" in result.stderr  # printed before it hung
 
 
 def test_a_fatal_signal_sent_from_outside_is_fatal_too(tmp_path):
