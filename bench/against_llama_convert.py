@@ -78,20 +78,29 @@ def main() -> int:
         import qwen_material
 
         args.folder = qwen_material.hf_folder()
+    if not args.converter.is_file():
+        sys.exit(f"bench/against_llama_convert.py: no converter at {args.converter}.")
     print(f"folder: {args.folder.name}")
     print(f"llama.cpp's converter: {args.converter}")
-    versions = subprocess.run(
-        [
-            args.llama_python,
-            "-c",
-            "import torch, transformers, sys; "
-            "print(f'Python {sys.version.split()[0]}, torch {torch.__version__}, "
-            "transformers {transformers.__version__}')",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
+    try:  # also the check that PY runs and has torch and transformers
+        versions = subprocess.run(
+            [
+                args.llama_python,
+                "-c",
+                "import torch, transformers, sys; "
+                "print(f'Python {sys.version.split()[0]}, torch {torch.__version__}, "
+                "transformers {transformers.__version__}')",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError) as error:
+        reason = getattr(error, "stderr", "") or str(error)
+        sys.exit(
+            f"bench/against_llama_convert.py: {args.llama_python} cannot import torch and "
+            f"transformers: {reason.strip().splitlines()[-1]}"
+        )
     print(f"  run by {versions}")
     print(f"date: {time.strftime('%Y-%m-%d')}")
     with tempfile.TemporaryDirectory() as tmp:

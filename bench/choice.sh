@@ -10,27 +10,36 @@
 # and build/bench/choice-NAME.log (the table, the progress and /usr/bin/time -v), then
 # prints one table of them all (bench/choice_table.py).
 set -euo pipefail
+if [ $# -eq 0 ] || [[ "$1" != *=* ]]; then
+    echo "usage: bench/choice.sh NAME=MODEL [NAME=MODEL ...]" >&2
+    exit 2
+fi
 cd "$(dirname "$0")/.."
 bin=${BIN:-.venv/bin}
 out=build/bench
 mkdir -p "$out"
 haystack=$out/choice-haystack.txt
 # examples/village.py's plain sentences, no fact among them: the haystack the needles hide in.
-"$bin/python" -c 'import sys; sys.path.insert(0, "examples"); from village import story
-print(story(3000, fact=None, seed=7))' >"$haystack"
+"$bin/python" examples/village.py 3000 --no-fact --seed 7 >"$haystack"
 results=()
 for spec in "$@"; do
     name=${spec%%=*}
     model=${spec#*=}
     rm -f "$out/choice-$name.jsonl"
     echo "choice: $name ($model)..." >&2
+    status=0
     {
         date -u +"%Y-%m-%d %H:%M UTC"
         "$bin/memagent" --version
         /usr/bin/time -v "$bin/memagent" eval niah --haystack "$haystack" --lengths 2K,8K \
             --depths 3 --chunk-tokens 2000 --memory-tokens 256 --temperature 0 -t 2 \
             --model "$model" --no-reuse --no-trace -o "$out/choice-$name.jsonl"
-    } >"$out/choice-$name.log" 2>&1
+    } >"$out/choice-$name.log" 2>&1 || status=$?
+    if [ "$status" -ne 0 ]; then
+        grep -v '^\s' "$out/choice-$name.log" | tail -3 >&2
+        echo "choice: $name failed (exit $status); all of it in $out/choice-$name.log" >&2
+        exit 1
+    fi
     grep -E "Maximum resident|Elapsed" "$out/choice-$name.log" >&2
     results+=("$out/choice-$name.jsonl")
 done

@@ -105,6 +105,8 @@ def main() -> None:
         import qwen_material
 
         args.folder = qwen_material.hf_folder()
+    if not (args.folder / "config.json").is_file():
+        sys.exit(f"bench/convert.py: {args.folder} is not a Hugging Face model folder.")
     weights = sum(p.stat().st_size for p in args.folder.glob("*.safetensors"))
     result: dict[str, Any] = {
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {cpu_name()}",
@@ -118,6 +120,8 @@ def main() -> None:
         for quant in ("F16", "Q4_K_M"):
             note(f"convert {args.folder.name} to {quant}...")
             runs.append(run(args.folder, quant, Path(tmp) / f"model-{quant}.gguf"))
+            if runs[-1]["exit"] != 0:
+                sys.exit(f"memagent models convert failed: {runs[-1]['stderr_tail']}")
             Path(tmp, f"model-{quant}.gguf").unlink(missing_ok=True)
         stopped = Path(tmp) / "stopped"
         stopped.mkdir()

@@ -4,13 +4,15 @@
     memagent ask village.txt "What is the secret password for the vault?" \\
         --chunk-tokens 2000 --memory-tokens 128 --temperature 0
 
-The tests build their documents with the same function.
+`python examples/village.py 3000 --no-fact --seed 7 > haystack.txt` prints sentences with
+no password among them: a haystack for `memagent eval niah` (bench/choice.sh's). The tests
+build their documents with the same function.
 """
 
 from __future__ import annotations
 
+import argparse
 import random
-import sys
 
 FACT = "The secret password for the vault is PELICAN."
 
@@ -71,5 +73,9 @@ def story(sentences: int, fact: str | None = FACT, seed: int = 1) -> str:
 
 
 if __name__ == "__main__":
-    sentences = int(sys.argv[1]) if len(sys.argv) > 1 else 1800
-    print(story(sentences))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("sentences", nargs="?", type=int, default=1800)
+    parser.add_argument("--no-fact", action="store_true", help="no password sentence")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    print(story(args.sentences, fact=None if args.no_fact else FACT, seed=args.seed))
