@@ -6,7 +6,7 @@
    copied to the others (llama_memory_seq_cp across the KV streams, checked by comparing
    each sequence's logits with sequence 0's).
 2. `alone_vs_together`: the same questions read one after another (reader.read) and
-   together (reader.read_together), with --exact: equal answers and memories (checked),
+   together (scheduler.read_together), with --exact: equal answers and memories (checked),
    seconds, and the gain the measured Q-sequence cost allows on the decode-bound part;
    then together with speculation, which must give the same answers and memories as well.
    Each reading opens its own backend with LlamaOptions, as the CLI's flags do.
@@ -27,7 +27,7 @@ from typing import Any
 import llama_cpp
 from village import story
 
-from memagent_cli import reader
+from memagent_cli import reader, scheduler
 from memagent_cli.backend import Call, Generation, Sampling
 from memagent_cli.backends.decoding import Decoded
 from memagent_cli.backends.llama_cpp import LlamaCppBackend, LlamaOptions
@@ -227,9 +227,9 @@ def alone_vs_together(
     alone_calls = lone.calls
     del lone  # its context is freed before the next is made
     joint = _open(backend, needed, len(questions))
-    readings = [reader.Reading(q) for q in questions]
+    readings = [scheduler.Job(q) for q in questions]
     began = time.perf_counter()
-    together = reader.read_together(joint, readings, chunks, settings)
+    together = scheduler.read_together(joint, readings, chunks, settings)
     together_seconds = time.perf_counter() - began
     together_calls = joint.calls
     del joint
@@ -237,8 +237,8 @@ def alone_vs_together(
     # Speculation composes: the same pass with drafts, one length chosen per round for all.
     drafting = _open(backend, needed, len(questions), speculate=True)
     began = time.perf_counter()
-    drafted = reader.read_together(
-        drafting, [reader.Reading(q) for q in questions], chunks, settings
+    drafted = scheduler.read_together(
+        drafting, [scheduler.Job(q) for q in questions], chunks, settings
     )
     drafted_seconds = time.perf_counter() - began
     del drafting

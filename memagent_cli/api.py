@@ -1,7 +1,6 @@
 """memagent from Python: load a document, open a model, ask. This is the small, stable front
-of the library the commands are built on: they call its parts (run/, documents/, models/)
-directly, for what only a command needs (the trace cache, resuming, batches, the views);
-these functions make the same calls.
+of the library, and what `memagent ask` itself calls: `ask_batch` takes what the command
+takes (documents, questions, traces, journals, resume) as keyword arguments.
 
     from memagent_cli.api import ask, load_document, open_model
 
@@ -11,13 +10,14 @@ these functions make the same calls.
     print(result.text, result.evidence)
 
 Nothing here prints: notes go to `note`, the reading's events (reader.py: StepStarted,
-StepFinished, Answering, Finished) to `progress`, both silent by default.
+StepFinished, Answering, Finished) to `progress`, both silent by default; `ask_batch` tells
+a `Reporter` (progress.py), as the command hands it its terminal.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,13 +28,53 @@ from memagent_cli.backends.llama_cpp import LlamaOptions
 from memagent_cli.backends.openai import ServerOptions
 from memagent_cli.documents import Document
 from memagent_cli.documents.inputs import read_document
-from memagent_cli.progress import Listener, Note, Progress, ReadingView, SpanOf, silent
-from memagent_cli.reader import Settings, context_needed
+from memagent_cli.documents.ocr import OcrOptions
+from memagent_cli.progress import (
+    SILENT,
+    Layout,
+    Listener,
+    Note,
+    Progress,
+    ReadingId,
+    ReadingView,
+    Reporter,
+    silent,
+)
+from memagent_cli.reader import (
+    Answering,
+    Finished,
+    Settings,
+    StepFinished,
+    StepStarted,
+    context_needed,
+)
 from memagent_cli.run import ask as run
+from memagent_cli.run import batch as run_batch
 from memagent_cli.run.engine import BackendKind, BackendOptions, Engine, open_backend
 from memagent_cli.run.session import open_session
+from memagent_cli.trace import Trace
 
-__all__ = ["Model", "Result", "ask", "ask_many", "load_document", "open_model"]
+__all__ = [
+    "Answering",
+    "Batch",
+    "Finished",
+    "LlamaOptions",
+    "Model",
+    "Result",
+    "Sampling",
+    "ServerOptions",
+    "Settings",
+    "StepFinished",
+    "StepStarted",
+    "Stopped",
+    "ask",
+    "ask_batch",
+    "ask_many",
+    "load_document",
+    "open_model",
+]
+
+Stopped = run.Stopped  # a run that ended before its answer; its trace keeps every step
 
 
 def load_document(
@@ -121,9 +161,23 @@ class Result:
     def trace_path(self) -> Path | None:
         return self.run.trace_path
 
+    @property
+    def chunks(self) -> int:
+        """How many chunks the document was cut into."""
+        return len(self.run.session.chunks)
+
+    @property
+    def cached(self) -> bool:
+        """Answered from a finished trace, without reading."""
+        return self.run.cached
+
     def records(self) -> list[dict[str, Any]]:
         """The run as trace records: the header, one per step, the final one."""
         return self.run.records()
+
+    def to_trace(self) -> Trace:
+        """The run as a trace (its file, or the records it would hold)."""
+        return self.run.to_trace()
 
     def to_json(self) -> dict[str, Any]:
         """What `memagent ask --json` prints."""
@@ -163,12 +217,82 @@ def ask_many(
     session = open_session(document, model.engine(questions))
     report = _Callbacks(None, progress, note)
     paths = list(traces) if traces is not None else [None] * len(questions)
-    options = [run.RunOptions(trace=path, reuse=False, report=report) for path in paths]
-    outcomes = run.ask_together(session, list(questions), options)
+    options = [run.RunOptions(trace=path, reuse=False) for path in paths]
+    outcomes = run.ask_together(session, list(questions), options, report)
     for outcome in outcomes:
         if isinstance(outcome, run.Stopped):
             raise outcome
     return [Result(outcome) for outcome in outcomes if isinstance(outcome, run.Result)]
+
+
+class Batch:
+    """The outcomes of `ask_batch`, in input order as they come: a `Result` for each answered
+    run, a `Stopped` for each that ended early. Once iterated, `exit_code` says how it went
+    (0 all answered, 1 some document or run failed, 130 SIGINT, 143 SIGTERM)."""
+
+    def __init__(self, batch: run_batch.Batch) -> None:
+        self._batch = batch
+
+    def __iter__(self) -> Iterator[Result | Stopped]:
+        for outcome in self._batch:
+            yield Result(outcome) if isinstance(outcome, run.Result) else outcome
+
+    @property
+    def exit_code(self) -> int:
+        return self._batch.exit_code
+
+
+def ask_batch(
+    documents: Sequence[str | Path],
+    questions: Sequence[str],
+    model: Model | Callable[[], Model],
+    *,
+    traces: bool = True,
+    trace_path: Path | None = None,
+    resume: Path | None = None,
+    resume_latest: bool = False,
+    reuse: bool = True,
+    parallel: int | None = None,
+    watch: int = 0,
+    password: str | None = None,
+    ask_password: Callable[[str], str] | None = None,
+    format: str | None = None,
+    document_cache: bool = True,
+    ocr: OcrOptions | None = None,
+    report: Reporter = SILENT,
+) -> Batch:
+    """Every question about every document, as `memagent ask` reads them. `model` may be
+    a function that opens it, called once the first document was read (so a bad path fails
+    before any weights load or download). Each run writes a trace in the data folder,
+    recorded in the batch's journal so the same call after a stop continues every run
+    (`traces=False`: none); `trace_path` names the one trace of one run; `resume` continues
+    that trace, `resume_latest` the newest unfinished one of the same run. A greedy run
+    finished before is answered from its trace unless `reuse` is False. `parallel`: readings
+    at once (None: all that fit in memory in-process, one with a server). Documents: an
+    encrypted PDF's `password` (else `ask_password(path)`), `format`, `document_cache`,
+    `ocr`."""
+    asked = list(questions)
+
+    def open_engine() -> Engine:
+        opened = model() if callable(model) and not isinstance(model, Model) else model
+        return opened.engine(asked)
+
+    options = run_batch.Options(
+        run=run.RunOptions(
+            trace=trace_path, resume=resume, resume_latest=resume_latest, reuse=reuse
+        ),
+        write_traces=traces,
+        password=password,
+        ask_password=ask_password,
+        format=format,
+        document_cache=document_cache,
+        ocr=ocr or OcrOptions(),
+        parallel=parallel,
+        watch=watch,
+        report=report,
+    )
+    paths = [str(path) for path in documents]
+    return Batch(run_batch.Batch(paths, asked, open_engine, options))
 
 
 class _Callbacks:
@@ -185,11 +309,13 @@ class _Callbacks:
     def progress(self, unit: str) -> Iterator[Progress]:
         yield self._progress
 
-    def reading(self, span_of: SpanOf, total_tokens: int, *args: Any, **kw: Any) -> ReadingView:
+    def reading(self, batch: Layout) -> ReadingView:
         return _EventView(self._events)
 
 
 class _EventView:
+    showing = False
+
     def __init__(self, events: Listener) -> None:
         self._events = events
 
@@ -199,5 +325,8 @@ class _EventView:
     def __exit__(self, *exc: Any) -> None:
         return None
 
-    def listener(self, reading: int) -> Listener:
+    def started(self, reading: ReadingId) -> Listener:
         return self._events
+
+    def ended(self, reading: ReadingId) -> None:
+        return None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 # Defined beside what produces them (the Backend protocol's loading, the reading loop's
@@ -22,15 +23,47 @@ def silent(*_: Any) -> None:
     return None
 
 
+@dataclass(frozen=True)
+class ReadingId:
+    """Which reading a view shows: its document and question, their places in the batch
+    (0-based), and what a view needs to say where in the document a step is."""
+
+    document: str  # its path, "-" for stdin, or an evaluation case's name
+    model: str
+    question: str
+    place: tuple[int, int]  # (document, question)
+    total_tokens: int
+    span_of: SpanOf
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What a reading view knows of its batch before any reading starts: how many documents
+    and questions, how many readings at once, and whose memory to show."""
+
+    documents: int = 1
+    questions: int = 1
+    at_once: int = 1
+    watch: int = 0  # question index
+    by_name: bool = False  # readings are told apart by their documents' names (eval cases)
+
+
 class ReadingView(Protocol):
-    """What shows readings as they go: one listener per reading shown together."""
+    """What shows a batch's readings as they go: a listener for each reading as it starts.
+    `showing` is True while the view draws on the terminal, when results wait."""
+
+    showing: bool
 
     def __enter__(self) -> ReadingView: ...
 
     def __exit__(self, *exc: Any) -> None: ...
 
-    def listener(self, reading: int) -> Listener:
-        """What shows the events of the reading at `reading` (0-based)."""
+    def started(self, reading: ReadingId) -> Listener:
+        """What shows the events of `reading`, which starts now."""
+        ...
+
+    def ended(self, reading: ReadingId) -> None:
+        """`reading` was answered or stopped."""
         ...
 
 
@@ -47,29 +80,25 @@ class Reporter(Protocol):
         """A progress callback for work counted in `unit` ("bytes", "pages", "cases")."""
         ...
 
-    def reading(
-        self,
-        span_of: SpanOf,
-        total_tokens: int,
-        title: str,
-        labels: list[str],
-        *,
-        plain: bool = False,
-        watch: int = 0,
-    ) -> ReadingView:
-        """The view of readings labelled `labels`, whose memory `watch` is shown."""
+    def reading(self, batch: Layout) -> ReadingView:
+        """The view of a batch's readings."""
         ...
 
 
 class _SilentView:
+    showing = False
+
     def __enter__(self) -> _SilentView:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         return None
 
-    def listener(self, reading: int) -> Listener:
+    def started(self, reading: ReadingId) -> Listener:
         return silent
+
+    def ended(self, reading: ReadingId) -> None:
+        return None
 
 
 class Silent:
@@ -81,7 +110,7 @@ class Silent:
     def progress(self, unit: str) -> Iterator[Progress]:
         yield silent
 
-    def reading(self, *args: Any, **kwargs: Any) -> ReadingView:
+    def reading(self, batch: Layout) -> ReadingView:
         return _SilentView()
 
 

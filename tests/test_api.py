@@ -13,9 +13,7 @@ import pytest
 from conftest import FACT_QUESTION, ScriptedBackend, story
 
 from memagent_cli import api
-from memagent_cli.backend import Sampling
-from memagent_cli.reader import Finished, StepFinished, StepStarted
-from memagent_cli.run import ask as run
+from memagent_cli.api import Finished, Sampling, StepFinished, StepStarted
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "python-api.md"
 
@@ -73,9 +71,37 @@ def test_a_trace_is_written_only_where_asked(tmp_path):
 
 def test_a_reading_that_stops_raises_with_its_steps_kept(tmp_path):
     model = api.Model(ScriptedBackend([]))  # no reply: the stand-in raises Ctrl-C
-    with pytest.raises(run.Stopped) as stopped:
+    with pytest.raises(api.Stopped) as stopped:
         api.ask(model, _write(tmp_path / "a.txt", "text"), "q?")
     assert stopped.value.exit_code == 130
+
+
+def test_a_batch_is_what_the_command_reads_and_continues_after_a_stop(tmp_path, monkeypatch):
+    """ask_batch: every question about every document, in order, a trace each in the data
+    folder; stopped, the same call continues each run from its trace (the journal)."""
+    monkeypatch.setenv("MEMAGENT_HOME", str(tmp_path / "home"))
+    books = [_write(tmp_path / f"b{i}.txt", f"book {i} " * 3) for i in (1, 2)]  # a chunk each
+    boxed = "\\boxed{a}"
+
+    def model(replies: list[str]) -> api.Model:
+        backend = ScriptedBackend(replies)
+        backend.fits = 1  # one run at a time
+        return api.Model(backend)
+
+    # Run 1 answers; run 2 makes its step, then Ctrl-C (the replies run out).
+    stopped = api.ask_batch(books, ["q1?", "q2?"], lambda: model(["m", boxed, "m"]))
+    first, second = list(stopped)
+    assert stopped.exit_code == 130
+    assert isinstance(first, api.Result) and first.answer == "a"
+    assert isinstance(second, api.Stopped) and second.done == 1
+    # Again: run 1 from its finished trace, run 2 after its step, runs 3 and 4 read.
+    again = api.ask_batch(books, ["q1?", "q2?"], lambda: model([boxed, "m", boxed, "m", boxed]))
+    results = list(again)
+    assert again.exit_code == 0
+    assert [r.answer for r in results] == ["a"] * 4
+    assert [r.cached for r in results] == [True, False, False, False]
+    assert results[1].trace_path == second.trace_path
+    assert all(r.trace_path and r.trace_path.is_file() for r in results)
 
 
 def _write(path: Path, text: str) -> Path:

@@ -1,4 +1,4 @@
-"""Continuous batching in-process (reader.Slots, run.ask_each): readings of any documents
+"""Continuous batching in-process (scheduler.Scheduler, run.ask_runs): readings of any documents
 and lengths share one context, a sequence each, and a slot freed by an answered reading
 takes the next at once. With a stand-in backend whose reply depends only on the message,
 every reading must give what it gives alone, each answered once, in input order, and
@@ -16,10 +16,11 @@ from test_together import EchoBackend as Echo
 from memagent_cli import trace
 from memagent_cli.documents import Document
 from memagent_cli.errors import UserError
-from memagent_cli.reader import Reading, Slots, read
+from memagent_cli.reader import read
 from memagent_cli.run import ask as run
 from memagent_cli.run.engine import Engine
 from memagent_cli.run.session import open_session
+from memagent_cli.scheduler import Job, Scheduler
 from memagent_cli.views import progress as display
 
 # Documents of 1, 4, 2 and 3 chunks (SETTINGS: 40 tokens a chunk, one token per byte).
@@ -71,8 +72,8 @@ class StreamingBackend(EchoBackend):
 
 def test_slots_are_reused_lowest_first_and_every_reading_is_answered_once():
     backend = EchoBackend()
-    slots = Slots(backend, SETTINGS, 2)
-    waiting = [Reading(QUESTION, chunks=chunks_of(text)) for text in TEXTS]
+    slots = Scheduler(backend, SETTINGS, 2)
+    waiting = [Job(QUESTION, chunks=chunks_of(text)) for text in TEXTS]
     lengths = [len(r.chunks) + 1 for r in waiting]  # calls: one per chunk, then the answer
     assert lengths == [2, 5, 3, 4]
     order, answered = [], []
@@ -95,12 +96,12 @@ def engine_of(backend) -> Engine:
     return Engine(backend, SETTINGS, 4096)
 
 
-def jobs(engine: Engine, tmp_path, texts=TEXTS, **more) -> list[run.Job]:
+def runs(engine: Engine, tmp_path, texts=TEXTS, **more) -> list[run.Run]:
     made = []
     for i, text in enumerate(texts):
         document = Document(text=text, path=f"/books/b{i}.txt", format="text", sha256=f"{i:064x}")
         how = run.RunOptions(trace=tmp_path / f"b{i}.jsonl", reuse=False, **more)
-        made.append(run.Job(open_session(document, engine), QUESTION, how))
+        made.append(run.Run(open_session(document, engine), QUESTION, how))
     return made
 
 
@@ -119,10 +120,10 @@ def test_readings_of_many_documents_read_continuously_write_what_they_write_alon
 ):
     alone_dir, together_dir = tmp_path / "alone", tmp_path / "together"
     alone_dir.mkdir(), together_dir.mkdir()
-    for job in jobs(engine_of(EchoBackend()), alone_dir):
+    for job in runs(engine_of(EchoBackend()), alone_dir):
         run.ask(job.session, job.question, job.options)
     backend = backend()
-    outcomes = list(run.ask_each(jobs(engine_of(backend), together_dir), 2))
+    outcomes = list(run.ask_runs(runs(engine_of(backend), together_dir), 2))
     assert backend.sequences == 2  # one context, two sequences
     assert [o.session.document.path for o in outcomes] == [f"/books/b{i}.txt" for i in range(4)]
     for i, outcome in enumerate(outcomes):
@@ -134,11 +135,11 @@ def test_readings_of_many_documents_read_continuously_write_what_they_write_alon
 
 
 def test_ctrl_c_keeps_every_trace_valid_and_the_same_jobs_resume_to_the_same_answers(tmp_path):
-    whole = [o.answer.answer for o in run.ask_each(jobs(engine_of(EchoBackend()), tmp_path), 2)]
+    whole = [o.answer.answer for o in run.ask_runs(runs(engine_of(EchoBackend()), tmp_path), 2)]
     cut = tmp_path / "cut"
     cut.mkdir()
     # Ctrl-C in round 4: reading 0 was answered (round 2), readings 1 and 2 are in slots.
-    outcomes = list(run.ask_each(jobs(engine_of(EchoBackend(calls_left=7)), cut), 2))
+    outcomes = list(run.ask_runs(runs(engine_of(EchoBackend(calls_left=7)), cut), 2))
     assert len(outcomes) == 3  # reading 3 was never taken
     answered, *stopped = outcomes
     assert isinstance(answered, run.Result) and answered.answer.answer == whole[0]
@@ -150,10 +151,10 @@ def test_ctrl_c_keeps_every_trace_valid_and_the_same_jobs_resume_to_the_same_ans
         assert len(kept.steps) == steps and kept.interruption.steps_done == steps
     assert not (cut / "b3.jsonl").exists()
 
-    _, *rest = jobs(engine_of(EchoBackend()), cut)
+    _, *rest = runs(engine_of(EchoBackend()), cut)
     for i in (0, 1):  # readings 1 and 2 continue their traces; reading 3 starts
         rest[i] = replace(rest[i], options=run.RunOptions(resume=rest[i].options.trace))
-    again = list(run.ask_each(rest, 2))
+    again = list(run.ask_runs(rest, 2))
     assert [o.answer.answer for o in again] == whole[1:]
     for i in (1, 2, 3):
         assert trace.read_trace(cut / f"b{i}.jsonl").finished
@@ -165,12 +166,12 @@ def test_a_long_queue_is_taken_a_little_ahead_of_the_answers(tmp_path, slots):
     texts = TEXTS * 5
 
     def lazily():
-        for job in jobs(engine_of(EchoBackend()), tmp_path, texts):
+        for job in runs(engine_of(EchoBackend()), tmp_path, texts):
             taken.append(job)
             yield job
 
     passed = 0
-    for _ in run.ask_each(lazily(), slots):
+    for _ in run.ask_runs(lazily(), slots):
         passed += 1
         assert len(taken) - passed <= 2 * slots  # documents are read as slots free up
     assert passed == len(texts)
@@ -178,12 +179,12 @@ def test_a_long_queue_is_taken_a_little_ahead_of_the_answers(tmp_path, slots):
 
 def test_a_queue_that_fails_lets_the_readings_in_flight_finish_first(tmp_path):
     def failing():
-        yield from jobs(engine_of(EchoBackend()), tmp_path, TEXTS[:2])
+        yield from runs(engine_of(EchoBackend()), tmp_path, TEXTS[:2])
         raise UserError("The journal cannot be written.")
 
     passed = []
     with pytest.raises(UserError, match="journal cannot be written"):
-        for outcome in run.ask_each(failing(), 2):
+        for outcome in run.ask_runs(failing(), 2):
             passed.append(outcome)
     assert [type(o) for o in passed] == [run.Result, run.Result]
     assert all(trace.read_trace(tmp_path / f"b{i}.jsonl").finished for i in (0, 1))
@@ -200,23 +201,23 @@ class LoadingBackend(EchoBackend):
 
 def test_the_model_s_loading_is_told_as_for_one_reading(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(display.Bar, "_DELAY", 0.0)  # the stand-in loads at once
-    list(run.ask_each(jobs(engine_of(LoadingBackend()), tmp_path, report=display.Terminal()), 2))
+    list(run.ask_runs(runs(engine_of(LoadingBackend()), tmp_path), 2, display.Terminal()))
     assert "loading scripted: 1.2 kB of 1.2 kB" in capsys.readouterr().err.splitlines()
 
 
 def test_ctrl_c_while_calls_are_in_flight_cancels_them_and_resumes_to_the_same_answers(
     tmp_path,
 ):
-    whole = [o.answer.answer for o in run.ask_each(jobs(engine_of(EchoBackend()), tmp_path), 2)]
+    whole = [o.answer.answer for o in run.ask_runs(runs(engine_of(EchoBackend()), tmp_path), 2)]
     cut = tmp_path / "cut"
     cut.mkdir()
     backend = StreamingBackend(calls_left=6)
-    outcomes = list(run.ask_each(jobs(engine_of(backend), cut), 2))
+    outcomes = list(run.ask_runs(runs(engine_of(backend), cut), 2))
     assert backend.cancelled == 1 and backend.flight == []
     assert [type(o) for o in outcomes] == [run.Result, run.Stopped, run.Stopped]
     # Replies in order: A1, B1, A's answer, B2, C1, B3; Ctrl-C with C2 and B4 in flight.
     assert [s.done for s in outcomes[1:]] == [3, 1]
-    _, *rest = jobs(engine_of(EchoBackend()), cut)
+    _, *rest = runs(engine_of(EchoBackend()), cut)
     for i in (0, 1):  # readings 1 and 2 continue their traces; reading 3 starts
         rest[i] = replace(rest[i], options=run.RunOptions(resume=rest[i].options.trace))
-    assert [o.answer.answer for o in run.ask_each(rest, 2)] == whole[1:]
+    assert [o.answer.answer for o in run.ask_runs(rest, 2)] == whole[1:]

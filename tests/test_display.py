@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from memagent_cli.backend import Generation
 from memagent_cli.chunking import make_chunks
+from memagent_cli.progress import Layout, ReadingId
 from memagent_cli.reader import Answering, Step, StepFinished
 from memagent_cli.views import progress as display
 
@@ -84,17 +85,24 @@ def test_the_live_view_has_a_row_per_question_and_the_watched_memory(monkeypatch
     terminal = Console(file=screen, force_terminal=True, width=150, highlight=False)
     monkeypatch.setattr(display, "console", terminal)
     chunks = make_chunks(list(b"x" * 30), 10, bytes)
-    labels = ["q1", "q2", "q3"]
-    view = display.Terminal().reading(
-        lambda a, b: "", 30, "book · m · 3 questions", labels, watch=1
-    )
-    assert isinstance(view, display.LiveView)
+    view = display.Terminal().reading(Layout(questions=3, at_once=3, watch=1))
+    readings = [
+        ReadingId("/b/book.txt", "m", f"q {i}", (0, i), 30, lambda a, b: "") for i in range(3)
+    ]
     gen = Generation("", 120, 42, 0.5, 1.5, "stop")
     with view:
-        for question, memory in enumerate(["first [b]kept[/b]", "second kept", "third kept"]):
-            view.listener(question)(StepFinished(Step(chunks[0], memory, gen), 3))
-        view.listener(2)(Answering("third kept"))
+        shows = [view.started(reading) for reading in readings]
+        assert view.showing  # results wait while the live view draws
+        for show, memory in zip(
+            shows, ["first [b]kept[/b]", "second kept", "third kept"], strict=True
+        ):
+            show(StepFinished(Step(chunks[0], memory, gen), 3))
+        shows[2](Answering("third kept"))
+        for reading in readings:
+            view.ended(reading)
+        assert not view.showing
     shown = screen.getvalue()
+    assert "book.txt · m · 3 questions" in shown
     assert all(f"q{i}" in shown for i in (1, 2, 3)) and "q3 answering" in shown
     assert "second kept" in shown and "memory after step 1 (q2)" in shown
     assert "first" not in shown and "third kept" not in shown  # only q2's memory is shown

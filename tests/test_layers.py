@@ -34,6 +34,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "core",
         (
             "reader",
+            "scheduler",
+            "readers",
             "provenance",
             "protocol",
             "chunking",

@@ -17,11 +17,12 @@ from memagent_cli.chunking import make_chunks
 from memagent_cli.documents import Document
 from memagent_cli.documents.inputs import read_document
 from memagent_cli.errors import BudgetError
-from memagent_cli.reader import Reading, Settings, read, read_together
+from memagent_cli.reader import Settings, read
 from memagent_cli.run import ask as run
 from memagent_cli.run import batch
 from memagent_cli.run.engine import Engine
 from memagent_cli.run.session import open_session
+from memagent_cli.scheduler import Job, read_together
 
 QUESTIONS = ["Who keeps the tower?", "What fell?", "When does the guard sleep?"]
 SETTINGS = Settings(40, 16)
@@ -57,7 +58,7 @@ def test_questions_read_together_equal_questions_read_alone():
     chunks = chunks_of(TEXT)
     alone = [read(EchoBackend(), q, chunks, SETTINGS) for q in QUESTIONS]
     backend = EchoBackend()
-    together = read_together(backend, [Reading(q) for q in QUESTIONS], chunks, SETTINGS)
+    together = read_together(backend, [Job(q) for q in QUESTIONS], chunks, SETTINGS)
     assert [(a.answer, [s.memory for s in a.steps]) for a in together] == [
         (a.answer, [s.memory for s in a.steps]) for a in alone
     ]
@@ -68,7 +69,7 @@ def test_questions_read_together_equal_questions_read_alone():
 def test_questions_resumed_at_different_steps_finish_in_their_own_rounds():
     chunks = chunks_of(TEXT)
     alone = [read(EchoBackend(), q, chunks, SETTINGS) for q in QUESTIONS]
-    readings = [Reading(QUESTIONS[0], done=alone[0].steps[:3]), Reading(QUESTIONS[1])]
+    readings = [Job(QUESTIONS[0], done=alone[0].steps[:3]), Job(QUESTIONS[1])]
     backend = EchoBackend()
     together = read_together(backend, readings, chunks, SETTINGS)
     assert [a.answer for a in together] == [alone[0].answer, alone[1].answer]
@@ -174,16 +175,12 @@ def test_a_batch_reads_the_questions_of_a_document_in_groups_in_order(tmp_path, 
     backend.fits = 2
     engine = Engine(backend, SETTINGS, 4096)
     answers: list[str | None] = []
-    how = batch.Options(run=run.RunOptions(reuse=False), together=None)
-    code = batch.ask_all(
-        [str(path)],
-        QUESTIONS,
-        lambda: engine,
-        how,
-        lambda r: answers.append(r.answer.answer),
-        print,
-    )
-    assert code == 0
+    how = batch.Options(run=run.RunOptions(reuse=False), parallel=None)
+    asked = batch.Batch([str(path)], QUESTIONS, lambda: engine, how)
+    for outcome in asked:
+        assert isinstance(outcome, run.Result)
+        answers.append(outcome.answer.answer)
+    assert asked.exit_code == 0
     alone = [
         read(
             EchoBackend(),

@@ -173,11 +173,11 @@ def ask(
     ] = None,
 ) -> None:
     """Read DOCUMENT chunk by chunk into a memory and answer each QUESTION from it."""
+    from memagent_cli import api
     from memagent_cli.backend import Sampling
     from memagent_cli.documents import inputs
     from memagent_cli.reader import Settings
-    from memagent_cli.run import ask as run
-    from memagent_cli.run import batch, engine, journal
+    from memagent_cli.run import engine, journal
 
     if documents_file is not None and document is not None:
         # The documents come from the file, so every argument is a question, as `rg -f FILE`
@@ -248,38 +248,20 @@ def ask(
     options.stop_on_sigterm()
     settings = Settings(chunk_tokens, memory_tokens, Sampling(temperature, top_p, seed))
     report = reporter(quiet)
-    how = batch.Options(
-        run=run.RunOptions(
-            trace=trace,
-            resume=resume,
-            resume_latest=resume_latest,
-            reuse=not no_reuse,
-            report=report,
-        ),
-        write_traces=not no_trace,
-        password=password,
-        ask_password=options.ask_password(),
-        format=format,
-        document_cache=not no_document_cache,
-        ocr=OcrOptions(ocr, ocr_lang),
-        parallel=1 if in_process else parallel or 1,
-        together=parallel if in_process else 1,
-        watch=watch - 1,
-    )
     warned = False
     reported: list = []  # the runs an --html report shows: answered, or stopped with a trace
 
-    def emit(result: run.Result) -> None:
+    def emit(result: api.Result) -> None:
         nonlocal warned
         if as_json:
             console.result_json(result.to_json())
         else:
-            console.result(result.stdout_line())
-        if where := evidence_line(result.evidence(), len(result.session.chunks)):
+            console.result(result.text)
+        if where := evidence_line(result.evidence, result.chunks):
             report.note(where)
         if report_file is not None:
             reported.append(result.to_trace())
-        if result.answer.answer is None and not warned:
+        if result.answer is None and not warned:
             console.warn(
                 "the model put no answer in \\boxed{}; printed its raw final reply instead."
             )
@@ -287,7 +269,7 @@ def ask(
 
     hinted = untraced = False
 
-    def stopped(stop: run.Stopped) -> None:
+    def stopped(stop: api.Stopped) -> None:
         nonlocal hinted, untraced
         console.error(stop.message)
         if report_file is not None and stop.trace_path is not None and stop.trace_path.is_file():
@@ -309,11 +291,34 @@ def ask(
             )
             untraced = True
 
-    def open_engine() -> engine.Engine:
+    def open_model() -> api.Model:
         with report.progress("bytes") as progress:  # an hf: model may be pulled
-            return engine.open_engine(backend_options, settings, asked, report.note, progress)
+            return api.Model(engine.open_backend(backend_options, report.note, progress), settings)
 
-    code = batch.ask_all(paths, asked, open_engine, how, emit, stopped)
+    batch = api.ask_batch(
+        paths,
+        asked,
+        open_model,
+        traces=not no_trace,
+        trace_path=trace,
+        resume=resume,
+        resume_latest=resume_latest,
+        reuse=not no_reuse,
+        parallel=parallel if in_process else parallel or 1,
+        watch=watch - 1,
+        password=password,
+        ask_password=options.ask_password(),
+        format=format,
+        document_cache=not no_document_cache,
+        ocr=OcrOptions(ocr, ocr_lang),
+        report=report,
+    )
+    for outcome in batch:
+        if isinstance(outcome, api.Stopped):
+            stopped(outcome)
+        else:
+            emit(outcome)
+    code = batch.exit_code
     if report_file is not None and reported:
         html.write(report_file, html.trace_report(reported))
         report.note(f"report: {report_file}")

@@ -25,7 +25,7 @@ from memagent_cli.errors import Interrupted, UserError
 from memagent_cli.evaluation import data, niah, results
 from memagent_cli.evaluation.data import Case
 from memagent_cli.evaluation.runner import Answered, check_resumable, evaluate
-from memagent_cli.progress import SILENT, Note, Reporter
+from memagent_cli.progress import SILENT, Layout, Note, Reporter
 from memagent_cli.reader import Settings, context_needed
 from memagent_cli.run import ask as run
 from memagent_cli.run import journal
@@ -215,14 +215,14 @@ def run_info(engine: Engine) -> dict[str, Any]:
     }
 
 
-def _job(
+def _run_of(
     case: Case,
     engine: Engine,
     options: EvalOptions,
     cases_journal: journal.Journal | None,
     cancel: threading.Event | None = None,
-) -> run.Job:
-    """The run that answers `case`: its document, trace, label and journal line."""
+) -> run.Run:
+    """The run that answers `case`: its document, trace and journal line."""
     text = case.context.strip()
     document = Document(
         text=text,
@@ -232,14 +232,17 @@ def _job(
     )
     session = open_session(document, engine)
     how = run.RunOptions(
-        report=options.report,
         reuse=options.reuse,
         trace=trace.default_path(document.path) if options.write_traces else None,
-        label=f"{case.group} {case.id}" if options.parallel > 1 else "",
         cancel=cancel,
         journal=cases_journal and cases_journal.entry(f"{case.group}\n{case.id}"),
     )
-    return run.Job(session, case.question, how)
+    return run.Run(session, case.question, how)
+
+
+def _layout(at_once: int) -> Layout:
+    """Cases are told apart by name when several are read at once."""
+    return Layout(documents=2, at_once=at_once, by_name=True)
 
 
 def _answered(result: run.Result) -> Answered:
@@ -258,9 +261,14 @@ def _answered(result: run.Result) -> Answered:
 def _answerer(
     engine: Engine, options: EvalOptions, cases_journal: journal.Journal | None
 ) -> Callable[[Case, threading.Event | None], Answered]:
+    layout = _layout(options.parallel)
+
     def answer(case: Case, cancel: threading.Event | None) -> Answered:
-        job = _job(case, engine, options, cases_journal, cancel)
-        return _answered(run.ask(job.session, job.question, job.options))
+        one = _run_of(case, engine, options, cases_journal, cancel)
+        outcome = list(run.ask_runs([one], 1, options.report, layout))[0]
+        if isinstance(outcome, run.Stopped):
+            raise outcome
+        return _answered(outcome)
 
     return answer
 
@@ -274,13 +282,14 @@ def _continuous(
     def answer_all(cases: Iterable[Case]) -> Iterator[tuple[Case, Answered]]:
         taken: deque[Case] = deque()
 
-        def jobs() -> Iterator[run.Job]:
+        def runs() -> Iterator[run.Run]:
             for case in cases:
                 taken.append(case)
-                yield _job(case, engine, options, cases_journal)
+                yield _run_of(case, engine, options, cases_journal)
 
         stop: run.Stopped | None = None
-        for outcome in run.ask_each(jobs(), slots):
+        layout = _layout(slots)
+        for outcome in run.ask_runs(runs(), slots, options.report, layout):
             case = taken.popleft()
             if isinstance(outcome, run.Stopped):
                 stop = stop or outcome

@@ -1,34 +1,27 @@
-"""Questions about documents: each answered from a finished trace (cache), or read,
-continuing an interrupted run (resume), with its trace written step by step. The questions
-of one document are read together in one pass (`ask_together`); many readings of any
-documents are read continuously, a few at a time in one context (`ask_each`)."""
+"""Questions about documents, answered one way: each run answered from a finished trace
+(cache), or read, continuing an interrupted run (resume), with its trace written step by
+step. `ask_runs` reads every run through one scheduler (scheduler.py), a few at a time in
+one context whatever their documents; one question (`ask`) or the questions of one
+document in one pass (`ask_together`) are that with one run, or room for all."""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from memagent_cli import trace
 from memagent_cli.errors import Interrupted, UserError
-from memagent_cli.progress import SILENT, Note, Reporter
-from memagent_cli.reader import (
-    Answer,
-    Event,
-    Finished,
-    Reading,
-    Slots,
-    Step,
-    StepFinished,
-    StepStarted,
-    read_together,
-)
+from memagent_cli.progress import SILENT, Layout, Listener, ReadingId, ReadingView, Reporter
+from memagent_cli.reader import Answer, Event, Step, StepFinished, StepStarted
+from memagent_cli.run.engine import Engine
 from memagent_cli.run.journal import Entry
 from memagent_cli.run.pool import BACKLOG
 from memagent_cli.run.session import Session
+from memagent_cli.scheduler import Job, Scheduler
 
 
 @dataclass(frozen=True)
@@ -39,9 +32,6 @@ class RunOptions:
     resume: Path | None = None  # continue this interrupted trace
     resume_latest: bool = False  # continue the newest unfinished trace of the same run
     reuse: bool = True  # answer an identical greedy run from its finished trace
-    report: Reporter = SILENT  # where notes and the reading view go
-    label: str = ""  # names the run in progress lines and rows when there are several
-    plain: bool = False  # other runs share stderr at the same time: plain lines, no live view
     cancel: threading.Event | None = None  # set: stop before the next step
     # This reading's line in its batch's journal: the trace an earlier, stopped run of the
     # same batch wrote is continued, or answers; a fresh trace is recorded there.
@@ -145,288 +135,247 @@ class Stopped(Exception):
         return f"{self.reason.rstrip('.')}. Stopped {progress}"
 
 
-def ask(session: Session, question: str, options: RunOptions) -> Result:
+@dataclass(frozen=True)
+class Run:
+    """One question about one document, and how it is run. `place` is (document, question)
+    in its batch, 0-based, for the views."""
+
+    session: Session
+    question: str
+    options: RunOptions = RunOptions()
+    place: tuple[int, int] = (0, 0)
+
+    def reading_id(self) -> ReadingId:
+        session = self.session
+        return ReadingId(
+            document=session.document.path,
+            model=str(session.engine.model_record.get("name") or ""),
+            question=self.question,
+            place=self.place,
+            total_tokens=len(session.tokens),
+            span_of=session.span_of,
+        )
+
+
+def ask(session: Session, question: str, options: RunOptions, report: Reporter = SILENT) -> Result:
     """Answer `question` about the session's document; Stopped when the run ends early."""
-    outcome = ask_together(session, [question], [options])[0]
+    outcome = ask_together(session, [question], [options], report)[0]
     if isinstance(outcome, Stopped):
         raise outcome
     return outcome
 
 
-@dataclass
-class _Run:
-    """One question of several read together: where it starts and what it writes."""
+def ask_together(
+    session: Session,
+    questions: list[str],
+    options: list[RunOptions],
+    report: Reporter = SILENT,
+    watch: int = 0,
+) -> list[Result | Stopped]:
+    """Answer several questions about the session's document in one pass (`ask_runs` with
+    room for them all). `watch`: whose memory the live view shows."""
+    runs = [
+        Run(session, question, how, (0, index))
+        for index, (question, how) in enumerate(zip(questions, options, strict=True))
+    ]
+    batch = Layout(questions=len(runs), at_once=len(runs), watch=watch)
+    return list(ask_runs(runs, len(runs), report, batch))
 
-    index: int
-    question: str
-    options: RunOptions
+
+@dataclass
+class _Open:
+    """A run being read: where it started, its trace writer, its steps finished so far."""
+
+    number: int  # its place in the input order
+    run: Run
     header: trace.Header
     done: list[Step]
     trace_path: Path | None
     resumed: bool  # continues an interrupted trace
     writer: trace.TraceWriter | None = None
     finished: int = 0  # steps
-    answer: Answer | None = None  # once answered: a later stop of the others keeps it
+    reading: ReadingId | None = None  # once shown
 
 
-def ask_together(
-    session: Session, questions: list[str], options: list[RunOptions], watch: int = 0
-) -> list[Result | Stopped]:
-    """Answer several questions about the session's document in one pass: each is answered
-    from a finished trace when it can be, or resumed, and the rest are read together, each
-    writing its own trace. On Ctrl-C or a backend failure every unfinished run is Stopped
-    with its trace valid up to its last finished step. `watch`: whose memory the live view
-    shows."""
-    start = time.perf_counter()
-    outcomes: list[Result | Stopped | None] = [None] * len(questions)
-    runs: list[_Run] = []
-    for index, (question, how) in enumerate(zip(questions, options, strict=True)):
-        ready = _start(session, index, question, how, start)
-        if isinstance(ready, Result):
-            outcomes[index] = ready
-        else:
-            runs.append(ready)
-    if runs:
-        for outcome, run in zip(_read(session, runs, watch, start), runs, strict=True):
-            outcomes[run.index] = outcome
-    return [outcome for outcome in outcomes if outcome is not None]
-
-
-def _start(
-    session: Session, index: int, question: str, how: RunOptions, start: float
-) -> Result | _Run:
-    """A run of `question`: answered from a finished trace at once, or ready to read (from
-    the start, or after the steps of the trace it continues)."""
-    note = _note(how)
-    header = session.header(question)
-    earlier = _earlier_run(header, how)
-    if earlier is not None and earlier.finished:
-        if how.resume or how.resume_latest:
-            note(f"{earlier.path} is already finished; its answer follows.")
-        elif how.journal is not None and earlier.path == how.journal.earlier:
-            note(f"answered from {earlier.path}, finished before this command was stopped")
-        else:
-            note(f"answered from the finished trace {earlier.path} (--no-reuse reads again)")
-        return _result_from(session, earlier, start)
-    done = _steps_of(session, earlier) if earlier else []
-    path = earlier.path if earlier else _unwritten_journaled(how) or how.trace
-    return _Run(index, question, how, header, done, path, earlier is not None, finished=len(done))
-
-
-def _open_trace(session: Session, run: _Run) -> None:
-    """Start (or continue) the run's trace, recorded in its batch's journal, and say where."""
-    if run.trace_path is None:
-        return
-    resume_from = len(run.done) if run.resumed else None
-    if run.options.journal is not None:
-        # The journal first: a kill between the two then leaves a trace the journal names
-        # (empty or headless, which the next run writes afresh), never one it does not.
-        run.options.journal.started(run.trace_path)
-    run.writer = trace.TraceWriter(
-        run.trace_path, run.header, session.span_of, resume_from=resume_from
-    )
-    _note(run.options)(
-        f"resuming {run.trace_path} after step {len(run.done)}"
-        if run.resumed
-        else f"trace: {run.trace_path}"
-    )
-
-
-def _stop(run: _Run, exc: BaseException, session: Session) -> Stopped:
-    """The run stopped by `exc` (Ctrl-C, SIGTERM, a failing backend), its trace saying so."""
-    reason = exc.message if isinstance(exc, UserError) else (str(exc) or "SIGINT")
-    code = 130 if isinstance(exc, KeyboardInterrupt) else exc.exit_code  # type: ignore[attr-defined]
-    if run.writer is not None:
-        run.writer.interrupted(reason)
-    total, encrypted = len(session.chunks), session.document.encrypted
-    return Stopped(reason, code, run.finished, total, run.trace_path, encrypted)
-
-
-@dataclass(frozen=True)
-class Job:
-    """One question about one document, for `ask_each`."""
-
-    session: Session
-    question: str
-    options: RunOptions
-
-
-def ask_each(jobs: Iterable[Job], slots: int) -> Iterator[Result | Stopped]:
-    """Answer every job, outcomes in input order: each from a finished trace when it can
-    be, else read in one of `slots` sequences of the engine's one context, together with
+def ask_runs(
+    runs: Iterable[Run], at_once: int, report: Reporter = SILENT, batch: Layout | None = None
+) -> Iterator[Result | Stopped]:
+    """Answer every run, outcomes in input order: each from a finished trace when it can
+    be, else read in one of `at_once` sequences of the engine's one context, together with
     the other readings in flight whatever their documents and lengths; an answered reading's
-    slot takes the next job at once (continuous batching, reader.Slots). At most BACKLOG x
-    `slots` jobs are taken ahead of the outcomes passed on, so documents are read as slots
-    free up and memory stays bounded. Each reading writes its own trace and shows its own
-    progress lines. On Ctrl-C or a backend failure every reading in a slot is Stopped, its
-    trace valid up to its last finished step; the outcomes of every job taken are passed
-    on, and no further job is taken. Every job's session must share one engine."""
+    slot takes the next run at once (continuous batching, scheduler.py). At most BACKLOG x
+    `at_once` runs are taken ahead of the outcomes passed on, so documents are read as slots
+    free up and memory stays bounded. Each reading writes its own trace. On Ctrl-C, SIGTERM
+    or a backend failure every reading in a slot is Stopped, its trace valid up to its last
+    finished step; the outcomes of every run taken are passed on, and no further run is
+    taken. Every run's session must share one engine."""
     start = time.perf_counter()
-    source = iter(jobs)
-    ready: dict[int, Result | Stopped] = {}  # outcomes not passed on yet, by job number
-    reading: dict[int, tuple[_Run, Job, Any]] = {}  # id(Reading) -> run, job, its view
+    source = iter(runs)
+    ready: dict[int, Result | Stopped] = {}  # outcomes not passed on yet, by run number
+    reading: dict[int, _Open] = {}  # id(the scheduler's Job) -> the run it reads
     taken = passed = 0
-    batch: Slots | None = None
+    scheduler: Scheduler | None = None
     exhausted = False
-    held: UserError | None = None  # from `jobs` (a journal that cannot be written, say)
+    held: UserError | None = None  # from `runs` (a journal that cannot be written, say)
+    view = report.reading(batch or Layout(at_once=at_once))
 
     def passing() -> Iterator[Result | Stopped]:
         nonlocal passed
-        while passed in ready:
+        while passed in ready and not view.showing:  # never under a live view's drawing
             yield ready.pop(passed)
             passed += 1
 
-    def close(run: _Run, view: Any) -> None:
-        if run.writer is not None:
-            run.writer.close()
-        view.__exit__(None, None, None)
-
-    try:
-        while True:
-            while (
-                not exhausted
-                and (batch is None or batch.free)
-                and taken - passed < (BACKLOG * slots)
-            ):
-                try:
-                    job = next(source, None)
-                except UserError as exc:  # the readings in flight finish first
-                    held, job = exc, None
-                if job is None:
-                    exhausted = True
-                    break
-                number, taken = taken, taken + 1
-                try:
-                    run = _start(job.session, number, job.question, job.options, start)
-                except UserError as exc:  # its trace cannot be continued: it alone fails
-                    total = len(job.session.chunks)
-                    ready[number] = Stopped(exc.message, exc.exit_code, 0, total, None)
+    with view:
+        try:
+            while True:
+                while (
+                    not exhausted
+                    and (scheduler is None or scheduler.free)
+                    and taken - passed < BACKLOG * at_once
+                ):
+                    try:
+                        run = next(source, None)
+                    except UserError as exc:  # the readings in flight finish first
+                        held, run = exc, None
+                    if run is None:
+                        exhausted = True
+                        break
+                    number, taken = taken, taken + 1
+                    opened = _start(run, number, report, start)
+                    if not isinstance(opened, _Open):
+                        ready[number] = opened
+                        continue
+                    if scheduler is None:
+                        scheduler = _scheduler(run.session.engine, at_once, report)
+                    job = _job(opened, view, report)
+                    reading[id(job)] = opened
+                    scheduler.add(job)
+                yield from passing()
+                if scheduler is None or not scheduler.busy:
+                    if exhausted:
+                        break
                     continue
-                if isinstance(run, Result):
-                    ready[number] = run
-                    continue
-                engine = job.session.engine
-                if batch is None:
-                    with job.options.report.progress("bytes") as progress:
-                        engine.prepare(slots, progress)
-                    batch = Slots(engine.backend, engine.settings, slots)
-                view = _view(job, slots)
-                try:
-                    _open_trace(job.session, run)
-                    view.__enter__()
-                except BaseException:
-                    if run.writer is not None:
-                        run.writer.close()
-                    raise
-                item = Reading(
-                    run.question, _listener(run, view.listener(0)), run.done, job.session.chunks
-                )
-                reading[id(item)] = (run, job, view)
-                batch.add(item)
-            yield from passing()
-            if batch is None or not batch.busy:
-                if exhausted:
-                    break
-                continue
-            for _, item, answer in batch.advance():
-                run, job, view = reading.pop(id(item))
-                close(run, view)
-                seconds = time.perf_counter() - start
-                ready[run.index] = Result(answer, job.session, seconds, run.trace_path)
-            yield from passing()
-    except (KeyboardInterrupt, Interrupted, UserError) as exc:
-        for run, job, view in reading.values():
-            ready[run.index] = _stop(run, exc, job.session)
-            close(run, view)
-        reading.clear()
-        yield from passing()
-    finally:
-        for run, _, view in reading.values():  # the caller stopped early: traces stay valid
-            close(run, view)
+                for _, job, answer in scheduler.advance():
+                    opened = reading.pop(id(job))
+                    _close(opened, view)
+                    seconds = time.perf_counter() - start
+                    session = opened.run.session
+                    ready[opened.number] = Result(answer, session, seconds, opened.trace_path)
+                yield from passing()
+        except (KeyboardInterrupt, Interrupted, UserError) as exc:
+            for opened in reading.values():
+                ready[opened.number] = _stop(opened, exc)
+                _close(opened, view)
+            reading.clear()
+        finally:
+            for opened in reading.values():  # the caller stopped early: traces stay valid
+                _close(opened, view)
+    yield from passing()
     if held is not None:
         raise held
 
 
-def _view(job: Job, slots: int) -> Any:
-    """The progress view of one reading: plain lines when others are read at once."""
-    session, how = job.session, job.options
-    title = f"{Path(session.document.path).name} · {session.engine.model_record['name']}"
-    return how.report.reading(
-        session.span_of,
-        len(session.tokens),
-        f"{title} · {job.question}",
-        [how.label],
-        plain=how.plain or slots > 1,
-    )
+def _scheduler(engine: Engine, at_once: int, report: Reporter) -> Scheduler:
+    """The scheduler of a batch, the model loaded (told as bytes) with room for `at_once`."""
+    with report.progress("bytes") as progress:
+        engine.prepare(at_once, progress)
+    return Scheduler(engine.backend, engine.settings, at_once)
 
 
-def _read(session: Session, runs: list[_Run], watch: int, start: float) -> list[Result | Stopped]:
-    """Read the runs' questions together, each writing its trace as its steps finish."""
-    engine = session.engine
-    first = runs[0]
-    with first.options.report.progress("bytes") as progress:  # before the reading view
-        engine.prepare(len(runs), progress)
-    name = Path(session.document.path).name
-    title = f"{name} · {engine.model_record['name']} · {first.question}"
-    if len(runs) > 1:
-        title = f"{name} · {engine.model_record['name']} · {len(runs)} questions"
-    view = first.options.report.reading(
-        session.span_of,
-        len(session.tokens),
-        title,
-        [run.options.label for run in runs],
-        plain=first.options.plain,
-        watch=watch,
-    )
-    readings = []
+def _start(run: Run, number: int, report: Reporter, start: float) -> Result | Stopped | _Open:
+    """`run` answered from a finished trace at once, or ready to read (from the start, or
+    after the steps of the trace it continues); Stopped when its trace cannot be continued."""
+    session, how = run.session, run.options
+    header = session.header(run.question)
     try:
-        for position, run in enumerate(runs):
-            _open_trace(session, run)
-            readings.append(
-                Reading(run.question, _listener(run, view.listener(position)), run.done)
-            )
-        with view:
-            answers = read_together(engine.backend, readings, session.chunks, engine.settings)
-    except (KeyboardInterrupt, Interrupted, UserError) as exc:
-        seconds = time.perf_counter() - start
-        outcomes: list[Result | Stopped] = []
-        for run in runs:
-            if run.answer is not None:
-                outcomes.append(Result(run.answer, session, seconds, run.trace_path))
+        earlier = _earlier_run(header, how)
+        if earlier is not None and earlier.finished:
+            if how.resume or how.resume_latest:
+                report.note(f"{earlier.path} is already finished; its answer follows.")
+            elif how.journal is not None and earlier.path == how.journal.earlier:
+                report.note(
+                    f"answered from {earlier.path}, finished before this command was stopped"
+                )
             else:
-                outcomes.append(_stop(run, exc, session))
-        return outcomes
-    finally:
-        for run in runs:
-            if run.writer is not None:
-                run.writer.close()
-    seconds = time.perf_counter() - start
-    return [
-        Result(answer, session, seconds, run.trace_path)
-        for answer, run in zip(answers, runs, strict=True)
-    ]
+                report.note(
+                    f"answered from the finished trace {earlier.path} (--no-reuse reads again)"
+                )
+            return _result_from(session, earlier, start)
+        done = _steps_of(session, earlier) if earlier else []
+    except UserError as exc:  # it alone fails
+        return Stopped(exc.message, exc.exit_code, 0, len(session.chunks), None)
+    path = earlier.path if earlier else _unwritten_journaled(how) or how.trace
+    return _Open(number, run, header, done, path, earlier is not None, finished=len(done))
 
 
-def _listener(run: _Run, show: Callable[[Event], None]) -> Callable[[Event], None]:
+def _job(opened: _Open, view: ReadingView, report: Reporter) -> Job:
+    """The scheduler's job of an opened run: its trace started, its reading shown."""
+    _open_trace(opened, report)
+    opened.reading = opened.run.reading_id()
+    try:
+        show = view.started(opened.reading)
+    except BaseException:
+        _close(opened, view)
+        raise
+    run = opened.run
+    return Job(run.question, run.session.chunks, _listener(opened, show), opened.done)
+
+
+def _open_trace(opened: _Open, report: Reporter) -> None:
+    """Start (or continue) the run's trace, recorded in its batch's journal, and say where."""
+    if opened.trace_path is None:
+        return
+    resume_from = len(opened.done) if opened.resumed else None
+    journal = opened.run.options.journal
+    if journal is not None:
+        # The journal first: a kill between the two then leaves a trace the journal names
+        # (empty or headless, which the next run writes afresh), never one it does not.
+        journal.started(opened.trace_path)
+    span_of = opened.run.session.span_of
+    opened.writer = trace.TraceWriter(
+        opened.trace_path, opened.header, span_of, resume_from=resume_from
+    )
+    report.note(
+        f"resuming {opened.trace_path} after step {len(opened.done)}"
+        if opened.resumed
+        else f"trace: {opened.trace_path}"
+    )
+
+
+def _close(opened: _Open, view: ReadingView) -> None:
+    if opened.writer is not None:
+        opened.writer.close()
+        opened.writer = None
+    if opened.reading is not None:
+        view.ended(opened.reading)
+        opened.reading = None
+
+
+def _stop(opened: _Open, exc: BaseException) -> Stopped:
+    """The run stopped by `exc` (Ctrl-C, SIGTERM, a failing backend), its trace saying so."""
+    reason = exc.message if isinstance(exc, UserError) else (str(exc) or "SIGINT")
+    code = 130 if isinstance(exc, KeyboardInterrupt) else exc.exit_code  # type: ignore[attr-defined]
+    if opened.writer is not None:
+        opened.writer.interrupted(reason)
+    session = opened.run.session
+    total, encrypted = len(session.chunks), session.document.encrypted
+    return Stopped(reason, code, opened.finished, total, opened.trace_path, encrypted)
+
+
+def _listener(opened: _Open, show: Listener) -> Listener:
     """Counts finished steps, writes the trace, shows progress; stops at a cancel request."""
 
     def listener(event: Event) -> None:
-        cancel = run.options.cancel
+        cancel = opened.run.options.cancel
         if isinstance(event, StepStarted) and cancel is not None and cancel.is_set():
             raise Interrupted("SIGINT")
         if isinstance(event, StepFinished):
-            run.finished += 1
-        elif isinstance(event, Finished):
-            run.answer = event.answer
-        if run.writer is not None:
-            run.writer(event)
+            opened.finished += 1
+        if opened.writer is not None:
+            opened.writer(event)
         show(event)
 
     return listener
-
-
-def _note(options: RunOptions) -> Note:
-    return options.report.note
 
 
 def _earlier_run(header: trace.Header, options: RunOptions) -> trace.Trace | None:

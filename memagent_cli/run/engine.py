@@ -74,6 +74,12 @@ class Engine:
                 self.backend.prepare(self.context, sequences, progress)
                 self._sequences = sequences
 
+    @property
+    def threaded(self) -> bool:
+        """Whether readings at once are calls in flight from threads (a server, which
+        replies to each call on its own), rather than sequences of one context."""
+        return isinstance(self.backend, OpenAIBackend)
+
     def together(self, questions: int, asked: int | None) -> int:
         """How many of `questions` to read at once: `asked` (--parallel) when that many fit
         in memory, else (None) as many as fit. Fails with a sentence when `asked` does not."""

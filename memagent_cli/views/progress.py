@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from rich.console import Group
@@ -29,7 +30,7 @@ from rich.progress import (
 from rich.text import Text
 
 from memagent_cli import protocol
-from memagent_cli.progress import SILENT, ReadingView, Reporter, SpanOf
+from memagent_cli.progress import SILENT, Layout, Listener, ReadingId, ReadingView, Reporter, SpanOf
 from memagent_cli.progress import Progress as ProgressCallback
 from memagent_cli.reader import Answering, Event, StepFinished, StepStarted
 from memagent_cli.views import console as display
@@ -92,18 +93,10 @@ class PlainProgress:
 
 
 class LiveView:
-    """A progress row per question and the memory of one of them, redrawn after every step
-    (stderr is a terminal)."""
+    """A progress row per reading and the memory of one of them, redrawn after every step
+    (stderr is a terminal). Rows are added as readings start (`row`)."""
 
-    def __init__(
-        self,
-        span_of: Callable[[int, int], str],
-        total_tokens: int,
-        title: str,
-        labels: list[str] | None = None,
-        watch: int = 0,
-    ) -> None:
-        self._span_of = span_of
+    def __init__(self, title: str, total_tokens: int) -> None:
         self._rates = _Rates()
         self._progress = Progress(
             TextColumn("[bold]{task.description}"),
@@ -117,19 +110,15 @@ class LiveView:
             TimeRemainingColumn(),
             console=console,
         )
-        self._labels = [f"{label} " if label else "" for label in labels or [""]]
-        self._tasks = [
-            self._progress.add_task(label + "reading", total=None, tokens="", rates="")
-            for label in self._labels
-        ]
         self._total_tokens = total_tokens
-        self._watch = min(max(watch, 0), len(self._labels) - 1)
-        self._memory = Panel(Text(protocol.INITIAL_MEMORY, style="dim"), title=self._panel_title())
+        self._labels: list[str] = []  # a row's label, by row
+        self._watched = 0  # the row whose memory is shown
+        self._memory = Panel(Text(protocol.INITIAL_MEMORY, style="dim"), title="memory")
         self._title = title
         self._live = Live(self._render(), console=console, refresh_per_second=4, transient=False)
 
     def _panel_title(self, detail: str = "") -> str:
-        label = self._labels[self._watch].strip()
+        label = self._labels[self._watched] if self._labels else ""
         return " ".join(part for part in ("memory", detail, f"({label})" if label else "") if part)
 
     def _render(self) -> Group:
@@ -142,18 +131,30 @@ class LiveView:
     def __exit__(self, *exc: Any) -> None:
         self._live.__exit__(*exc)
 
-    def listener(self, question: int) -> Callable[[Event], None]:
-        """What shows the events of the question at `question` (0-based)."""
-        task, label = self._tasks[question], self._labels[question]
+    @property
+    def rows(self) -> int:
+        return len(self._labels)
+
+    def watch(self, row: int) -> None:
+        """Show the memory of the reading in `row` from its next step on."""
+        self._watched = row
+        self._memory = Panel(Text(protocol.INITIAL_MEMORY, style="dim"), title=self._panel_title())
+
+    def row(self, label: str, span_of: SpanOf) -> Callable[[Event], None]:
+        """A row for a reading labelled `label` (may be empty), and what shows its events."""
+        prefix = f"{label} " if label else ""
+        task = self._progress.add_task(prefix + "reading", total=None, tokens="", rates="")
+        number = len(self._labels)
+        self._labels.append(label)
 
         def show(event: Event) -> None:
             if isinstance(event, StepStarted):
                 chunk = event.chunk
-                span = self._span_of(chunk.char_start, chunk.char_end)
+                span = span_of(chunk.char_start, chunk.char_end)
                 self._progress.update(
                     task,
                     total=event.total,
-                    description=f"{label}chunk {chunk.index + 1}/{event.total}"
+                    description=f"{prefix}chunk {chunk.index + 1}/{event.total}"
                     + (f" ({escape(span)})" if span else ""),
                     tokens=f"{chunk.token_start:,}/{self._total_tokens:,} tokens",
                 )
@@ -166,33 +167,77 @@ class LiveView:
                     rates=self._rates.text(),
                     tokens=f"{step.chunk.token_end:,}/{self._total_tokens:,} tokens",
                 )
-                if question == self._watch:
+                if number == self._watched:
                     self._memory = Panel(
                         Text(step.memory.strip() or "(empty)"),
                         title=self._panel_title(f"after step {step.chunk.index + 1}"),
                         subtitle=f"{step.generation.completion_tokens} tokens",
                     )
             elif isinstance(event, Answering):
-                self._progress.update(task, description=f"{label}answering")
+                self._progress.update(task, description=f"{prefix}answering")
             self._live.update(self._render())
 
         return show
 
 
-class _PlainLines:
-    """Plain progress lines for several questions read together, each line labelled."""
+class _Readings:
+    """The reading view of a batch on stderr. On a terminal, one reading at a time, or the
+    questions of one document read in one pass, get a live view (a row each, one memory);
+    readings of several documents at once, or stderr in a log or a pipe, get plain lines,
+    labelled when several go at once."""
 
-    def __init__(self, views: list[PlainProgress]) -> None:
-        self._views = views
+    def __init__(self, batch: Layout) -> None:
+        self._batch = batch
+        one_pass = batch.documents == 1 and batch.questions <= batch.at_once
+        self._plain = not console.is_terminal or (batch.at_once > 1 and not one_pass)
+        self._live: LiveView | None = None
+        self._live_readings: set[tuple[int, int]] = set()
 
-    def __enter__(self) -> _PlainLines:
+    @property
+    def showing(self) -> bool:
+        return self._live is not None
+
+    def __enter__(self) -> _Readings:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        return None
+        self._stop_live()
 
-    def listener(self, question: int) -> Callable[[Event], None]:
-        return self._views[question]
+    def _label(self, reading: ReadingId) -> str:
+        batch = self._batch
+        if batch.at_once <= 1 or batch.documents * batch.questions <= 1:
+            return ""
+        if batch.by_name:
+            return reading.document
+        document, question = reading.place
+        return f"d{document + 1} q{question + 1}" if batch.documents > 1 else f"q{question + 1}"
+
+    def started(self, reading: ReadingId) -> Listener:
+        label = self._label(reading)
+        if self._plain:
+            return PlainProgress(reading.span_of, label)
+        if self._live is None:
+            name = Path(reading.document).name
+            asked = reading.question
+            if self._batch.at_once > 1 and self._batch.questions > 1:
+                asked = f"{self._batch.questions} questions"
+            self._live = LiveView(f"{name} · {reading.model} · {asked}", reading.total_tokens)
+            self._live.__enter__()
+        self._live_readings.add(reading.place)
+        show = self._live.row(label, reading.span_of)
+        if reading.place[1] == self._batch.watch:  # else the first row's memory shows
+            self._live.watch(self._live.rows - 1)
+        return show
+
+    def ended(self, reading: ReadingId) -> None:
+        self._live_readings.discard(reading.place)
+        if not self._live_readings:
+            self._stop_live()
+
+    def _stop_live(self) -> None:
+        if self._live is not None:
+            live, self._live = self._live, None
+            live.__exit__(None, None, None)
 
 
 class Bar:
@@ -285,21 +330,8 @@ class Terminal:
         finally:
             bar.close()
 
-    def reading(
-        self,
-        span_of: SpanOf,
-        total_tokens: int,
-        title: str,
-        labels: list[str],
-        *,
-        plain: bool = False,
-        watch: int = 0,
-    ) -> ReadingView:
-        """Plain lines for a log or a pipe, or when other runs share stderr at the same time
-        (`plain`); else the live view, one row per reading and one reading's memory."""
-        if console.is_terminal and not plain:
-            return LiveView(span_of, total_tokens, title, labels, watch)
-        return _PlainLines([PlainProgress(span_of, label) for label in labels])
+    def reading(self, batch: Layout) -> ReadingView:
+        return _Readings(batch)
 
 
 def reporter(quiet: bool) -> Reporter:
