@@ -34,6 +34,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "core",
         (
             "reader",
+            "readers",
             "provenance",
             "protocol",
             "chunking",
