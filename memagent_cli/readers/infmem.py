@@ -151,9 +151,10 @@ class Plan:
 class State:
     """What the reader carries from step to step.
 
-    `step` is the index of the chunk about to be read; `searches` the whole retrieval
-    history; `stops` the STOPs in a row; `query` the search this step's update shows the
-    units of (the last search of this step's plan), None when the plan made none."""
+    `step` is the index of the chunk about to be read, so the number of chunks read
+    (their evaluation reports `step + 1` for a reading that stops early); `searches` the
+    whole retrieval history; `stops` the STOPs in a row; `query` the search whose units
+    this step's update shows (the last of this step's plan), None when it made none."""
 
     step: int = 0
     memory: str = INITIAL_MEMORY
@@ -195,8 +196,8 @@ def chat(user: str, system: str | None = None) -> str:
 
 
 def retrieval_history(step: int, steps: int, searches: Sequence[Search]) -> str:
-    """The `<retrieval_history>` block: the step out of the chunks, then every search so
-    far. It always ends in a newline, so their "None yet." fallback never shows."""
+    """The `<retrieval_history>` block: the step (1-based) out of the chunks, then every
+    search so far. It is never empty, so their "None yet." fallback never shows."""
     lines = (
         f"Step {i}: query={search.query!r}, top_k={search.top_k}"
         for i, search in enumerate(searches, 1)
