@@ -47,6 +47,25 @@ def test_the_registry_names_the_memagent_models_on_the_hub():
     assert registry["qwen2.5-coder-1.5b"]["hf"] == "Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF:Q4_K_M"
 
 
+def test_the_registry_names_each_models_reader():
+    registry = models.registry.registry()
+    assert registry["infmem-4b"]["hf"] == "ucmp137538/infmem-4B:Q4_K_M"
+    assert registry["rememr1-7b"]["hf"] == "yrshi/ReMemR1-7B:Q4_K_M"
+    assert models.registry.reader_for("infmem-4b") == "infmem"
+    assert models.registry.reader_for("rememr1-7b") == "rememr1"
+    # No `reader`: MemAgent's, as for a model the registry does not know.
+    assert "reader" not in registry["memagent-7b"]
+    assert models.registry.reader_for("memagent-7b") == "memagent"
+    assert models.registry.reader_for("hf:someone/some-model") == "memagent"
+
+
+def test_a_registry_entry_naming_an_unknown_reader_is_refused(monkeypatch, tmp_path):
+    (tmp_path / "registry.toml").write_text('[odd]\nhf = "a/b:Q4_K_M"\nreader = "memagnet"\n')
+    monkeypatch.setattr(models.registry, "_CHECKOUT_MODELS", tmp_path)
+    with pytest.raises(ValueError, match="registry entry odd names reader 'memagnet'"):
+        models.registry.registry()
+
+
 def test_a_hub_model_not_pulled_yet_says_how_to_pull_it(monkeypatch, tmp_path):
     monkeypatch.setattr(models.registry, "model_dirs", lambda: [tmp_path])
     with pytest.raises(ModelError) as error:

@@ -8,6 +8,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from memagent_cli import readers
 from memagent_cli.models import hub
 
 _PACKAGE_DIR = Path(__file__).resolve().parents[1]  # memagent_cli/
@@ -27,8 +28,27 @@ def registry() -> dict[str, dict[str, object]]:
     for candidate in (_CHECKOUT_MODELS / "registry.toml", _PACKAGE_DIR / "registry.toml"):
         if candidate.is_file():
             with candidate.open("rb") as file:
-                return tomllib.load(file)
+                entries = tomllib.load(file)
+            for name, entry in entries.items():
+                reader_of(name, entry)  # the file ships with memagent: a bad entry is a bug
+            return entries
     return {}
+
+
+def reader_of(name: str, entry: dict[str, object]) -> str:
+    """The reader a registry entry's model was trained for: its `reader`, else MemAgent's."""
+    reader = entry.get("reader", readers.DEFAULT)
+    if reader not in readers.NAMES:
+        known = ", ".join(readers.NAMES)
+        raise ValueError(f"registry entry {name} names reader {reader!r}; known: {known}")
+    return str(reader)
+
+
+def reader_for(name: str) -> str:
+    """The reader of the model a user names: its registry entry's, else MemAgent's (a file
+    or a Hub repository the registry does not know)."""
+    entry = registry().get(name)
+    return readers.DEFAULT if entry is None else reader_of(name, entry)
 
 
 def model_dirs() -> list[Path]:
