@@ -46,8 +46,8 @@ from memagent_cli.reader import (
     Settings,
     StepFinished,
     StepStarted,
-    context_needed,
 )
+from memagent_cli.readers import context_needed
 from memagent_cli.run import ask as run
 from memagent_cli.run import batch as run_batch
 from memagent_cli.run.engine import BackendKind, BackendOptions, Engine, open_backend

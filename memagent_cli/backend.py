@@ -6,6 +6,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from memagent_cli.errors import UserError
+
 # Called as progress(what, done, total) while pages are extracted, bytes move or weights
 # load; `total` is None while unknown. Defined here, the lowest module that reports
 # progress (Backend.prepare), so that progress.py, which sits above reader.py, can
@@ -40,6 +42,12 @@ class Generation:
         return max(self.seconds - self.prompt_seconds, 0.0)
 
 
+# A prompt a reader writes whole, chat markup included (readers/infmem.py): its pieces in
+# order, each (text, markup). Only markup may hold control tokens; a document's words, a
+# memory or a reply in a text piece stay plain text, whatever they spell.
+Raw = tuple[tuple[str, bool], ...]
+
+
 @dataclass(frozen=True)
 class Call:
     """One message to reply to, in one of several sequences read together."""
@@ -49,6 +57,7 @@ class Call:
     sequence: int = 0  # the slot whose cache holds this question's earlier prompt
     fresh: bool = False  # the first call of a reading in its slot: what the slot holds is
     # another reading's, and is cleared first (then each reading sees what it sees alone)
+    raw: Raw | None = None  # the whole prompt as a reader wrote it, instead of `message`
 
 
 @dataclass(frozen=True)
@@ -116,6 +125,24 @@ class Backend(Protocol):
         ...
 
 
+def reply(backend: Any, call: Call, sampling: Sampling) -> Generation:
+    """`backend`'s reply to one call: a chat message through `generate`, or a prompt a
+    reader wrote whole through `complete`, which only some backends have."""
+    if call.raw is None:
+        return backend.generate(call.message, max_tokens=call.max_tokens, sampling=sampling)
+    complete = getattr(backend, "complete", None)
+    if complete is None:
+        raise UserError(
+            f"The {backend.name} backend cannot send a prompt a reader writes whole "
+            "(--reader infmem); read with llama.cpp in this process."
+        )
+    return complete(call.raw, max_tokens=call.max_tokens, sampling=sampling)
+
+
+def _sequence(call: Call) -> int:
+    return call.sequence
+
+
 class InTurn:
     """`next_replies` and `cancel` for a backend that replies to one call at a time (`generate`):
     every call is answered before `next_replies` returns, in sequence order, and none is ever
@@ -126,10 +153,7 @@ class InTurn:
     def next_replies(
         self, calls: Sequence[Call], *, sampling: Sampling
     ) -> list[tuple[int, Generation]]:
-        return [
-            (c.sequence, self.generate(c.message, max_tokens=c.max_tokens, sampling=sampling))
-            for c in sorted(calls, key=lambda call: call.sequence)
-        ]
+        return [(c.sequence, reply(self, c, sampling)) for c in sorted(calls, key=_sequence)]
 
     def cancel(self) -> None:
         return None

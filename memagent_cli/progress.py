@@ -34,6 +34,7 @@ class ReadingId:
     place: tuple[int, int]  # (document, question)
     total_tokens: int
     span_of: SpanOf
+    name: str = ""  # what its batch calls it, if anything (an evaluation's case)
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ class Layout:
     questions: int = 1
     at_once: int = 1
     watch: int = 0  # question index
-    by_name: bool = False  # readings are told apart by their documents' names (eval cases)
+    by_name: bool = False  # readings are told apart by their names (evaluation cases)
 
 
 class ReadingView(Protocol):

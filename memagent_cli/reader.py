@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from memagent_cli import protocol
-from memagent_cli.backend import Backend, Generation, Sampling
+from memagent_cli.backend import Backend, Call, Generation, Raw, Sampling
+from memagent_cli.backend import reply as backend_reply
 from memagent_cli.chunking import Chunk
 from memagent_cli.errors import BudgetError
 from memagent_cli.provenance import Provenance, trace_answer
@@ -20,6 +21,7 @@ class Settings:
     chunk_tokens: int = protocol.DEFAULT_CHUNK_TOKENS
     memory_tokens: int = protocol.DEFAULT_MEMORY_TOKENS
     sampling: Sampling = field(default_factory=Sampling)
+    reader: str = "memagent"  # readers/: how the chunks are read (--reader)
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,13 @@ class Step:
     chunk: Chunk
     memory: str
     generation: Generation
+    recall: str | None = None  # a reader's query for an earlier memory (readers/rememr1.py)
+    # A reader that searches the document (readers/infmem.py): the searches its planner
+    # asked for (query, top_k), its STOPs in a row then, and the token ranges of the units
+    # found that the update was shown.
+    searches: tuple[tuple[str, str], ...] = ()
+    stops: int = 0
+    found: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -40,6 +49,7 @@ class Answer:
     reply: str  # the raw final reply
     steps: list[Step]
     final: Generation
+    stopped: str | None = None  # why the reader answered before the last chunk, if it did
 
 
 @dataclass(frozen=True)
@@ -57,6 +67,7 @@ class StepFinished:
 @dataclass(frozen=True)
 class Answering:
     memory: str
+    stopped: str | None = None  # why the reader answers before the last chunk, if it does
 
 
 @dataclass(frozen=True)
@@ -71,10 +82,11 @@ Listener = Callable[[Event], None]
 @dataclass(frozen=True)
 class Prompt:
     """One message for the model, through its chat template, and the most tokens its reply
-    may take."""
+    may take; or, `raw`, a whole prompt a reader writes itself, chat markup included."""
 
     message: str
     max_tokens: int
+    raw: Raw | None = None
 
 
 # A reading in progress: it yields each prompt, is sent the model's reply to it, and returns
@@ -138,9 +150,8 @@ def read(
     reading = reader(question.strip(), chunks, settings, listener, done)
     prompt = next(reading)
     while True:
-        reply = backend.generate(
-            prompt.message, max_tokens=prompt.max_tokens, sampling=settings.sampling
-        )
+        call = Call(prompt.message, prompt.max_tokens, raw=prompt.raw)
+        reply = backend_reply(backend, call, settings.sampling)
         try:
             prompt = reading.send(reply)
         except StopIteration as end:
@@ -154,19 +165,37 @@ def evidence(answer: Answer) -> Provenance | None:
     return trace_answer(said, answer.question, [step.memory for step in answer.steps])
 
 
+# MemAgent's prompts with nothing filled in: what one step needs beyond its parts.
+_TEMPLATES = (protocol.render_update("", "", ""), protocol.render_final("", ""))
 # Detokenized windows can re-tokenize a little longer inside the prompt.
 _RETOKENIZE_SLACK = 32
 
 
-def context_needed(backend: Backend, questions: Sequence[str], settings: Settings) -> int:
-    """Context tokens one call needs; fails with a sentence when the model cannot hold it."""
+def context_needed(
+    backend: Backend,
+    questions: Sequence[str],
+    settings: Settings,
+    *,
+    templates: tuple[str, str] = (
+        protocol.render_update("", "", ""),
+        protocol.render_final("", ""),
+    ),
+    memories: int = 1,
+    extra: int = 0,
+) -> int:
+    """Context tokens one call needs; fails with a sentence when the model cannot hold it.
+    `templates`: a reader's update and final prompts with nothing filled in; `memories`:
+    how many memories each shows (a recalled one besides the last, for ReMemR1); `extra`:
+    what else a reader's call holds (InfMem's units found and thinking)."""
     overhead = backend.chat_overhead()
-    update_template = len(backend.tokenize(protocol.render_update("", "", "")))
-    final_template = len(backend.tokenize(protocol.render_final("", "")))
+    update_template = len(backend.tokenize(templates[0]))
+    final_template = len(backend.tokenize(templates[1]))
     question_tokens = max(len(backend.tokenize(q.strip())) for q in questions)
     memory = settings.memory_tokens
-    update = overhead + update_template + question_tokens + memory + settings.chunk_tokens + memory
-    final = overhead + final_template + question_tokens + memory + protocol.FINAL_MAX_TOKENS
+    shown = memory * memories
+    update = overhead + update_template + question_tokens + shown + settings.chunk_tokens + memory
+    final = overhead + final_template + question_tokens + shown + protocol.FINAL_MAX_TOKENS
+    update, final = update + extra, final + extra
     needed = max(update, final) + _RETOKENIZE_SLACK
     limit = backend.context_limit
     if needed > limit:

@@ -134,7 +134,8 @@ class Scheduler:
         slot = self._slots[number]
         assert slot is not None and slot.prompt is not None
         fresh, slot.fresh, slot.sent = slot.fresh, False, True
-        return Call(slot.prompt.message, slot.prompt.max_tokens, number, fresh)
+        prompt = slot.prompt
+        return Call(prompt.message, prompt.max_tokens, number, fresh, prompt.raw)
 
 
 def read_together(

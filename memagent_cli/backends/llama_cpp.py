@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from memagent_cli import crash
-from memagent_cli.backend import Call, Description, Generation, Sampling
+from memagent_cli.backend import Call, Description, Generation, Raw, Sampling
 from memagent_cli.errors import ModelError
 from memagent_cli.files import check_gguf
 from memagent_cli.progress import Progress
@@ -222,6 +222,17 @@ class LlamaCppBackend:
         text = self._vocab.tokenize(message.encode("utf-8"), add_bos=bos, special=False)
         return [*before, *text, *after], stop
 
+    def _raw(self, raw: Raw) -> tuple[list[int], list[str]]:
+        """A prompt written whole: control tokens parsed in its markup only, so that a
+        document spelling `<|im_end|>` in a text piece cannot write a turn. It ends at the
+        model's end of turn alone (no stop strings), as a completion does."""
+        tokens = [
+            token
+            for text, markup in raw
+            for token in self._vocab.tokenize(text.encode("utf-8"), add_bos=False, special=markup)
+        ]
+        return tokens, []
+
     def _render_template(self) -> tuple[list[int], list[int], bool, list[str]]:
         """The chat template rendered once around a placeholder for the message: the tokens
         before and after it (control tokens parsed), whether the message's first token is
@@ -327,6 +338,11 @@ class LlamaCppBackend:
     def generate(self, message: str, *, max_tokens: int, sampling: Sampling) -> Generation:
         return _generation(self.decode(message, max_tokens=max_tokens, sampling=sampling))
 
+    def complete(self, raw: Raw, *, max_tokens: int, sampling: Sampling) -> Generation:
+        """Continue a prompt a reader wrote whole, chat markup included (backend.Raw)."""
+        call = Call("", max_tokens, raw=raw)
+        return _generation(self.decode_many([call], sampling=sampling)[0])
+
     def decode(self, message: str, *, max_tokens: int, sampling: Sampling) -> Decoded:
         """One reply with its whole decoding record: rounds, drafts, time in llama_decode."""
         return self.decode_many([Call(message, max_tokens)], sampling=sampling)[0]
@@ -366,7 +382,7 @@ class LlamaCppBackend:
 
         if not 0 <= call.sequence < self.sequences:
             raise RuntimeError(f"sequence {call.sequence} of {self.sequences}")
-        prompt, stop = self._chat_prompt(call.message)
+        prompt, stop = self._chat_prompt(call.message) if call.raw is None else self._raw(call.raw)
         if len(prompt) + call.max_tokens > self.context_tokens:
             raise RuntimeError(
                 f"prompt {len(prompt)} + reply {call.max_tokens} exceeds context "

@@ -43,6 +43,7 @@ from memagent_cli.cli.options import (
     OcrOpt,
     PasswordOpt,
     QuietOpt,
+    ReaderOpt,
     RepackOpt,
     SeedOpt,
     ServedModelOpt,
@@ -103,6 +104,7 @@ def ask(
         ),
     ] = None,
     model: ModelOpt = None,
+    reader: ReaderOpt = None,
     chunk_tokens: ChunkTokensOpt = protocol.DEFAULT_CHUNK_TOKENS,
     memory_tokens: MemoryTokensOpt = protocol.DEFAULT_MEMORY_TOKENS,
     temperature: TemperatureOpt = SAMPLING.temperature,
@@ -173,9 +175,12 @@ def ask(
     ] = None,
 ) -> None:
     """Read DOCUMENT chunk by chunk into a memory and answer each QUESTION from it."""
+    import dataclasses
+
     from memagent_cli import api
     from memagent_cli.backend import Sampling
     from memagent_cli.documents import inputs
+    from memagent_cli.models import registry
     from memagent_cli.reader import Settings
     from memagent_cli.run import engine, journal
 
@@ -293,7 +298,9 @@ def ask(
 
     def open_model() -> api.Model:
         with report.progress("bytes") as progress:  # an hf: model may be pulled
-            return api.Model(engine.open_backend(backend_options, report.note, progress), settings)
+            opened = engine.open_backend(backend_options, report.note, progress)
+        how = reader.value if reader else registry.reader_for(opened.name)
+        return api.Model(opened, dataclasses.replace(settings, reader=how))
 
     batch = api.ask_batch(
         paths,

@@ -8,11 +8,13 @@ import os
 import signal
 import sys
 from collections.abc import Callable
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
 
+from memagent_cli import readers
 from memagent_cli.backend import Sampling
 from memagent_cli.backends.llama_cpp import CacheType, FlashAttn, LlamaOptions
 from memagent_cli.backends.openai import (
@@ -131,6 +133,19 @@ MemoryTokensOpt = Annotated[
     int,
     typer.Option(
         min=1, help="Most tokens the memory (each update) may take.", rich_help_panel=READING
+    ),
+]
+# The readers of readers/, as an Enum so that --help lists them.
+ReaderName = StrEnum("ReaderName", {name: name for name in readers.NAMES})
+ReaderOpt = Annotated[
+    ReaderName | None,
+    typer.Option(
+        "--reader",
+        show_default=False,
+        help="How the chunks are read: memagent (every chunk into the memory), rememr1 "
+        "(recalls earlier memories), infmem (searches, stops early) \\[default: the model's "
+        "own, from the registry, else memagent].",
+        rich_help_panel=READING,
     ),
 ]
 FormatOpt = Annotated[

@@ -26,7 +26,8 @@ from memagent_cli.evaluation import data, niah, results
 from memagent_cli.evaluation.data import Case
 from memagent_cli.evaluation.runner import Answered, check_resumable, evaluate
 from memagent_cli.progress import SILENT, Layout, Note, Reporter
-from memagent_cli.reader import Settings, context_needed
+from memagent_cli.reader import Settings
+from memagent_cli.readers import context_needed
 from memagent_cli.run import ask as run
 from memagent_cli.run import journal
 from memagent_cli.run.engine import (
@@ -237,7 +238,7 @@ def _run_of(
         cancel=cancel,
         journal=cases_journal and cases_journal.entry(f"{case.group}\n{case.id}"),
     )
-    return run.Run(session, case.question, how)
+    return run.Run(session, case.question, how, name=f"{case.group} {case.id}")
 
 
 def _layout(at_once: int) -> Layout:

@@ -99,11 +99,13 @@ class Listed:
     summary: str = ""  # what it is for, in a few words (the registry's `summary`)
     default: bool = False  # the model every command reads with when none is named
     download: int | None = None  # bytes a pull fetches, from the registry
+    reader: str = "memagent"  # how the model was trained to read (readers/, --reader)
 
     def to_json(self, template: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "path": str(self.path) if self.path else None}
         out["downloaded"] = self.path is not None
         out["default"] = self.default
+        out["reader"] = self.reader
         if self.summary:
             out["summary"] = self.summary
         if self.download is not None:
@@ -131,6 +133,7 @@ def catalogue() -> list[Listed]:
             "summary": str(entry.get("summary", "")),
             "default": name == default,
             "download": entry["download"] if isinstance(entry.get("download"), int) else None,
+            "reader": registry.reader_of(name, entry),
         }
         if path is None:
             rows.append(Listed(name, None, None, registry.how_to_get(name, entry), **known))
@@ -152,7 +155,8 @@ def describe(value: str) -> Listed:
     """One model, named as `--model` names it (an `hf:` model must have been pulled)."""
     model = _resolve_one(value, "model", fetch=False)
     description = str(registry.registry().get(value, {}).get("description", ""))
-    return Listed(model.name, model.path, gguf.read(model.path), "", description)
+    reader = registry.reader_for(value)
+    return Listed(model.name, model.path, gguf.read(model.path), "", description, reader=reader)
 
 
 def _listed(name: str, path: Path, **known: Any) -> Listed:

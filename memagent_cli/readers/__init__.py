@@ -4,5 +4,50 @@ and the state carried between steps, as its authors' released evaluation code ru
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from memagent_cli import reader
+from memagent_cli.backend import Backend
+from memagent_cli.chunking import Tokenizer
+from memagent_cli.errors import UserError
+from memagent_cli.reader import Reader, Settings, memagent
+
 NAMES = ("memagent", "infmem", "rememr1")
 DEFAULT = "memagent"
+
+
+def make(name: str, tokenizer: Tokenizer, tokens: Sequence[int] = ()) -> Reader:
+    """The reader `name` (one of NAMES) of a document of `tokens`, with the model's
+    tokenizer where it needs one."""
+    if name == "infmem":
+        from memagent_cli.readers import infmem
+
+        return infmem.reader(tokenizer, tokens)
+    if name == "rememr1":
+        from memagent_cli.readers import rememr1
+
+        return rememr1.reader(
+            lambda text: [tokenizer.detokenize([t]) for t in tokenizer.tokenize(text)]
+        )
+    if name == DEFAULT:
+        return memagent
+    raise UserError(f"The {name} reader is not in this memagent yet; use --reader memagent.")
+
+
+def context_needed(backend: Backend, questions: Sequence[str], settings: Settings) -> int:
+    """Context tokens one call of `settings.reader` needs (reader.context_needed)."""
+    if settings.reader == "rememr1":
+        from memagent_cli.readers import rememr1
+
+        return reader.context_needed(
+            backend, questions, settings, templates=rememr1.TEMPLATES, memories=rememr1.MEMORIES
+        )
+    if settings.reader == "infmem":
+        from memagent_cli.readers import infmem
+
+        extra = infmem.extra_tokens(settings.chunk_tokens)
+        history = infmem.HISTORY_TOKENS
+        return reader.context_needed(
+            backend, questions, settings, templates=infmem.TEMPLATES, extra=extra + history
+        )
+    return reader.context_needed(backend, questions, settings)

@@ -16,8 +16,24 @@ import json
 import math
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, replace
+
+from memagent_cli.backend import Generation, Raw
+from memagent_cli.chunking import Chunk, Tokenizer
+from memagent_cli.reader import (
+    Answer,
+    Answering,
+    Finished,
+    Listener,
+    Prompt,
+    Reader,
+    Reading,
+    Settings,
+    Step,
+    StepFinished,
+    StepStarted,
+)
 
 PLANNER_TEMPLATE = (
     "\nYou are a Retrieval Planner.  \n\nYour ONLY task is to decide whether to perform "
@@ -421,3 +437,125 @@ class BM25:
         document, as a stable sort would."""
         scores = self.scores(words(query))
         return sorted(range(len(scores)), key=lambda i: -scores[i])[:n]
+
+
+# --- the loop ------------------------------------------------------------------------
+
+
+def raw_chat(user: str, system: str | None = None) -> Raw:
+    """`chat` as a prompt written whole: the same text, in which only Qwen3's turn markers
+    are markup, so the words of a document, a memory or a question stay plain text."""
+    start, end = ("<|im_start|>", True), ("<|im_end|>", True)
+    head: Raw = () if system is None else (start, ("system\n" + system, False), end, ("\n", False))
+    return (
+        *head,
+        start,
+        ("user\n" + user, False),
+        end,
+        ("\n", False),
+        start,
+        ("assistant\n", False),
+    )
+
+
+def _thought(
+    prompt: Raw, settings: Settings
+) -> Generator[Prompt, Generation, tuple[str, Generation]]:
+    """One call in two stages, as their client makes it: thinking (at most THINKING_TOKENS),
+    then the reply after the thinking, closed if it was not (at most the memory's tokens,
+    1024 by default as theirs). The joined reply, and both stages' cost."""
+    first = yield Prompt("", THINKING_TOKENS, raw=prompt)
+    closed = (*prompt, (closed_thinking(first.text), False))
+    second = yield Prompt("", settings.memory_tokens, raw=closed)
+    return joined_reply(first.text, second.text), _joined(first, second)
+
+
+def _joined(*calls: Generation) -> Generation:
+    """Several calls as one: the last one's text, everyone's tokens and seconds."""
+    return Generation(
+        calls[-1].text,
+        sum(c.prompt_tokens for c in calls),
+        sum(c.completion_tokens for c in calls),
+        sum(c.prompt_seconds for c in calls),
+        sum(c.seconds for c in calls),
+        calls[-1].finish_reason,
+        sum(c.drafted for c in calls),
+        sum(c.accepted for c in calls),
+    )
+
+
+def reader(tokenizer: Tokenizer, tokens: Sequence[int]) -> Reader:
+    """InfMem's loop over a document of `tokens`; `tokenizer` gives each unit's text. The
+    BM25 index over the units is built on first use, once for every question."""
+    built: list[tuple[list[Unit], list[str], BM25 | None]] = []
+
+    def search_index(chunks: Sequence[Chunk]) -> tuple[list[Unit], list[str], BM25 | None]:
+        if not built:
+            found = units([(c.token_start, c.token_end) for c in chunks])
+            texts = [
+                tokenizer.detokenize(tokens[u.token_start : u.token_end]).decode(
+                    "utf-8", errors="replace"
+                )
+                for u in found
+            ]
+            built.append((found, texts, BM25.build(texts) if texts else None))
+        return built[0]
+
+    def infmem(
+        question: str,
+        chunks: Sequence[Chunk],
+        settings: Settings,
+        listener: Listener = lambda event: None,
+        done: Sequence[Step] = (),
+    ) -> Reading:
+        found, texts, index = search_index(chunks)
+        steps, state = list(done), State()
+        for step in steps:  # an interrupted run's steps: their searches, STOPs and memory
+            searches = tuple(Search(query, top_k) for query, top_k in step.searches)
+            state = replace(state, searches=state.searches + searches, stops=step.stops)
+            state = after_update(state, step.memory)
+        stopped = None
+        for chunk in chunks[len(steps) :]:
+            listener(StepStarted(chunk, len(chunks)))
+            user = render_planner(question, state.memory, state.step, len(chunks), state.searches)
+            reply, planning = yield from _thought(raw_chat(user, TOOL_SYSTEM), settings)
+            plan = parse_plan(reply, question)
+            state = after_plan(state, plan)
+            if state.answering:
+                stopped = f"the planner said STOP {EARLY_STOP} times in a row"
+                break
+            shown = index.search(state.query) if index and state.query is not None else []
+            user = render_update(question, state.memory, [texts[i] for i in shown], chunk.text)
+            reply, update = yield from _thought(raw_chat(user), settings)
+            state = after_update(state, parse_memory(reply))
+            steps.append(
+                Step(
+                    chunk,
+                    state.memory,
+                    _joined(planning, update),
+                    searches=tuple((search.query, search.top_k) for search in plan.searches),
+                    stops=state.stops,
+                    found=tuple((found[i].token_start, found[i].token_end) for i in shown),
+                )
+            )
+            listener(StepFinished(steps[-1], len(chunks)))
+        listener(Answering(state.memory, stopped))
+        user = render_final(question, state.memory)
+        reply, final = yield from _thought(raw_chat(user), settings)
+        answer = Answer(question, parse_answer(reply), reply, steps, final, stopped)
+        listener(Finished(answer))
+        return answer
+
+    return infmem
+
+
+# The prompts with nothing filled in (the planner's is the longer call before the update's
+# units and chunk); what the units, the thinking and the search history add.
+TEMPLATES = (render_update("", "", [], ""), render_final("", ""))
+HISTORY_TOKENS = 1024  # room for the planner's retrieval history: about 30 searches
+
+
+def extra_tokens(chunk_tokens: int) -> int:
+    """Tokens an update call needs beyond MemAgent's parts: the units found, and the
+    thinking stage the reply continues."""
+    return RESULTS * min(UNIT_TOKENS, chunk_tokens) + THINKING_TOKENS

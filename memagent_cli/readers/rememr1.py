@@ -18,6 +18,22 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from memagent_cli.chunking import Chunk
+from memagent_cli.protocol import FINAL_MAX_TOKENS
+from memagent_cli.reader import (
+    Answer,
+    Answering,
+    Finished,
+    Listener,
+    Prompt,
+    Reader,
+    Reading,
+    Settings,
+    Step,
+    StepFinished,
+    StepStarted,
+)
+
 UPDATE_TEMPLATE = (
     "You are presented with a problem, a section of an article that may contain the answer "
     "to the problem, and a previous memory. You should generate response in the following "
@@ -205,3 +221,43 @@ def top1(query: str, memories: Sequence[str], pieces: Pieces) -> int | None:
         return None
     best = max(scores)
     return max(i for i, score in enumerate(scores) if score == best)
+
+
+# --- the loop ------------------------------------------------------------------------
+
+
+def reader(pieces: Pieces) -> Reader:
+    """ReMemR1's loop, with `pieces` the model's tokens of a text (what TF-IDF counts)."""
+
+    def rememr1(
+        question: str,
+        chunks: Sequence[Chunk],
+        settings: Settings,
+        listener: Listener = lambda event: None,
+        done: Sequence[Step] = (),
+    ) -> Reading:
+        steps, state = list(done), State()
+        for step in steps:  # an interrupted run's steps: their memories and last recall
+            state = after_update(state, Update(step.memory, step.recall), pieces)
+        for chunk in chunks[len(steps) :]:
+            listener(StepStarted(chunk, len(chunks)))
+            message = render_update(question, state.memory, state.recalled, chunk.text)
+            reply = yield Prompt(message, settings.memory_tokens)
+            update = parse_update(reply.text)
+            state = after_update(state, update, pieces)
+            steps.append(Step(chunk, update.memory, reply, recall=update.recall))
+            listener(StepFinished(steps[-1], len(chunks)))
+        listener(Answering(state.memory))
+        message = render_final(question, state.memory, state.recalled)
+        reply = yield Prompt(message, FINAL_MAX_TOKENS)
+        answer = Answer(question, parse_answer(reply.text), reply.text, steps, reply)
+        listener(Finished(answer))
+        return answer
+
+    return rememr1
+
+
+# The prompts with nothing filled in, and the memories each shows (the last and a recalled
+# one): what one step needs of the context (reader.context_needed).
+TEMPLATES = (render_update("", "", "", ""), render_final("", "", ""))
+MEMORIES = 2

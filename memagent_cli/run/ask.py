@@ -97,6 +97,9 @@ class Result:
             "steps": [{k: v for k, v in step.items() if k != "type"} for step in steps],
             "final": {k: v for k, v in final.items() if k not in ("type", "reply", "answer")},
             "evidence": final["evidence"],
+            # A reader that stops early reads fewer chunks than the document has.
+            "chunks_read": len(a.steps),
+            "stopped_early": a.stopped,
             "seconds": round(self.seconds, 3),
             "tokens_per_second": {
                 "prompt": _rate(sum(g.prompt_tokens for g in calls), prompt_seconds),
@@ -144,6 +147,7 @@ class Run:
     question: str
     options: RunOptions = RunOptions()
     place: tuple[int, int] = (0, 0)
+    name: str = ""  # what its batch calls it, if anything (an evaluation's case)
 
     def reading_id(self) -> ReadingId:
         session = self.session
@@ -154,6 +158,7 @@ class Run:
             place=self.place,
             total_tokens=len(session.tokens),
             span_of=session.span_of,
+            name=self.name,
         )
 
 
@@ -318,7 +323,9 @@ def _job(opened: _Open, view: ReadingView, report: Reporter) -> Job:
         _close(opened, view)
         raise
     run = opened.run
-    return Job(run.question, run.session.chunks, _listener(opened, show), opened.done)
+    return Job(
+        run.question, run.session.chunks, _listener(opened, show), opened.done, run.session.reader
+    )
 
 
 def _open_trace(opened: _Open, report: Reporter) -> None:
@@ -453,6 +460,7 @@ def _result_from(session: Session, earlier: trace.Trace, start: float) -> Result
         reply=final.reply,
         steps=_steps_of(session, earlier),
         final=final.generation(),
+        stopped=final.stopped,
     )
     return Result(answer, session, time.perf_counter() - start, earlier.path, cached=True)
 

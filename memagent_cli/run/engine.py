@@ -14,7 +14,8 @@ from memagent_cli.backends.openai import OpenAIBackend, ServerOptions
 from memagent_cli.errors import BudgetError
 from memagent_cli.models import gguf, resolve
 from memagent_cli.progress import Note, Progress, silent
-from memagent_cli.reader import Settings, context_needed
+from memagent_cli.reader import Settings
+from memagent_cli.readers import DEFAULT, context_needed
 
 
 class BackendKind(StrEnum):
@@ -105,6 +106,8 @@ class Engine:
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
             "seed": sampling.seed,
+            # MemAgent's runs say nothing, so traces from before the readers are the same run.
+            **({"reader": self.settings.reader} if self.settings.reader != DEFAULT else {}),
             "context_tokens": self.context,
             **self.description.engine,
         }

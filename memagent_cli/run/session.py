@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from memagent_cli import __version__, protocol
+from memagent_cli import __version__, protocol, readers
 from memagent_cli.chunking import Chunk, Tokenizer, Tokens, make_chunks, tokenize
 from memagent_cli.documents import Document
 from memagent_cli.progress import SILENT, Reporter
+from memagent_cli.reader import Reader
 from memagent_cli.run.engine import Engine
 from memagent_cli.trace import Header
 
@@ -47,6 +49,13 @@ class Session:
     tokens: list[int]
     chunks: list[Chunk]
     engine: Engine
+
+    @functools.cached_property
+    def reader(self) -> Reader:
+        """How the engine's settings say to read this document (one for every question:
+        InfMem's search index is built once)."""
+        engine = self.engine
+        return readers.make(engine.settings.reader, engine.backend, self.tokens)
 
     def span_of(self, start: int, end: int) -> str:
         return self.document.span(start, end)

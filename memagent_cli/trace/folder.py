@@ -54,6 +54,7 @@ _IDENTITY = {
     "--temperature": ("settings", "temperature"),
     "--top-p": ("settings", "top_p"),
     "--seed": ("settings", "seed"),
+    "--reader": ("settings", "reader"),
     "the prompt templates": ("templates_sha256",),
     # Engine settings that change llama.cpp's arithmetic, and so greedy near-tie tokens.
     "--flash-attn": ("settings", "flash_attn"),
@@ -77,6 +78,8 @@ def speculation(settings: dict[str, Any]) -> bool | None:
 def _field(header: Header, keys: tuple[str, ...]) -> Any:
     if keys == ("settings", "speculate"):
         return speculation(header.settings)
+    if keys == ("settings", "reader"):  # runs from before the readers were MemAgent's
+        return header.settings.get("reader", "memagent")
     value: Any = getattr(header, keys[0])
     for key in keys[1:]:
         value = value.get(key)

@@ -148,6 +148,11 @@ class StepRecord:
     seconds: float
     drafted: int = 0  # tokens proposed by speculation, and how many the model kept
     accepted: int = 0
+    recall: str | None = None  # the step's query for an earlier memory (ReMemR1); kept to resume
+    # InfMem's planner: its searches [query, top_k], its STOPs in a row, the units found.
+    searches: tuple[tuple[str, str], ...] = ()
+    stops: int = 0
+    found: tuple[tuple[int, int], ...] = ()
 
     _CHECKS = {
         "step": int,
@@ -163,11 +168,15 @@ class StepRecord:
         "seconds": _NUMBER,
         "drafted": int,
         "accepted": int,
+        "recall": str,
+        "searches": list,
+        "stops": int,
+        "found": list,
     }
 
     @classmethod
     def parse(cls, record: dict[str, Any], where: str, version: int = FORMAT_VERSION) -> StepRecord:
-        optional = frozenset({"drafted", "accepted"})
+        optional = frozenset({"drafted", "accepted", "recall", "searches", "stops", "found"})
         if version == 1:  # counted from 0, as "index"
             record = {("step" if k == "index" else k): v for k, v in record.items() if k != "step"}
             if _valid(record.get("step"), int):
@@ -176,6 +185,15 @@ class StepRecord:
         number = values.pop("step")
         if number < 1:
             raise TraceError(f"{where} has a step number below 1.")
+        searches = values.get("searches", [])
+        if not all(
+            _valid(s, list) and len(s) == 2 and all(_valid(x, str) for x in s) for s in searches
+        ):
+            raise TraceError(f"{where} has a search that is not [query, top_k].")
+        if not all(_valid(pair, "pair") for pair in values.get("found", [])):
+            raise TraceError(f"{where} has a unit found that is not a token range.")
+        values["searches"] = tuple(tuple(s) for s in searches)
+        values["found"] = tuple(tuple(pair) for pair in values.get("found", []))
         return cls(index=number - 1, **values)
 
     @classmethod
@@ -195,6 +213,10 @@ class StepRecord:
             seconds=round(gen.seconds, 3),
             drafted=gen.drafted,
             accepted=gen.accepted,
+            recall=step.recall,
+            searches=step.searches,
+            stops=step.stops,
+            found=step.found,
         )
 
     def to_step(self, chunk: Chunk) -> Step:
@@ -209,11 +231,25 @@ class StepRecord:
             drafted=self.drafted,
             accepted=self.accepted,
         )
-        return Step(chunk, self.memory, generation)
+        return Step(
+            chunk,
+            self.memory,
+            generation,
+            recall=self.recall,
+            searches=self.searches,
+            stops=self.stops,
+            found=self.found,
+        )
 
     def to_json(self, version: int = FORMAT_VERSION) -> dict[str, Any]:
         record = asdict(self)
         record["tokens"], record["chars"] = list(self.tokens), list(self.chars)
+        # What only some readers' steps have: MemAgent's records stay as they always were.
+        record["searches"] = [list(search) for search in self.searches]
+        record["found"] = [list(pair) for pair in self.found]
+        for name in ("recall", "searches", "stops", "found"):
+            if not record[name]:
+                del record[name]
         index = record.pop("index")
         number = {"index": index} if version == 1 else {"step": index + 1}
         return {"type": "step", **number, **record}
@@ -235,6 +271,7 @@ class FinalRecord:
     finish_reason: str
     seconds: float
     prompt_seconds: float = 0.0
+    stopped: str | None = None  # why the reader answered before the last chunk, if it did
 
     _CHECKS = {
         "reply": str,
@@ -245,6 +282,7 @@ class FinalRecord:
         "finish_reason": str,
         "seconds": _NUMBER,
         "prompt_seconds": _NUMBER,
+        "stopped": str,
     }
     _SOURCE = {
         "step": int,
@@ -262,7 +300,7 @@ class FinalRecord:
     def parse(
         cls, record: dict[str, Any], where: str, version: int = FORMAT_VERSION
     ) -> FinalRecord:
-        values = _fields(record, cls._CHECKS, where, frozenset({"prompt_seconds"}))
+        values = _fields(record, cls._CHECKS, where, frozenset({"prompt_seconds", "stopped"}))
         found = values["evidence"]
         if isinstance(found, dict):
             old = _fields(found, cls._OLD_EVIDENCE, f"{where}'s evidence")
@@ -292,6 +330,7 @@ class FinalRecord:
             finish_reason=final.finish_reason,
             seconds=round(final.seconds, 3),
             prompt_seconds=round(final.prompt_seconds, 3),
+            stopped=answer.stopped,
         )
 
     def generation(self) -> Generation:
@@ -307,7 +346,10 @@ class FinalRecord:
     def to_json(self, version: int = FORMAT_VERSION) -> dict[str, Any]:
         # The evidence list counts steps from 1 in either format: format 1 knew only a
         # single dict (counted from 0), which the reader tells apart by its shape.
-        return {"type": "final", **asdict(self)}
+        record = asdict(self)
+        if record["stopped"] is None:  # a reading of every chunk: as records always were
+            del record["stopped"]
+        return {"type": "final", **record}
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,8 @@ def print_catalogue(rows: list[Listed]) -> None:
     for row in rows:
         name = escape(row.name) + (" (default)" if row.default else "")
         about = escape(row.summary)
+        if row.reader != "memagent":  # the registry's readers after MemAgent say so
+            about += f" (--reader {escape(row.reader)})"
         if row.info is None:
             if row.path is None:
                 size = f"{decimal(row.download)} to pull" if row.download else ""
@@ -69,6 +71,7 @@ def print_info(row: Listed) -> None:
         "layers": str(info.layers or "?"),
         "vocabulary": f"{info.vocabulary:,} tokens" if info.vocabulary else "?",
         "tensors": f"{info.tensors:,}",
+        "reader": f"{row.reader} (--reader {row.reader}; docs/readers.md)",
         "description": row.description,
     }
     grid = Table.grid(padding=(0, 2))

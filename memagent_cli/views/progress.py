@@ -65,6 +65,7 @@ class PlainProgress:
         self._prefix = f"[{label}] " if label else ""
         self._rates = _Rates()
         self._start = time.perf_counter()
+        self._steps = self._total = 0  # steps read, of the chunks there are
 
     def __enter__(self) -> PlainProgress:
         return self
@@ -73,6 +74,8 @@ class PlainProgress:
         return None
 
     def __call__(self, event: Event) -> None:
+        if isinstance(event, StepStarted):  # steps before this chunk's are read
+            self._steps, self._total = event.chunk.index, event.total
         if isinstance(event, StepFinished):
             self._rates.add(event)
             chunk, gen = event.step.chunk, event.step.generation
@@ -87,6 +90,9 @@ class PlainProgress:
                 soft_wrap=True,
             )
         elif isinstance(event, Answering):
+            if event.stopped:
+                read = f"stopped after step {self._steps} of {self._total}: {event.stopped}"
+                console.print(f"{self._prefix}{read}", highlight=False, markup=False)
             console.print(
                 f"{self._prefix}answering from the final memory", highlight=False, markup=False
             )
@@ -174,7 +180,8 @@ class LiveView:
                         subtitle=f"{step.generation.completion_tokens} tokens",
                     )
             elif isinstance(event, Answering):
-                self._progress.update(task, description=f"{prefix}answering")
+                stopped = f" (stopped early: {escape(event.stopped)})" if event.stopped else ""
+                self._progress.update(task, description=f"{prefix}answering{stopped}")
             self._live.update(self._render())
 
         return show
@@ -208,7 +215,7 @@ class _Readings:
         if batch.at_once <= 1 or batch.documents * batch.questions <= 1:
             return ""
         if batch.by_name:
-            return reading.document
+            return reading.name or reading.document
         document, question = reading.place
         return f"d{document + 1} q{question + 1}" if batch.documents > 1 else f"q{question + 1}"
 
