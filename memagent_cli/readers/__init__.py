@@ -45,6 +45,12 @@ def context_needed(backend: Backend, questions: Sequence[str], settings: Setting
     if settings.reader == "infmem":
         from memagent_cli.readers import infmem
 
+        if not hasattr(backend, "complete"):
+            raise UserError(
+                f"The {backend.name} backend cannot send a prompt a reader writes whole, "
+                "as --reader infmem does; read with llama.cpp in this process."
+            )
+
         extra = infmem.extra_tokens(settings.chunk_tokens)
         history = infmem.HISTORY_TOKENS
         return reader.context_needed(
