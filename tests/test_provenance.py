@@ -10,7 +10,7 @@ from conftest import ScriptedBackend
 
 from memagent_cli.chunking import make_chunks
 from memagent_cli.documents import assemble
-from memagent_cli.provenance import content_words, trace_answer
+from memagent_cli.provenance import Source, content_words, trace_answer
 from memagent_cli.reader import Settings, evidence, read
 from memagent_cli.trace import FinalRecord, TraceError, evidence_of
 
@@ -29,7 +29,7 @@ def run(memories: list[str], reply: str, question: str = QUESTION):
 
 def sources(memories: list[str], reply: str, question: str = QUESTION):
     found = evidence(run(memories, reply, question)[0])
-    return None if found is None else [(s.index + 1, s.words) for s in found.sources]
+    return None if found is None else [(s.index + 1, s.words) for s in found.entered]
 
 
 def test_the_step_that_brought_the_answer_in_and_kept_it():
@@ -104,7 +104,7 @@ def test_a_later_step_that_reworded_the_memory_around_the_answer_is_not_a_source
 def test_an_answer_the_final_memory_does_not_hold_has_no_source(memories):
     answer, book = run(memories, "\\boxed{PELICAN}")
     found = evidence(answer)
-    assert found is not None and found.words == ("pelican",) and found.sources == ()
+    assert found is not None and found.words == ("pelican",) and found.entered == ()
     assert evidence_of(answer, book.span, book.unit) == []  # said, never invented
 
 
@@ -133,7 +133,7 @@ def test_without_a_box_the_raw_reply_is_traced_as_ask_prints_it():
 
 def test_trace_answer_with_no_memories_has_no_source():
     found = trace_answer("PELICAN", QUESTION, [])
-    assert found is not None and found.sources == ()
+    assert found is not None and found.entered == ()
 
 
 def test_the_final_record_places_each_source_on_its_pages():
@@ -145,7 +145,12 @@ def test_the_final_record_places_each_source_on_its_pages():
         {"step": 2, "words": ["pelican"], "tokens": [42, 84], "chars": [42, 84], "pages": "2"},
         {"step": 4, "words": ["ada"], "tokens": [126, 166], "chars": [126, 166], "pages": "4"},
     ]
-    assert FinalRecord.parse(json.loads(json.dumps(record)), "t").evidence == record["evidence"]
+    again = FinalRecord.parse(json.loads(json.dumps(record)), "t")
+    assert again.to_json() == record
+    assert again.evidence == [
+        Source(2, ("pelican",), (42, 84), (42, 84), pages="2"),
+        Source(4, ("ada",), (126, 166), (126, 166), pages="4"),
+    ]
 
 
 def test_an_old_single_evidence_record_still_reads():
@@ -155,10 +160,13 @@ def test_an_old_single_evidence_record_still_reads():
         "prompt_tokens": 9, "completion_tokens": 3, "finish_reason": "stop", "seconds": 1.0,
     }  # fmt: skip
     assert FinalRecord.parse(old, "t").evidence == [
+        Source(2, (), (60, 120), (60, 120), pages="i–1")
+    ]
+    assert FinalRecord.parse(old, "t").to_json()["evidence"] == [
         {"step": 2, "words": [], "tokens": [60, 120], "chars": [60, 120], "pages": "i–1"}
     ]
     chapters = old | {"evidence": old["evidence"] | {"span": "Intro – Chapter 2"}}
-    assert FinalRecord.parse(chapters, "t").evidence[0]["chapters"] == "Intro – Chapter 2"
+    assert FinalRecord.parse(chapters, "t").evidence[0].chapters == "Intro – Chapter 2"
     # memagent 0.1 wrote None when the answer's text was in no memory.
     assert FinalRecord.parse(old | {"evidence": None}, "t").evidence == []
     assert FinalRecord.parse(old | {"evidence": None, "answer": None}, "t").evidence is None

@@ -4,6 +4,7 @@
 knows the data folder where traces live by default.
 """
 
+from memagent_cli.provenance import Source
 from memagent_cli.trace.file import (
     MAX_TRACE_BYTES,
     Status,
@@ -36,6 +37,7 @@ from memagent_cli.trace.records import (
     StepRecord,
     TraceError,
     chunk_sha256,
+    evidence_json,
     evidence_of,
 )
 
@@ -48,6 +50,7 @@ __all__ = [
     "Record",
     "Resumed",
     "Skipped",
+    "Source",
     "Status",
     "StepRecord",
     "Trace",
@@ -59,6 +62,7 @@ __all__ = [
     "default_dir",
     "default_path",
     "differences",
+    "evidence_json",
     "evidence_of",
     "find_run",
     "listing",
