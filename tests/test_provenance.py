@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import json
 
+import builders
 import pytest
 from conftest import ScriptedBackend
 
 from memagent_cli.chunking import make_chunks
-from memagent_cli.documents import assemble
+from memagent_cli.documents import assemble, load_document
 from memagent_cli.provenance import Source, content_words, trace_answer
 from memagent_cli.reader import Settings, evidence, read
 from memagent_cli.trace import FinalRecord, TraceError, evidence_of
+from memagent_cli.views.traces import evidence_line, source_place
 
 QUESTION = "What is the password for the vault?"
 PAGES = [("1", "a" * 40), ("2", "b" * 40), ("3", "c" * 40), ("4", "d" * 40)]
@@ -151,6 +153,45 @@ def test_the_final_record_places_each_source_on_its_pages():
         Source(2, ("pelican",), (42, 84), (42, 84), pages="2"),
         Source(4, ("ada",), (126, 166), (126, 166), pages="4"),
     ]
+
+
+def test_a_reading_of_a_real_pdf_gives_sources_on_its_labelled_pages(tmp_path):
+    """A PDF whose pages are labelled i, ii, 1, 2, read in 33-byte chunks (i; ii; ii to 2;
+    2) through the real loop: the answer's two words entered at the last two steps."""
+    pages = [
+        "Alpha bravo charlie delta echo.",
+        "Foxtrot golf hotel india juliet.",
+        "The password is PELICAN.",
+        "The keeper is Ada.",
+    ]
+    labels = [("r", None, 1), None, ("D", None, 1)]
+    path = builders.pdf(tmp_path / "book.pdf", pages, labels=labels)
+    book = load_document(str(path), use_cache=False)
+    chunks = make_chunks(list(book.text.encode()), 33, bytes)
+    memories = ["Nothing.", "Nothing.", "The password is PELICAN.", "PELICAN; the keeper is Ada."]
+    backend = ScriptedBackend([*memories, "\\boxed{PELICAN, kept by Ada}"])
+    answer = read(backend, QUESTION, chunks, Settings(33, 64))
+    found = trace_answer(answer.answer or "", QUESTION, [s.memory for s in answer.steps])
+    assert found is not None and [(e.index, e.words) for e in found.entered] == [
+        (2, ("pelican",)),
+        (3, ("ada",)),
+    ]
+    sources = evidence_of(answer, book.span, book.unit)
+    assert sources == [
+        Source(3, ("pelican",), (66, 99), (66, 99), pages="ii–2"),
+        Source(4, ("ada",), (99, 111), (99, 111), pages="2"),
+    ]
+    assert [s.one_page for s in sources] == [False, True]
+    assert [source_place(s) for s in sources] == ["pp. ii–2", "p. 2"]
+    assert evidence_line(sources, len(chunks)) == (
+        "from pp. ii–2, step 3 of 4 (pelican); p. 2, step 4 of 4 (ada)"
+    )
+    record = FinalRecord.of(answer, book.span, book.unit).to_json()
+    assert record["evidence"] == [
+        {"step": 3, "words": ["pelican"], "tokens": [66, 99], "chars": [66, 99], "pages": "ii–2"},
+        {"step": 4, "words": ["ada"], "tokens": [99, 111], "chars": [99, 111], "pages": "2"},
+    ]
+    assert FinalRecord.parse(json.loads(json.dumps(record)), "t").evidence == sources
 
 
 def test_an_old_single_evidence_record_still_reads():

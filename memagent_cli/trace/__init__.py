@@ -37,7 +37,6 @@ from memagent_cli.trace.records import (
     StepRecord,
     TraceError,
     chunk_sha256,
-    evidence_json,
     evidence_of,
 )
 
@@ -62,7 +61,6 @@ __all__ = [
     "default_dir",
     "default_path",
     "differences",
-    "evidence_json",
     "evidence_of",
     "find_run",
     "listing",
