@@ -40,6 +40,7 @@ from memagent_cli.progress import (
     Reporter,
     silent,
 )
+from memagent_cli.provenance import Source
 from memagent_cli.reader import (
     Answering,
     Finished,
@@ -64,6 +65,7 @@ __all__ = [
     "Sampling",
     "ServerOptions",
     "Settings",
+    "Source",
     "StepFinished",
     "StepStarted",
     "Stopped",
@@ -152,9 +154,10 @@ class Result:
         return [step.memory for step in self.run.answer.steps]
 
     @property
-    def evidence(self) -> list[dict[str, Any]] | None:
-        """The steps the answer's words came from (step from 1, words, tokens, chars, pages
-        or chapters); [] when the final memory does not hold them, None with no answer."""
+    def evidence(self) -> list[Source] | None:
+        """The steps the answer's words came from (provenance.Source: step from 1, words,
+        tokens, chars, pages or chapters); [] when the final memory does not hold them, None
+        with no answer. `to_json()["evidence"]` has them as JSON."""
         return self.run.evidence()
 
     @property

@@ -21,15 +21,19 @@ The rule, on words:
 6. The sources are those steps, earliest first, each with the words it brought in. The
    first is where the answer's content came into the memory; the last is the earliest step
    after which all of it is in the memory and stays there; any between changed it.
+
+`trace_answer` applies the rule to memories alone; `sources` places its steps in the
+document as a `Source` each: the evidence a trace records and every view shows.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from memagent_cli import protocol
+from memagent_cli.chunking import Chunk
 
 # Words that carry no content of their own in an English answer: a reply such as "It is
 # PELICAN." rests on "pelican", not on "it" and "is".
@@ -68,8 +72,8 @@ TEMPLATE_WORDS = _template_words()
 
 
 @dataclass(frozen=True)
-class Source:
-    """A step whose update brought words of the answer into the memory for good."""
+class Entered:
+    """A step whose update brought words of the answer into the memory for good (rule 5)."""
 
     index: int  # the step, counted from 0 (people count from 1)
     words: tuple[str, ...]  # the answer's words it brought in, in the answer's order
@@ -80,13 +84,68 @@ class Provenance:
     """The answer's content words and the steps they came from (none: no source)."""
 
     words: tuple[str, ...]  # the answer's content words, in the answer's order
-    sources: tuple[Source, ...]  # earliest first; empty when the memory does not hold them
+    entered: tuple[Entered, ...]  # earliest first; empty when the memory does not hold them
 
     @property
     def held(self) -> tuple[str, ...]:
         """The content words the final memory holds, in the answer's order."""
-        found = {w for source in self.sources for w in source.words}
+        found = {w for step in self.entered for w in step.words}
         return tuple(w for w in self.words if w in found)
+
+
+@dataclass(frozen=True)
+class Source:
+    """One step the answer came from, and what it read: a piece of an answer's evidence.
+
+    Made here from a reading (`sources`) or read back from a trace (trace/records.py);
+    shown as text only by the views, and as JSON only by the trace's records.
+    """
+
+    step: int  # counted from 1, as people count
+    words: tuple[str, ...]  # the answer's words it brought in; () in traces of memagent 0.1
+    tokens: tuple[int, int]  # the chunk it read: its first token and the one after its last
+    chars: tuple[int, int]  # the same in characters of the document's text
+    pages: str | None = None  # the page labels it read: "3", or "3–5" (first–last)
+    chapters: str | None = None  # the chapter it read, or the first and last: "A – B"
+
+    @property
+    def one_page(self) -> bool:
+        """Whether it read a single page (`pages` is that page's label)."""
+        return self.pages is not None and "–" not in self.pages
+
+
+def sources(
+    found: Provenance, chunks: Sequence[Chunk], span_of: Callable[[int, int], str], unit: str
+) -> list[Source]:
+    """The steps of `found` placed in the document: `chunks[i]` is what step i read,
+    `span_of` labels a character range ("p. 3–5", "Intro – Coda"), and `unit` is the
+    document's ("page", "chapter", or "" when it has neither or a trace does not say)."""
+    placed = []
+    for step in found.entered:
+        chunk = chunks[step.index]
+        pages, chapters = places(span_of(chunk.char_start, chunk.char_end), unit)
+        placed.append(
+            Source(
+                step=chunk.index + 1,
+                words=step.words,
+                tokens=(chunk.token_start, chunk.token_end),
+                chars=(chunk.char_start, chunk.char_end),
+                pages=pages,
+                chapters=chapters,
+            )
+        )
+    return placed
+
+
+def places(span: str, unit: str) -> tuple[str | None, str | None]:
+    """(pages, chapters) of a span label: a page label is "p. " and the pages
+    (documents/document.py writes it so); a trace whose header does not say the unit is
+    told by that prefix; any other label names chapters."""
+    if not span:
+        return None, None
+    if unit == "page" or (not unit and span.startswith("p. ")):
+        return span.removeprefix("p. "), None
+    return None, span
 
 
 def content_words(answer: str, question: str) -> tuple[str, ...]:
@@ -117,5 +176,5 @@ def trace_answer(answer: str, question: str, memories: Sequence[str]) -> Provena
         while step > 0 and word in held_by[step - 1]:
             step -= 1
         entered.setdefault(step, []).append(word)
-    sources = tuple(Source(step, tuple(entered[step])) for step in sorted(entered))
-    return Provenance(wanted, sources)
+    steps = tuple(Entered(step, tuple(entered[step])) for step in sorted(entered))
+    return Provenance(wanted, steps)

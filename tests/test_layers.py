@@ -52,6 +52,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ),
 ]
 INDEPENDENT = ("parts",)  # layers whose packages do not import one another
+# Views that say what a trace holds in plain strings, for the terminal, Markdown and HTML
+# alike: they import no Rich themselves (views/traces/__init__.py).
+PURE_VIEWS = ("views/traces/diffs.py", "views/traces/wording.py")
 
 
 def modules(root: Path, package: str) -> dict[str, Path]:
@@ -294,6 +297,29 @@ def test_imports_down_the_layers_are_allowed(tmp_path: Path) -> None:
         },
     )
     assert violations(root, PACKAGE) == []
+
+
+def rich_imports(path: Path) -> list[int]:
+    """The lines of `path` that import Rich, wherever they stand."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        else:
+            continue
+        if any(name == "rich" or name.startswith("rich.") for name in names):
+            found.append(node.lineno)
+    return found
+
+
+def test_the_pure_trace_views_import_no_rich(tmp_path: Path) -> None:
+    for relative in PURE_VIEWS:
+        assert rich_imports(ROOT / relative) == [], f"{relative} imports Rich"
+    lazy = tmp_path / "lazy.py"
+    lazy.write_text("import os\n\ndef table():\n    from rich.table import Table\n")
+    assert rich_imports(lazy) == [4]  # the check sees an import inside a function
 
 
 def test_the_code_map_names_every_module_in_its_layer() -> None:

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import json
 
+import builders
 import pytest
 from conftest import ScriptedBackend
 
 from memagent_cli.chunking import make_chunks
-from memagent_cli.documents import assemble
-from memagent_cli.provenance import content_words, trace_answer
+from memagent_cli.documents import assemble, load_document
+from memagent_cli.provenance import Source, content_words, trace_answer
 from memagent_cli.reader import Settings, evidence, read
 from memagent_cli.trace import FinalRecord, TraceError, evidence_of
+from memagent_cli.views.traces import evidence_line, source_place
 
 QUESTION = "What is the password for the vault?"
 PAGES = [("1", "a" * 40), ("2", "b" * 40), ("3", "c" * 40), ("4", "d" * 40)]
@@ -29,7 +31,7 @@ def run(memories: list[str], reply: str, question: str = QUESTION):
 
 def sources(memories: list[str], reply: str, question: str = QUESTION):
     found = evidence(run(memories, reply, question)[0])
-    return None if found is None else [(s.index + 1, s.words) for s in found.sources]
+    return None if found is None else [(s.index + 1, s.words) for s in found.entered]
 
 
 def test_the_step_that_brought_the_answer_in_and_kept_it():
@@ -104,7 +106,7 @@ def test_a_later_step_that_reworded_the_memory_around_the_answer_is_not_a_source
 def test_an_answer_the_final_memory_does_not_hold_has_no_source(memories):
     answer, book = run(memories, "\\boxed{PELICAN}")
     found = evidence(answer)
-    assert found is not None and found.words == ("pelican",) and found.sources == ()
+    assert found is not None and found.words == ("pelican",) and found.entered == ()
     assert evidence_of(answer, book.span, book.unit) == []  # said, never invented
 
 
@@ -133,7 +135,7 @@ def test_without_a_box_the_raw_reply_is_traced_as_ask_prints_it():
 
 def test_trace_answer_with_no_memories_has_no_source():
     found = trace_answer("PELICAN", QUESTION, [])
-    assert found is not None and found.sources == ()
+    assert found is not None and found.entered == ()
 
 
 def test_the_final_record_places_each_source_on_its_pages():
@@ -145,7 +147,51 @@ def test_the_final_record_places_each_source_on_its_pages():
         {"step": 2, "words": ["pelican"], "tokens": [42, 84], "chars": [42, 84], "pages": "2"},
         {"step": 4, "words": ["ada"], "tokens": [126, 166], "chars": [126, 166], "pages": "4"},
     ]
-    assert FinalRecord.parse(json.loads(json.dumps(record)), "t").evidence == record["evidence"]
+    again = FinalRecord.parse(json.loads(json.dumps(record)), "t")
+    assert again.to_json() == record
+    assert again.evidence == [
+        Source(2, ("pelican",), (42, 84), (42, 84), pages="2"),
+        Source(4, ("ada",), (126, 166), (126, 166), pages="4"),
+    ]
+
+
+def test_a_reading_of_a_real_pdf_gives_sources_on_its_labelled_pages(tmp_path):
+    """A PDF whose pages are labelled i, ii, 1, 2, read in 33-byte chunks (i; ii; ii to 2;
+    2) through the real loop: the answer's two words entered at the last two steps."""
+    pages = [
+        "Alpha bravo charlie delta echo.",
+        "Foxtrot golf hotel india juliet.",
+        "The password is PELICAN.",
+        "The keeper is Ada.",
+    ]
+    labels = [("r", None, 1), None, ("D", None, 1)]
+    path = builders.pdf(tmp_path / "book.pdf", pages, labels=labels)
+    book = load_document(str(path), use_cache=False)
+    chunks = make_chunks(list(book.text.encode()), 33, bytes)
+    memories = ["Nothing.", "Nothing.", "The password is PELICAN.", "PELICAN; the keeper is Ada."]
+    backend = ScriptedBackend([*memories, "\\boxed{PELICAN, kept by Ada}"])
+    answer = read(backend, QUESTION, chunks, Settings(33, 64))
+    found = trace_answer(answer.answer or "", QUESTION, [s.memory for s in answer.steps])
+    assert found is not None and [(e.index, e.words) for e in found.entered] == [
+        (2, ("pelican",)),
+        (3, ("ada",)),
+    ]
+    sources = evidence_of(answer, book.span, book.unit)
+    assert sources == [
+        Source(3, ("pelican",), (66, 99), (66, 99), pages="ii–2"),
+        Source(4, ("ada",), (99, 111), (99, 111), pages="2"),
+    ]
+    assert [s.one_page for s in sources] == [False, True]
+    assert [source_place(s) for s in sources] == ["pp. ii–2", "p. 2"]
+    assert evidence_line(sources, len(chunks)) == (
+        "from pp. ii–2, step 3 of 4 (pelican); p. 2, step 4 of 4 (ada)"
+    )
+    record = FinalRecord.of(answer, book.span, book.unit).to_json()
+    assert record["evidence"] == [
+        {"step": 3, "words": ["pelican"], "tokens": [66, 99], "chars": [66, 99], "pages": "ii–2"},
+        {"step": 4, "words": ["ada"], "tokens": [99, 111], "chars": [99, 111], "pages": "2"},
+    ]
+    assert FinalRecord.parse(json.loads(json.dumps(record)), "t").evidence == sources
 
 
 def test_an_old_single_evidence_record_still_reads():
@@ -155,10 +201,13 @@ def test_an_old_single_evidence_record_still_reads():
         "prompt_tokens": 9, "completion_tokens": 3, "finish_reason": "stop", "seconds": 1.0,
     }  # fmt: skip
     assert FinalRecord.parse(old, "t").evidence == [
+        Source(2, (), (60, 120), (60, 120), pages="i–1")
+    ]
+    assert FinalRecord.parse(old, "t").to_json()["evidence"] == [
         {"step": 2, "words": [], "tokens": [60, 120], "chars": [60, 120], "pages": "i–1"}
     ]
     chapters = old | {"evidence": old["evidence"] | {"span": "Intro – Chapter 2"}}
-    assert FinalRecord.parse(chapters, "t").evidence[0]["chapters"] == "Intro – Chapter 2"
+    assert FinalRecord.parse(chapters, "t").evidence[0].chapters == "Intro – Chapter 2"
     # memagent 0.1 wrote None when the answer's text was in no memory.
     assert FinalRecord.parse(old | {"evidence": None}, "t").evidence == []
     assert FinalRecord.parse(old | {"evidence": None, "answer": None}, "t").evidence is None

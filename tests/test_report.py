@@ -114,7 +114,7 @@ def test_ask_says_where_the_answer_came_from_and_json_carries_it(cli, fake_serve
     assert out["evidence"] == [
         {"step": 1, "words": ["zanzibar"], "tokens": [0, 300], "chars": out["steps"][0]["chars"]}
     ]
-    assert out["evidence"] == read_trace(Path(out["trace"])).final.evidence
+    assert out["evidence"] == read_trace(Path(out["trace"])).final.to_json()["evidence"]
 
 
 def test_trace_shows_the_sources_of_a_kept_answer(cli, tmp_path):

@@ -1,5 +1,5 @@
-"""`memagent trace`: which view of a saved run; the views live in views/traces.py and
-views/html.py."""
+"""`memagent trace`: which view of a saved run; the views live in views/traces/ and
+views/html/."""
 
 from __future__ import annotations
 

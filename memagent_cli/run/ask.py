@@ -64,7 +64,7 @@ class Result:
         final = trace.FinalRecord.of(a, s.span_of, s.document.unit)
         return s.header(a.question), steps, final
 
-    def evidence(self) -> list[dict[str, Any]] | None:
+    def evidence(self) -> list[trace.Source] | None:
         """The steps the answer came from, as its trace records them (trace.evidence_of)."""
         return trace.evidence_of(self.answer, self.session.span_of, self.session.document.unit)
 

@@ -4,6 +4,7 @@
 knows the data folder where traces live by default.
 """
 
+from memagent_cli.provenance import Source
 from memagent_cli.trace.file import (
     MAX_TRACE_BYTES,
     Status,
@@ -48,6 +49,7 @@ __all__ = [
     "Record",
     "Resumed",
     "Skipped",
+    "Source",
     "Status",
     "StepRecord",
     "Trace",

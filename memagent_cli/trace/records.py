@@ -17,6 +17,7 @@ from memagent_cli.backend import Generation
 from memagent_cli.chunking import Chunk
 from memagent_cli.errors import UserError
 from memagent_cli.progress import SpanOf
+from memagent_cli.provenance import Source, places, sources
 from memagent_cli.reader import Answer, Step, evidence
 from memagent_cli.text import json_number
 
@@ -261,11 +262,11 @@ class FinalRecord:
 
     reply: str
     answer: str | None  # the last \boxed{} content; None when the reply has none
-    # The steps the answer's words came from (provenance.py), each {"step" (from 1), "words",
-    # "tokens", "chars", and "pages" or "chapters" where the document has them}; [] when the
-    # final memory does not hold the answer's words; None when there is no boxed answer and
-    # the reply has no words to trace.
-    evidence: list[dict[str, Any]] | None
+    # The steps the answer's words came from (provenance.py); [] when the final memory does
+    # not hold the answer's words; None when there is no boxed answer and the reply has no
+    # words to trace. Each is {"step" (from 1), "words", "tokens", "chars", and "pages" or
+    # "chapters" where the document has them} in the file (`source_json`).
+    evidence: list[Source] | None
     prompt_tokens: int
     completion_tokens: int
     finish_reason: str
@@ -304,18 +305,14 @@ class FinalRecord:
         found = values["evidence"]
         if isinstance(found, dict):
             old = _fields(found, cls._OLD_EVIDENCE, f"{where}'s evidence")
-            found = [_source(old["step"], [], old["tokens"], old["chars"], old["span"], "")]
-        elif found is None and values["answer"] is not None:
-            found = []  # 0.1 recorded None when the answer's text was in no memory
-        elif found is not None:
-            optional = frozenset({"words", "pages", "chapters"})
-            for item in found:
-                if not isinstance(item, dict):
-                    raise TraceError(f"{where} has an evidence entry that is not an object.")
-                checked = _fields(item, cls._SOURCE, f"{where}'s evidence", optional)
-                if not all(isinstance(w, str) for w in checked.get("words", [])):
-                    raise TraceError(f"{where}'s evidence has a word that is not text.")
-        values["evidence"] = found
+            pages, chapters = places(old["span"], "")
+            values["evidence"] = [
+                Source(old["step"] + 1, (), old["tokens"], old["chars"], pages, chapters)
+            ]
+        elif found is None:  # 0.1 recorded None when the answer's text was in no memory
+            values["evidence"] = None if values["answer"] is None else []
+        else:
+            values["evidence"] = [_parse_source(item, where) for item in found]
         return cls(**values)
 
     @classmethod
@@ -349,6 +346,7 @@ class FinalRecord:
         record = asdict(self)
         if record["stopped"] is None:  # a reading of every chunk: as records always were
             del record["stopped"]
+        record["evidence"] = evidence_json(self.evidence)
         return {"type": "final", **record}
 
 
@@ -406,43 +404,50 @@ def chunk_sha256(chunk: Chunk) -> str:
     return hashlib.sha256(chunk.text.encode()).hexdigest()
 
 
-def evidence_of(answer: Answer, span_of: SpanOf, unit: str = "") -> list[dict[str, Any]] | None:
-    """The steps the answer came from, as the final record keeps them: the step (from 1),
-    the answer's words it brought in, its token and character range, and its pages or
-    chapters (`unit` is the document's: "page", "chapter" or "")."""
+def evidence_of(answer: Answer, span_of: SpanOf, unit: str = "") -> list[Source] | None:
+    """The steps the answer came from, placed in the document (provenance.sources; `unit`
+    is the document's: "page", "chapter" or ""); [] when the final memory does not hold the
+    answer's words, None when a reply without a boxed answer has no words to trace."""
     found = evidence(answer)
     if found is None:  # no words to trace; a boxed answer still gets its (empty) list
         return None if answer.answer is None else []
-    sources = []
-    for source in found.sources:
-        chunk = answer.steps[source.index].chunk
-        where = chunk.where(span_of(chunk.char_start, chunk.char_end))
-        sources.append(
-            _source(
-                chunk.index,
-                list(source.words),
-                where["tokens"],
-                where["chars"],
-                where["span"],
-                unit,
-            )
-        )
-    return sources
+    return sources(found, [step.chunk for step in answer.steps], span_of, unit)
 
 
-def _source(
-    index: int, words: list[str], tokens: Any, chars: Any, span: str, unit: str
-) -> dict[str, Any]:
-    """One evidence entry. A span label names pages ("p. 3–5") or chapters; traces whose
-    header does not say the unit are told by the label."""
+def evidence_json(found: list[Source] | None) -> list[dict[str, Any]] | None:
+    """Evidence as a trace's final record and `--json` write it."""
+    return None if found is None else [source_json(source) for source in found]
+
+
+def source_json(source: Source) -> dict[str, Any]:
+    """One evidence entry: "pages" or "chapters" only where the document has them."""
     entry: dict[str, Any] = {
-        "step": index + 1,
-        "words": words,
-        "tokens": list(tokens),
-        "chars": list(chars),
+        "step": source.step,
+        "words": list(source.words),
+        "tokens": list(source.tokens),
+        "chars": list(source.chars),
     }
-    if span and (unit == "page" or (not unit and span.startswith("p. "))):
-        entry["pages"] = span.removeprefix("p. ")
-    elif span:
-        entry["chapters"] = span
+    if source.pages is not None:
+        entry["pages"] = source.pages
+    if source.chapters is not None:
+        entry["chapters"] = source.chapters
     return entry
+
+
+def _parse_source(item: Any, where: str) -> Source:
+    """One evidence entry of the final record at `where`, checked field by field."""
+    if not isinstance(item, dict):
+        raise TraceError(f"{where} has an evidence entry that is not an object.")
+    optional = frozenset({"words", "pages", "chapters"})
+    checked = _fields(item, FinalRecord._SOURCE, f"{where}'s evidence", optional)
+    words = checked.get("words", [])
+    if not all(isinstance(w, str) for w in words):
+        raise TraceError(f"{where}'s evidence has a word that is not text.")
+    return Source(
+        step=checked["step"],
+        words=tuple(words),
+        tokens=checked["tokens"],
+        chars=checked["chars"],
+        pages=checked.get("pages"),
+        chapters=checked.get("chapters"),
+    )
