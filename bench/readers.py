@@ -83,7 +83,8 @@ def main() -> int:
     print(
         f"{datetime.now(UTC):%Y-%m-%d} · {platform.machine()} · {found.name} · "
         f"{len(tokens)} tokens in {len(chunks)} chunks of {args.chunk_tokens}; "
-        f"memory {args.memory_tokens}; greedy; InfMem's planner stops at step {args.stop_at + 1}"
+        f"memory {args.memory_tokens}; greedy; InfMem's planner says STOP from step "
+        f"{args.stop_at + 1} on, and it answers at the third"
     )
 
     rows: dict[str, dict[str, Any]] = {}
