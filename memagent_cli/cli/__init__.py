@@ -10,10 +10,11 @@ import typer
 
 from memagent_cli import crash
 from memagent_cli.cli import ask, cache, evaluation, inspect, models, paths, trace
-from memagent_cli.cli.options import CONTEXT
+from memagent_cli.cli.options import CONTEXT, Command, Group
 from memagent_cli.errors import Interrupted
 
 app = typer.Typer(
+    cls=Group,
     help="Answer questions about book-scale documents with a MemAgent model run locally "
     "through llama.cpp.\n\n"
     'Example: memagent ask book.pdf "Who sends the letter, and why?"\n\n'
@@ -22,13 +23,13 @@ app = typer.Typer(
     context_settings=CONTEXT,  # inherited by every command and group below
     pretty_exceptions_show_locals=False,
 )
-app.command("ask")(ask.ask)
-app.command("inspect")(inspect.inspect)
-app.command("trace")(trace.trace)
+app.command("ask", cls=Command)(ask.ask)
+app.command("inspect", cls=Command)(inspect.inspect)
+app.command("trace", cls=Command)(trace.trace)
 app.add_typer(models.app, name="models")
 app.add_typer(evaluation.app, name="eval")
 app.add_typer(cache.app, name="cache")
-app.command("paths")(paths.paths)
+app.command("paths", cls=Command)(paths.paths)
 
 
 @app.callback(invoke_without_command=True)

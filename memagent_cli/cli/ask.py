@@ -2,40 +2,26 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
-import sys
+from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from memagent_cli import protocol
 from memagent_cli.backends.openai import without_credentials
 from memagent_cli.cli import options
 from memagent_cli.cli.options import (
+    FROM_FLAGS,
     INPUT,
-    LLAMA,
     OCR,
     OUTPUT,
-    SAMPLING,
     SECRET_OPTIONS,
-    SERVER,
-    ApiKeyOpt,
-    BackendOpt,
-    BaseUrlOpt,
-    BatchSizeOpt,
-    CacheTypeKOpt,
-    CacheTypeVOpt,
-    ChunkTokensOpt,
     DocumentsArg,
-    EncodingOpt,
-    ExactOpt,
-    FlashAttnOpt,
     FormatOpt,
-    GpuLayersOpt,
     JsonOpt,
-    MemoryTokensOpt,
-    ModelOpt,
     NoDocumentCacheOpt,
     NoReuseOpt,
     NoTraceOpt,
@@ -44,145 +30,124 @@ from memagent_cli.cli.options import (
     PasswordOpt,
     QuietOpt,
     ReaderOpt,
-    RepackOpt,
-    SeedOpt,
-    ServedModelOpt,
-    SpeculateOpt,
-    TemperatureOpt,
-    ThreadsOpt,
-    TimeoutOpt,
-    TogetherOpt,
-    TopPOpt,
-    UbatchSizeOpt,
-    VerboseOpt,
+    Reading,
     WatchOpt,
+    reads,
     user_errors,
 )
 from memagent_cli.documents.ocr import OcrOptions
-from memagent_cli.run.engine import BackendKind
+from memagent_cli.progress import Reporter
 from memagent_cli.text import decoded
 from memagent_cli.trace import check_new, check_resumable, read_trace
 from memagent_cli.views import console, html
 from memagent_cli.views.progress import reporter
 from memagent_cli.views.traces import evidence_line
 
+if TYPE_CHECKING:
+    from memagent_cli.api import Result, Stopped
+
+QuestionsArg = Annotated[
+    list[str] | None,
+    typer.Argument(help="One or more questions.", show_default=False, metavar="QUESTION"),
+]
+QuestionsFileOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--questions",
+        metavar="FILE",
+        help="File of questions, one per line.",
+        show_default=False,
+        rich_help_panel=INPUT,
+    ),
+]
+DocumentsFileOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--documents",
+        metavar="FILE",
+        show_default=False,
+        help="File of document paths, one per line.",
+        rich_help_panel=INPUT,
+    ),
+]
+GlobOpt = Annotated[
+    str | None,
+    typer.Option(
+        metavar="PATTERN",
+        show_default=False,
+        help="With a folder as DOCUMENT: read only files matching this pattern.",
+        rich_help_panel=INPUT,
+    ),
+]
+TraceOpt = Annotated[
+    Path | None,
+    typer.Option(
+        metavar="FILE",
+        help="Write the trace here \\[default: a new file in the data folder; none for an "
+        "encrypted document].",
+        show_default=False,
+        dir_okay=False,
+        rich_help_panel=OUTPUT,
+    ),
+]
+ResumeOpt = Annotated[
+    Path | None,
+    typer.Option(
+        metavar="TRACE",
+        show_default=False,
+        dir_okay=False,
+        help="Continue the interrupted run in TRACE after its last finished step.",
+        rich_help_panel=OUTPUT,
+    ),
+]
+ResumeLatestOpt = Annotated[
+    bool,
+    typer.Option(
+        "--resume-latest",
+        help="Continue the newest unfinished trace of the same document, question, model "
+        "and settings.",
+        rich_help_panel=OUTPUT,
+    ),
+]
+HtmlOpt = Annotated[
+    Path | None,
+    options.html_file(
+        "--html", "Also write an HTML report of the runs to FILE: a tab per question.", OUTPUT
+    ),
+]
+
 
 @user_errors
+@reads
 def ask(
+    ctx: typer.Context,
     document: DocumentsArg = None,
-    questions: Annotated[
-        list[str] | None,
-        typer.Argument(help="One or more questions.", show_default=False, metavar="QUESTION"),
-    ] = None,
-    questions_file: Annotated[
-        Path | None,
-        typer.Option(
-            "--questions",
-            metavar="FILE",
-            help="File of questions, one per line.",
-            show_default=False,
-            rich_help_panel=INPUT,
-        ),
-    ] = None,
-    documents_file: Annotated[
-        Path | None,
-        typer.Option(
-            "--documents",
-            metavar="FILE",
-            show_default=False,
-            help="File of document paths, one per line.",
-            rich_help_panel=INPUT,
-        ),
-    ] = None,
-    glob: Annotated[
-        str | None,
-        typer.Option(
-            metavar="PATTERN",
-            show_default=False,
-            help="With a folder as DOCUMENT: read only files matching this pattern.",
-            rich_help_panel=INPUT,
-        ),
-    ] = None,
-    model: ModelOpt = None,
-    reader: ReaderOpt = None,
-    chunk_tokens: ChunkTokensOpt = protocol.DEFAULT_CHUNK_TOKENS,
-    memory_tokens: MemoryTokensOpt = protocol.DEFAULT_MEMORY_TOKENS,
-    temperature: TemperatureOpt = SAMPLING.temperature,
-    top_p: TopPOpt = SAMPLING.top_p,
-    seed: SeedOpt = None,
+    questions: QuestionsArg = None,
+    questions_file: QuestionsFileOpt = None,
+    documents_file: DocumentsFileOpt = None,
+    glob: GlobOpt = None,
     password: PasswordOpt = None,
     format: FormatOpt = None,
     no_document_cache: NoDocumentCacheOpt = False,
     ocr: OcrOpt = OCR.mode,
     ocr_lang: OcrLangOpt = OCR.languages,
+    reader: ReaderOpt = None,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
-    trace: Annotated[
-        Path | None,
-        typer.Option(
-            help="Write the trace here \\[default: a new file in the data folder; none for an "
-            "encrypted document].",
-            show_default=False,
-            dir_okay=False,
-            rich_help_panel=OUTPUT,
-        ),
-    ] = None,
+    trace: TraceOpt = None,
     no_trace: NoTraceOpt = False,
-    resume: Annotated[
-        Path | None,
-        typer.Option(
-            metavar="TRACE",
-            show_default=False,
-            dir_okay=False,
-            help="Continue the interrupted run in TRACE after its last finished step.",
-            rich_help_panel=OUTPUT,
-        ),
-    ] = None,
-    resume_latest: Annotated[
-        bool,
-        typer.Option(
-            "--resume-latest",
-            help="Continue the newest unfinished trace of the same document, question, model "
-            "and settings.",
-            rich_help_panel=OUTPUT,
-        ),
-    ] = False,
+    resume: ResumeOpt = None,
+    resume_latest: ResumeLatestOpt = False,
     no_reuse: NoReuseOpt = False,
-    backend: BackendOpt = BackendKind.llama,
-    base_url: BaseUrlOpt = None,
-    api_key: ApiKeyOpt = None,
-    served_model: ServedModelOpt = None,
-    encoding: EncodingOpt = SERVER.encoding,
-    parallel: TogetherOpt = None,
     watch: WatchOpt = 1,
-    timeout: TimeoutOpt = SERVER.timeout,
-    gpu_layers: GpuLayersOpt = None,
-    threads: ThreadsOpt = None,
-    speculate: SpeculateOpt = LLAMA.speculate,
-    exact: ExactOpt = LLAMA.exact,
-    flash_attn: FlashAttnOpt = LLAMA.flash_attn,
-    cache_type_k: CacheTypeKOpt = LLAMA.cache_type_k,
-    cache_type_v: CacheTypeVOpt = LLAMA.cache_type_v,
-    batch_size: BatchSizeOpt = LLAMA.batch_size,
-    ubatch_size: UbatchSizeOpt = LLAMA.ubatch_size,
-    repack: RepackOpt = LLAMA.repack,
-    verbose: VerboseOpt = False,
-    report_file: Annotated[
-        Path | None,
-        options.html_file(
-            "--html", "Also write an HTML report of the runs to FILE: a tab per question.", OUTPUT
-        ),
-    ] = None,
+    read: Reading = FROM_FLAGS,
+    report_file: HtmlOpt = None,
 ) -> None:
     """Read DOCUMENT chunk by chunk into a memory and answer each QUESTION from it."""
-    import dataclasses
-
     from memagent_cli import api
-    from memagent_cli.backend import Sampling
     from memagent_cli.documents import inputs
     from memagent_cli.models import registry
-    from memagent_cli.reader import Settings
-    from memagent_cli.run import engine, journal
+    from memagent_cli.run import engine
 
     if documents_file is not None and document is not None:
         # The documents come from the file, so every argument is a question, as `rg -f FILE`
@@ -200,47 +165,71 @@ def ask(
             "give at least one question, as an argument or with --questions FILE.",
             param_hint="QUESTION",
         )
+    _check_named_traces(trace, resume, resume_latest, len(asked))
+    paths = inputs.document_paths(document, documents_file, glob)
+    _check_outputs(trace, resume, report_file, no_trace, several=len(paths) > 1)
+    options.stop_on_sigterm()
+    report = reporter(quiet)
+    shown = _Shown(report, as_json, report_file, no_trace, ctx, len(paths) * len(asked) == 1)
+
+    def open_model() -> api.Model:
+        with report.progress("bytes") as progress:  # an hf: model may be pulled
+            opened = engine.open_backend(read.backend, report.note, progress)
+        how = reader.value if reader else registry.reader_for(opened.name)
+        return api.Model(opened, dataclasses.replace(read.settings, reader=how))
+
+    batch = api.ask_batch(
+        paths, asked, open_model, traces=not no_trace, trace_path=trace, resume=resume,
+        resume_latest=resume_latest, reuse=not no_reuse, parallel=read.parallel,
+        watch=watch - 1, password=password, ask_password=options.ask_password(),
+        format=format, document_cache=not no_document_cache, ocr=OcrOptions(ocr, ocr_lang),
+        report=report,
+    )  # fmt: skip
+    for outcome in batch:
+        if isinstance(outcome, api.Stopped):
+            shown.stopped(outcome)
+        else:
+            shown.result(outcome)
+    shown.write_report()
+    if batch.exit_code:
+        raise typer.Exit(batch.exit_code)
+
+
+def _check_named_traces(
+    trace: Path | None, resume: Path | None, resume_latest: bool, questions: int
+) -> None:
+    """A trace named by --trace or --resume is one question's; one way to name it."""
     for option, named in (("--trace", trace), ("--resume", resume)):
-        if named is not None and len(asked) > 1:
+        if named is not None and questions > 1:
             raise typer.BadParameter(
                 f"{option} names one trace, but there are several questions; leave the path "
                 "out to use one trace per question in the data folder.",
                 param_hint=option,
             )
-    named = {"--trace": trace is not None, "--resume": resume is not None}
-    chosen = [name for name, on in {**named, "--resume-latest": resume_latest}.items() if on]
+    given = (("--trace", trace is not None), ("--resume", resume is not None))
+    chosen = [name for name, on in (*given, ("--resume-latest", resume_latest)) if on]
     if len(chosen) > 1:
         raise typer.BadParameter(f"give one of {' and '.join(chosen)}.", param_hint=chosen[0])
-    in_process = backend != BackendKind.openai  # reads several questions together in one pass
-    backend_options = options.backend_options(
-        backend,
-        1 if in_process else parallel or 1,
-        model=model,
-        base_url=base_url,
-        api_key=api_key,
-        served_model=served_model,
-        encoding=encoding,
-        threads=threads,
-        gpu_layers=gpu_layers,
-        timeout=timeout,
-        verbose=verbose,
-        speculate=speculate,
-        exact=exact,
-        flash_attn=flash_attn,
-        cache_type_k=cache_type_k,
-        cache_type_v=cache_type_v,
-        batch_size=batch_size,
-        ubatch_size=ubatch_size,
-        repack=repack,
-    )
-    paths = inputs.document_paths(document, documents_file, glob)
-    if len(paths) > 1 and (trace is not None or resume is not None):
+
+
+def _check_outputs(
+    trace: Path | None,
+    resume: Path | None,
+    report_file: Path | None,
+    no_trace: bool,
+    *,
+    several: bool,
+) -> None:
+    """Before any model loads: a trace that cannot be written, one to resume that is not
+    there or that another run is writing, a data folder where traces cannot be kept, or a
+    report that cannot be written."""
+    from memagent_cli.run import journal
+
+    if several and (trace is not None or resume is not None):
         raise typer.BadParameter(
             "a named trace is for one document; leave the path out with several documents.",
             param_hint="--trace" if trace is not None else "--resume",
         )
-    # Before any model loads: a trace that cannot be written, one to resume that is not there
-    # or that another run is writing, or a data folder where traces cannot be kept.
     if trace is not None and not no_trace:
         check_new(trace)
     if resume is not None:
@@ -250,89 +239,66 @@ def ask(
         journal.check_data_folder()
     if report_file is not None:
         html.check_writable(report_file)
-    options.stop_on_sigterm()
-    settings = Settings(chunk_tokens, memory_tokens, Sampling(temperature, top_p, seed))
-    report = reporter(quiet)
-    warned = False
-    reported: list = []  # the runs an --html report shows: answered, or stopped with a trace
 
-    def emit(result: api.Result) -> None:
-        nonlocal warned
-        if as_json:
+
+@dataclass
+class _Shown:
+    """What `ask` shows of its runs: each answer on stdout, each stop with how to resume it
+    (once), and the --html report of them all."""
+
+    report: Reporter
+    as_json: bool
+    report_file: Path | None
+    no_trace: bool
+    ctx: typer.Context
+    one_run: bool
+    reported: list[Any] = field(default_factory=list)  # answered, or stopped with a trace
+    warned: bool = False
+    hinted: bool = False
+    untraced: bool = False
+
+    def result(self, result: Result) -> None:
+        if self.as_json:
             console.result_json(result.to_json())
         else:
             console.result(result.text)
         if where := evidence_line(result.evidence, result.chunks):
-            report.note(where)
-        if report_file is not None:
-            reported.append(result.to_trace())
-        if result.answer is None and not warned:
+            self.report.note(where)
+        if self.report_file is not None:
+            self.reported.append(result.to_trace())
+        if result.answer is None and not self.warned:
             console.warn(
                 "the model put no answer in \\boxed{}; printed its raw final reply instead."
             )
-            warned = True
+            self.warned = True
 
-    hinted = untraced = False
-
-    def stopped(stop: api.Stopped) -> None:
-        nonlocal hinted, untraced
+    def stopped(self, stop: Stopped) -> None:
         console.error(stop.message)
-        if report_file is not None and stop.trace_path is not None and stop.trace_path.is_file():
-            reported.append(read_trace(stop.trace_path))
-        if stop.trace_path is not None and not hinted:
-            one_run = len(paths) == 1 and len(asked) == 1
-            command, left_out = _resume_command(stop.trace_path if one_run else None)
+        where = stop.trace_path
+        if self.report_file is not None and where is not None and where.is_file():
+            self.reported.append(read_trace(where))
+        if where is not None and not self.hinted:
+            command, left_out = resume_command(self.ctx, where if self.one_run else None)
             console.note("resume with: " + command)
             if left_out:
                 names = " and ".join(left_out)
                 variables = " and ".join("$" + _SECRETS[name] for name in left_out)
                 again = "them" if len(left_out) > 1 else "it"
                 console.note(f"({names} left out: give {again} again, or set {variables})")
-            hinted = True
-        if stop.trace_path is None and stop.encrypted and not no_trace and not untraced:
+            self.hinted = True
+        if where is None and stop.encrypted and not self.no_trace and not self.untraced:
             console.note(
                 "an encrypted document's run keeps no trace, so none resumes: the same "
                 "command reads it again from the first step."
             )
-            untraced = True
+            self.untraced = True
 
-    def open_model() -> api.Model:
-        with report.progress("bytes") as progress:  # an hf: model may be pulled
-            opened = engine.open_backend(backend_options, report.note, progress)
-        how = reader.value if reader else registry.reader_for(opened.name)
-        return api.Model(opened, dataclasses.replace(settings, reader=how))
-
-    batch = api.ask_batch(
-        paths,
-        asked,
-        open_model,
-        traces=not no_trace,
-        trace_path=trace,
-        resume=resume,
-        resume_latest=resume_latest,
-        reuse=not no_reuse,
-        parallel=parallel if in_process else parallel or 1,
-        watch=watch - 1,
-        password=password,
-        ask_password=options.ask_password(),
-        format=format,
-        document_cache=not no_document_cache,
-        ocr=OcrOptions(ocr, ocr_lang),
-        report=report,
-    )
-    for outcome in batch:
-        if isinstance(outcome, api.Stopped):
-            stopped(outcome)
-        else:
-            emit(outcome)
-    code = batch.exit_code
-    if report_file is not None and reported:
-        html.write(report_file, html.trace_report(reported))
-        report.note(f"report: {report_file}")
-    elif report_file is not None:
-        console.warn(f"no report written to {report_file}: no question was read.")
-    if code:
-        raise typer.Exit(code)
+    def write_report(self) -> None:
+        if self.report_file is not None and self.reported:
+            html.write(self.report_file, html.trace_report(self.reported))
+            self.report.note(f"report: {self.report_file}")
+        elif self.report_file is not None:
+            console.warn(f"no report written to {self.report_file}: no question was read.")
 
 
 # The options a resume hint leaves out, and the variable that gives each instead: secrets,
@@ -341,29 +307,49 @@ _BASE_URL = "--base-url"
 _SECRETS = {**SECRET_OPTIONS, _BASE_URL: "MEMAGENT_BASE_URL"}
 
 
-def _resume_command(trace_path: Path | None) -> tuple[str, list[str]]:
-    """This command line again, continuing from `trace_path`; with several runs, the same
-    command, which continues each run where its trace ends (run/journal.py). Also the
-    secret options left out of it: a hint printed to a terminal or a log must never repeat
-    a password, an API key or credentials in a URL."""
-    dropped = ("--resume", "--trace", *_SECRETS) if trace_path else tuple(_SECRETS)
+def resume_command(ctx: typer.Context, trace_path: Path | None) -> tuple[str, list[str]]:
+    """The command line `ctx` parsed, again, continuing from `trace_path`; with several
+    runs, the same command, which continues each run where its trace ends (run/journal.py).
+    Only what was given on the command line comes back (a value from a variable is there
+    again for the next command), and never a secret: a hint printed to a terminal or a log
+    must never repeat a password, an API key or credentials in a URL. Also the secret
+    options so left out."""
+    dropped = ("--resume", "--trace", "--resume-latest") if trace_path else ()
     words: list[str] = []
-    rest: list[str] = []
+    arguments: list[str] = []
     left_out: list[str] = []
-    args = iter(sys.argv[1:])
-    for arg in args:
-        name, equals, value = arg.partition("=")
-        if arg == "--":  # what follows are arguments, never options
-            rest = [arg, *args]
-        elif name in dropped:
-            if not equals:
-                value = next(args, "")  # its value is the next word
-            if name == _BASE_URL and without_credentials(value) == value:
-                words += [arg] if equals else [arg, value]  # no credentials in it: kept
-            elif name in _SECRETS and name not in left_out:
-                left_out.append(name)
-        elif arg != "--resume-latest" or not trace_path:
-            words.append(arg)
+    for param in ctx.command.params:
+        source = ctx.get_parameter_source(param.name) if param.name else None
+        if source is None or source.name != "COMMANDLINE":
+            continue  # a default, or a variable's value
+        value = ctx.params[param.name]
+        if param.param_type_name == "argument":
+            arguments += [_word(v) for v in (value if isinstance(value, list) else [value])]
+            continue
+        name = next(opt for opt in param.opts if opt.startswith("--"))
+        if name in _SECRETS and (name != _BASE_URL or without_credentials(value) != value):
+            left_out.append(name)
+        elif name not in dropped:
+            words += _option_words(param, name, value)
     if trace_path:
         words += ["--resume", str(trace_path)]
-    return "memagent " + shlex.join(words + rest), left_out
+    command = [ctx.info_name or "ask"]
+    if any(word.startswith("-") and word != "-" for word in arguments):
+        command += [*words, "--", *arguments]  # after --, no argument is read as an option
+    else:
+        command += [*arguments, *words]
+    return "memagent " + shlex.join(command), left_out
+
+
+def _option_words(param: Any, name: str, value: Any) -> list[str]:
+    """An option as it is typed: a flag by its name (--no-X where it is off), else the name
+    and its value."""
+    if param.is_flag:
+        if param.secondary_opts and not value:
+            return [param.secondary_opts[0]]
+        return [name] if value else []
+    return [name, _word(value)]
+
+
+def _word(value: Any) -> str:
+    return str(value.value if isinstance(value, Enum) else value)

@@ -7,16 +7,17 @@ import json
 
 import typer
 
-from memagent_cli.cli.options import JsonOpt, user_errors
+from memagent_cli.cli.options import Command, Group, JsonOpt, user_errors
 
 app = typer.Typer(
+    cls=Group,
     help="The cache of extracted document text: what it holds, and clearing it "
     "(`memagent paths documents` prints its folder).",
     no_args_is_help=True,
 )
 
 
-@app.command("info")
+@app.command("info", cls=Command)
 @user_errors
 def cache_info(as_json: JsonOpt = False) -> None:
     """How many documents the cache holds, their size, and its limit.
@@ -34,7 +35,7 @@ def cache_info(as_json: JsonOpt = False) -> None:
         views.print_cache(usage)
 
 
-@app.command("clear")
+@app.command("clear", cls=Command)
 @user_errors
 def cache_clear() -> None:
     """Delete every cached document text."""

@@ -2,52 +2,40 @@
 
 from __future__ import annotations
 
+import dataclasses
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from memagent_cli import protocol
 from memagent_cli.cli import options
 from memagent_cli.cli.options import (
-    LLAMA,
+    FROM_FLAGS,
     OCR,
-    SAMPLING,
-    SERVER,
-    ApiKeyOpt,
-    BackendOpt,
-    BaseUrlOpt,
-    ChunkTokensOpt,
-    EncodingOpt,
-    ExactOpt,
-    GpuLayersOpt,
+    Command,
+    Group,
     JsonOpt,
-    MemoryTokensOpt,
-    ModelOpt,
     NoReuseOpt,
     NoTraceOpt,
     OcrLangOpt,
     OcrOpt,
-    ParallelOpt,
     QuietOpt,
-    RepackOpt,
-    SeedOpt,
-    ServedModelOpt,
-    TemperatureOpt,
-    ThreadsOpt,
-    TimeoutOpt,
-    TopPOpt,
-    VerboseOpt,
+    Reading,
+    choices,
+    reads,
     user_errors,
 )
 from memagent_cli.documents.ocr import OcrOptions
 from memagent_cli.evaluation.niah import VARIANTS
-from memagent_cli.run.engine import BackendKind
+from memagent_cli.run.engine import ReadOptions
 from memagent_cli.views.progress import reporter
 
+if TYPE_CHECKING:
+    from memagent_cli.evaluation.evaluate import EvalOptions
 
-class _EvalGroup(typer.core.TyperGroup):
+
+class _EvalGroup(Group):
     """`memagent eval DATA...` runs the authors' files (the `run` command); `eval niah` and
     `eval report` are named."""
 
@@ -72,6 +60,7 @@ EvalOutputOpt = Annotated[
     typer.Option(
         "--output",
         "-o",
+        metavar="FILE",
         dir_okay=False,
         show_default=False,
         help="Results file (JSON Lines, one line per case); run again to continue it "
@@ -91,40 +80,37 @@ PlotOpt = Annotated[
 
 
 def _eval_options(
-    *, backend: str, parallel: int, settings: tuple[int, int, float, float, int | None], **kw: Any
-) -> Any:
-    """The options every eval run shares, checked as `ask` checks them."""
-    from memagent_cli.backend import Sampling
-    from memagent_cli.evaluation import plot
+    read: ReadOptions,
+    *,
+    output: Path | None,
+    no_trace: bool,
+    no_reuse: bool,
+    quiet: bool,
+    plot: Path | None,
+) -> EvalOptions:
+    """The options every eval run shares, checked before any model loads."""
+    from memagent_cli.evaluation import plot as plotting
     from memagent_cli.evaluation.evaluate import EvalOptions
-    from memagent_cli.reader import Settings
 
-    fields = {k: kw.pop(k) for k in list(kw) if k in _BACKEND_FIELDS}
-    # In-process, --parallel N reads N cases at once in one context (run/ask.py ask_each).
-    threads = parallel if backend == BackendKind.openai else 1
-    backend_options = options.backend_options(backend, threads, "cases", **fields)
-    chunk_tokens, memory_tokens, temperature, top_p, seed = settings
-    if kw.pop("plot") is not None:
-        plot.require()  # fails in seconds, before any model loads
-    kw["report"] = reporter(kw.pop("quiet"))
-    kw.pop("as_json")
+    if plot is not None:
+        plotting.require()  # fails in seconds, before any model loads
     options.stop_on_sigterm()
     return EvalOptions(
-        backend=backend_options,
-        settings=Settings(chunk_tokens, memory_tokens, Sampling(temperature, top_p, seed)),
-        parallel=parallel,
-        **kw,
+        backend=read.backend,
+        settings=read.settings,
+        output=output,
+        reuse=not no_reuse,
+        # One case at a time unless --parallel says more: in-process read together in one
+        # context, with a server in flight (evaluation/evaluate.py).
+        parallel=read.parallel or 1,
+        write_traces=not no_trace,
+        report=reporter(quiet),
     )
 
 
-_BACKEND_FIELDS = (
-    "model", "base_url", "api_key", "served_model", "encoding", "threads", "gpu_layers",
-    "timeout", "verbose", "exact", "repack",
-)  # fmt: skip
-
-
-@app.command("run")
+@app.command("run", cls=Command)
 @user_errors
+@reads
 def eval_run(
     data: Annotated[
         list[str],
@@ -135,55 +121,38 @@ def eval_run(
     ],
     limit: Annotated[
         int | None,
-        typer.Option(min=1, show_default=False, help="Run the first N cases of each file."),
+        typer.Option(
+            metavar="N",
+            callback=options.at_least(1),
+            show_default=False,
+            help="Run the first N cases of each file.",
+        ),
     ] = None,
     output: EvalOutputOpt = None,
     as_json: JsonOpt = False,
     plot: PlotOpt = None,
-    model: ModelOpt = None,
-    chunk_tokens: ChunkTokensOpt = protocol.DEFAULT_CHUNK_TOKENS,
-    memory_tokens: MemoryTokensOpt = protocol.DEFAULT_MEMORY_TOKENS,
-    temperature: TemperatureOpt = SAMPLING.temperature,
-    top_p: TopPOpt = SAMPLING.top_p,
-    seed: SeedOpt = None,
-    backend: BackendOpt = BackendKind.llama,
-    base_url: BaseUrlOpt = None,
-    api_key: ApiKeyOpt = None,
-    served_model: ServedModelOpt = None,
-    encoding: EncodingOpt = SERVER.encoding,
-    parallel: ParallelOpt = 1,
-    timeout: TimeoutOpt = SERVER.timeout,
-    gpu_layers: GpuLayersOpt = None,
-    threads: ThreadsOpt = None,
-    exact: ExactOpt = LLAMA.exact,
-    repack: RepackOpt = LLAMA.repack,
+    read: Reading = FROM_FLAGS,
     no_trace: NoTraceOpt = False,
     no_reuse: NoReuseOpt = False,
     quiet: QuietOpt = False,
-    verbose: VerboseOpt = False,
 ) -> None:
     """Run every case of the authors' files as an ordinary ask, scored as their ruler_hqa.py."""
     from memagent_cli.evaluation import evaluate
     from memagent_cli.views import evaluation as views
 
-    options = _eval_options(
-        backend=backend,
-        parallel=parallel,
-        settings=(chunk_tokens, memory_tokens, temperature, top_p, seed),
-        model=model, base_url=base_url, api_key=api_key, served_model=served_model,
-        encoding=encoding, threads=threads, gpu_layers=gpu_layers, timeout=timeout,
-        verbose=verbose, exact=exact, repack=repack, output=output, write_traces=not no_trace,
-        reuse=not no_reuse, quiet=quiet, as_json=as_json, plot=plot,
-    )  # fmt: skip
+    how = _eval_options(
+        read, output=output, no_trace=no_trace, no_reuse=no_reuse, quiet=quiet, plot=plot
+    )
     try:
-        finished = evaluate.eval_files(data, limit, options)
+        finished = evaluate.eval_files(data, limit, how)
     except evaluate.Stopped as stop:
         raise typer.Exit(views.stopped(stop)) from None
-    views.show(finished, as_json=as_json, plot_path=plot, note=options.report)
+    views.show(finished, as_json=as_json, plot_path=plot, note=how.report)
 
 
-@app.command("niah")
+@app.command("niah", cls=Command)
 @user_errors
+@reads
 def eval_niah(
     haystack: Annotated[
         str,
@@ -204,50 +173,34 @@ def eval_niah(
     ] = "5",
     needles: Annotated[
         Needles,
-        typer.Option(help="RULER variant (docs/eval.md)."),
+        typer.Option(metavar=choices(Needles), help="RULER variant (docs/eval.md)."),
     ] = Needles.single,
-    seed: Annotated[
-        int, typer.Option(help="Seed of the cases (keys, values, other needles) and sampling.")
-    ] = 0,
     ocr: OcrOpt = OCR.mode,
     ocr_lang: OcrLangOpt = OCR.languages,
     output: EvalOutputOpt = None,
     as_json: JsonOpt = False,
     plot: PlotOpt = None,
-    model: ModelOpt = None,
-    chunk_tokens: ChunkTokensOpt = protocol.DEFAULT_CHUNK_TOKENS,
-    memory_tokens: MemoryTokensOpt = protocol.DEFAULT_MEMORY_TOKENS,
-    temperature: TemperatureOpt = SAMPLING.temperature,
-    top_p: TopPOpt = SAMPLING.top_p,
-    backend: BackendOpt = BackendKind.llama,
-    base_url: BaseUrlOpt = None,
-    api_key: ApiKeyOpt = None,
-    served_model: ServedModelOpt = None,
-    encoding: EncodingOpt = SERVER.encoding,
-    parallel: ParallelOpt = 1,
-    timeout: TimeoutOpt = SERVER.timeout,
-    gpu_layers: GpuLayersOpt = None,
-    threads: ThreadsOpt = None,
-    exact: ExactOpt = LLAMA.exact,
-    repack: RepackOpt = LLAMA.repack,
+    read: Reading = FROM_FLAGS,
     no_trace: NoTraceOpt = False,
     no_reuse: NoReuseOpt = False,
     quiet: QuietOpt = False,
-    verbose: VerboseOpt = False,
 ) -> None:
-    """Hide RULER key-value needles in a document at each depth and length, and ask for them."""
+    """Hide RULER key-value needles in a document at each depth and length, and ask for them.
+
+    --seed seeds the cases (keys, values, other needles) and the sampling; 0 unless given."""
     from memagent_cli.evaluation import evaluate
     from memagent_cli.views import evaluation as views
 
-    options = _eval_options(
-        backend=backend,
-        parallel=parallel,
-        settings=(chunk_tokens, memory_tokens, temperature, top_p, seed),
-        model=model, base_url=base_url, api_key=api_key, served_model=served_model,
-        encoding=encoding, threads=threads, gpu_layers=gpu_layers, timeout=timeout,
-        verbose=verbose, exact=exact, repack=repack, output=output, write_traces=not no_trace,
-        reuse=not no_reuse, quiet=quiet, as_json=as_json, plot=plot,
-    )  # fmt: skip
+    seed = read.settings.sampling.seed
+    if seed is None:  # the cases are reproducible by default, and so their sampling
+        seed = 0
+        sampling = dataclasses.replace(read.settings.sampling, seed=seed)
+        read = dataclasses.replace(
+            read, settings=dataclasses.replace(read.settings, sampling=sampling)
+        )
+    how = _eval_options(
+        read, output=output, no_trace=no_trace, no_reuse=no_reuse, quiet=quiet, plot=plot
+    )
     try:
         finished = evaluate.eval_niah(
             haystack,
@@ -255,15 +208,15 @@ def eval_niah(
             depths=depths,
             variant=needles,
             seed=seed,
-            options=options,
+            options=how,
             ocr=OcrOptions(ocr, ocr_lang),
         )
     except evaluate.Stopped as stop:
         raise typer.Exit(views.stopped(stop)) from None
-    views.show(finished, as_json=as_json, plot_path=plot, note=options.report)
+    views.show(finished, as_json=as_json, plot_path=plot, note=how.report)
 
 
-@app.command("report")
+@app.command("report", cls=Command)
 @user_errors
 def eval_report(
     runs: Annotated[

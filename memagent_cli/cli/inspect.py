@@ -7,33 +7,25 @@ from typing import Annotated
 
 import typer
 
-from memagent_cli import protocol
-from memagent_cli.backends.llama_cpp import LlamaOptions
 from memagent_cli.cli import options
 from memagent_cli.cli.options import (
+    FROM_FLAGS,
     OCR,
     OUTPUT,
-    SERVER,
-    ChunkTokensOpt,
     DocumentArg,
-    EncodingOpt,
     FormatOpt,
-    GpuLayersOpt,
+    Inspecting,
     JsonOpt,
-    MemoryTokensOpt,
-    ModelOpt,
     NoDocumentCacheOpt,
     OcrLangOpt,
     OcrOpt,
     PasswordOpt,
     QuietOpt,
-    RepackOpt,
-    ThreadsOpt,
-    VerboseOpt,
+    choices,
+    reads,
     user_errors,
 )
 from memagent_cli.documents.ocr import OcrOptions
-from memagent_cli.run.engine import BackendOptions
 from memagent_cli.views import console
 from memagent_cli.views.progress import reporter
 
@@ -46,15 +38,17 @@ class Tokenizer(StrEnum):
 
 
 @user_errors
+@reads
 def inspect(
     document: DocumentArg,
-    model: ModelOpt = None,
-    chunk_tokens: ChunkTokensOpt = protocol.DEFAULT_CHUNK_TOKENS,
-    memory_tokens: MemoryTokensOpt = protocol.DEFAULT_MEMORY_TOKENS,
+    read: Inspecting = FROM_FLAGS,
     tokenizer: Annotated[
-        Tokenizer, typer.Option(help="Count tokens with the model's tokenizer, or with tiktoken.")
+        Tokenizer,
+        typer.Option(
+            metavar=choices(Tokenizer),
+            help="Count tokens with the model's tokenizer, or with tiktoken.",
+        ),
     ] = Tokenizer.model,
-    encoding: EncodingOpt = SERVER.encoding,
     estimate: Annotated[
         bool, typer.Option(help="Estimate a question's time from a short model warm-up.")
     ] = True,
@@ -72,12 +66,8 @@ def inspect(
             rich_help_panel=OUTPUT,
         ),
     ] = False,
-    gpu_layers: GpuLayersOpt = None,
-    threads: ThreadsOpt = None,
-    repack: RepackOpt = None,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
-    verbose: VerboseOpt = False,
 ) -> None:
     """Show DOCUMENT's format, pages, tokens and chunks without asking the model anything."""
     from memagent_cli.documents import inputs
@@ -85,7 +75,7 @@ def inspect(
     from memagent_cli.views import inspect as views
 
     report = reporter(quiet)
-    read = inputs.read_document(
+    loaded = inputs.read_document(
         document,
         password=password,
         format=format,
@@ -95,25 +85,18 @@ def inspect(
         ocr=OcrOptions(ocr, ocr_lang),
     )
     if text:
-        pages = inspection.document_pages(read)
+        pages = inspection.document_pages(loaded)
         if as_json:
             console.result_json(pages, indent=2)
         else:
             views.print_pages(pages)
         return
     found = inspection.inspect_document(
-        read,
-        model=BackendOptions(
-            model=model,
-            llama=LlamaOptions(
-                threads=threads, gpu_layers=gpu_layers, verbose=verbose, repack=repack
-            ),
-        )
-        if tokenizer == "model"
-        else None,
-        encoding=encoding,
-        chunk_tokens=chunk_tokens,
-        memory_tokens=memory_tokens,
+        loaded,
+        model=read.backend if tokenizer == "model" else None,
+        encoding=read.backend.server.encoding,
+        chunk_tokens=read.settings.chunk_tokens,
+        memory_tokens=read.settings.memory_tokens,
         estimate=estimate and tokenizer == "model",
         report=report,
     )

@@ -7,14 +7,16 @@ from typing import Annotated
 
 import typer
 
-from memagent_cli.cli.options import JsonOpt, QuietOpt, stop_on_sigterm, user_errors
+from memagent_cli.cli.options import Command, Group, JsonOpt, QuietOpt, stop_on_sigterm, user_errors
 from memagent_cli.errors import ModelError
 from memagent_cli.models.conversion.quantize import NEEDS_IMATRIX, QuantType, quant_type
 from memagent_cli.views import console as display
 from memagent_cli.views.progress import reporter
 
 app = typer.Typer(
-    help="List, describe, download, convert and remove GGUF models.", no_args_is_help=True
+    cls=Group,
+    help="List, describe, download, convert and remove GGUF models.",
+    no_args_is_help=True,
 )
 
 
@@ -40,7 +42,7 @@ def _complete_quant(incomplete: str) -> list[str]:
     return [name for name in names if name.startswith(incomplete)]
 
 
-@app.command("list")
+@app.command("list", cls=Command)
 @user_errors
 def models_list(as_json: JsonOpt = False) -> None:
     """The registry's models and every GGUF found locally, read from their headers."""
@@ -54,7 +56,7 @@ def models_list(as_json: JsonOpt = False) -> None:
         modelview.print_catalogue(rows)
 
 
-@app.command("info")
+@app.command("info", cls=Command)
 @user_errors
 def models_info(
     model: Annotated[
@@ -79,6 +81,7 @@ def models_info(
 
 @app.command(
     "pull",
+    cls=Command,
     help="Download a GGUF into the data folder, resuming a partial download; a repository of "
     "Hugging Face weights is downloaded, converted and quantized. Prints the GGUF's path."
     f"\n\nQUANT of Hugging Face weights: {_TYPES_HELP}.",
@@ -113,7 +116,7 @@ def models_pull(
     display.result(str(pulled.path))
 
 
-@app.command("convert")
+@app.command("convert", cls=Command)
 @user_errors
 def models_convert(
     folder: Annotated[
@@ -168,7 +171,7 @@ def models_convert(
     display.result(str(model.path))
 
 
-@app.command("rm")
+@app.command("rm", cls=Command)
 @user_errors
 def models_rm(
     model: Annotated[

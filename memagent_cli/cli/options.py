@@ -1,20 +1,27 @@
-"""Options and checks shared by several commands, defined once."""
+"""Options and checks shared by several commands, defined once: each option with its flag,
+help and panel; the engine's flags given to every command that reads by one decorator
+(`reads`), arriving as one checked ReadOptions; and the command class whose `--help` shows
+them."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import os
 import signal
 import sys
+import typing
 from collections.abc import Callable
-from enum import StrEnum
+from dataclasses import dataclass
+from enum import Enum, StrEnum
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
+from typer import core
 
-from memagent_cli import readers
+from memagent_cli import protocol, readers
 from memagent_cli.backend import Sampling
 from memagent_cli.backends.llama_cpp import CacheType, FlashAttn, LlamaOptions
 from memagent_cli.backends.openai import (
@@ -26,12 +33,10 @@ from memagent_cli.backends.openai import (
 from memagent_cli.documents.document import DocumentFormat
 from memagent_cli.documents.ocr import OcrMode, OcrOptions
 from memagent_cli.errors import Interrupted, UserError
-from memagent_cli.run.engine import BackendKind, BackendOptions
+from memagent_cli.reader import Settings
+from memagent_cli.run.engine import BackendKind, BackendOptions, ReadOptions
 from memagent_cli.text import printable
 from memagent_cli.views import console
-
-# The defaults of every option below, from the one place that owns each.
-LLAMA, SERVER, SAMPLING = LlamaOptions(), ServerOptions(), Sampling()
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -39,48 +44,76 @@ F = TypeVar("F", bound=Callable[..., Any])
 CONTEXT = {"help_option_names": ["-h", "--help"]}
 
 
-_SHOWN = {"int": "N", "int range": "N", "float": "N", "float range": "N", "file": "FILE"}
-_SHOWN |= {"path": "PATH", "directory": "FOLDER"}
+class _QuietOption(core.TyperOption):
+    def display_type_rich(self, ctx: Any) -> str | None:
+        return self.metavar  # N, FILE, URL, the choices: what the option declares, else nothing
 
 
-def shown_type(param: Any, ctx: Any) -> str | None:
-    """What `--help` shows beside an option: a metavar only where it says something (FILE,
-    N, URL, the choices), never `<bool>`, `<str>` or `<int range>`. An argument's name
-    already stands in its own column."""
-    from typer import core
-
-    if isinstance(param, core.TyperArgument):
-        return None
-    if param.metavar is not None:
-        return str(param.metavar)
-    typed = param.display_type(ctx).strip("<>")  # Typer's label: "bool", "int range", "a|b"
-    if "|" in typed and not typed.startswith("list["):
-        return typed
-    return _SHOWN.get(typed)
+class _QuietArgument(core.TyperArgument):
+    def display_type_rich(self, ctx: Any) -> str | None:
+        return None  # an argument's name already stands in its own column
 
 
-def _quiet_help_types() -> None:
-    """Typer (0.2x) prints every parameter's Python type in `--help`; shown_type says what
-    to print instead. Older Typer prints Click's metavars and has nothing to replace."""
-    from typer import core
-
-    for cls in (core.TyperOption, core.TyperArgument):
-        if hasattr(cls, "display_type_rich") and hasattr(cls, "display_type"):
-            cls.display_type_rich = shown_type
-        if hasattr(cls, "_get_number_range_help_str"):  # "[x>=1]": the help says the range
-            cls._get_number_range_help_str = lambda self: None
+def _quiet(param: Any) -> Any:
+    """`param` as its quiet kind. Typer makes every parameter a TyperOption or TyperArgument
+    and has no say in the class; the quiet kinds add no state, only their help column."""
+    if type(param) is core.TyperOption:
+        param.__class__ = _QuietOption
+    elif type(param) is core.TyperArgument:
+        param.__class__ = _QuietArgument
+    return param
 
 
-_quiet_help_types()
+class Command(core.TyperCommand):
+    """A command whose `--help` shows beside an option only what its metavar says (FILE, N,
+    URL, the choices), never the Python type Typer (0.2x) prints (`<bool>`, `<str>`,
+    `<int range> [x>=1]`): every command of memagent is one (`cls=Command`)."""
 
-# Where an option shows in `--help`, grouped as llama.cpp groups its flags.
+    def get_params(self, ctx: Any) -> list[Any]:
+        return [_quiet(param) for param in super().get_params(ctx)]
+
+
+class Group(core.TyperGroup):
+    """A group of commands whose own `--help` is as Command's (`cls=Group`)."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return [_quiet(param) for param in super().get_params(ctx)]
+
+
+def choices(kind: type[Enum]) -> str:
+    """The metavar of an option of `kind`: its choices, as `a|b|c`."""
+    return "|".join(str(choice.value) for choice in kind)
+
+
+def at_least(low: float) -> Callable[[Any], Any]:
+    """The check of a number option, said as Typer says its own ranges; a Typer `min=` would
+    also print the range in `--help`, where the help says it."""
+
+    def check(value: Any) -> Any:
+        if value is not None and value < low:
+            raise typer.BadParameter(f"Input should be greater than or equal to {low:g}")
+        return value
+
+    return check
+
+
+def _fraction(value: float) -> float:
+    if value < 0:
+        raise typer.BadParameter("Input should be greater than or equal to 0")
+    if value > 1:
+        raise typer.BadParameter("Input should be less than or equal to 1")
+    return value
+
+
+# Where an option shows in `--help`, grouped as llama.cpp groups its flags, in this order.
 INPUT, MODEL, READING = "Input", "Model", "Reading"
 OUTPUT, SERVER_PANEL, ENGINE = "Output", "Server (--backend openai)", "Engine (llama.cpp)"
+_PANELS = (None, INPUT, MODEL, READING, OUTPUT, SERVER_PANEL, ENGINE)
 # Secrets may come from the environment, so that they need not sit in shell history or in
 # what `ps` shows; a resume hint never repeats them (cli/ask.py).
 PASSWORD_VARIABLE = "MEMAGENT_PDF_PASSWORD"
 # $OPENAI_API_KEY is not one of them: it is the OpenAI SDK's key for $OPENAI_BASE_URL
-# (backend_options below sends it there, and to OpenAI, only).
+# (ReadFlags below sends it there, and to OpenAI, only).
 API_KEY_VARIABLE = "MEMAGENT_API_KEY"
 SECRET_OPTIONS = {"--password": PASSWORD_VARIABLE, "--api-key": API_KEY_VARIABLE}
 
@@ -113,45 +146,11 @@ DocumentsArg = Annotated[
         show_default=False,
     ),
 ]
-ModelOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--model",
-        "-m",
-        metavar="MODEL",
-        show_default=False,
-        autocompletion=complete_model,
-        rich_help_panel=MODEL,
-        help="GGUF file, registry name, or hf:OWNER/NAME[:QUANT] (pulled on first use) "
-        "\\[default: $MEMAGENT_MODEL, else the default model].",
-    ),
-]
-ChunkTokensOpt = Annotated[
-    int, typer.Option(min=1, help="Model tokens of document per step.", rich_help_panel=READING)
-]
-MemoryTokensOpt = Annotated[
-    int,
-    typer.Option(
-        min=1, help="Most tokens the memory (each update) may take.", rich_help_panel=READING
-    ),
-]
-# The readers of readers/, as an Enum so that --help lists them.
-ReaderName = StrEnum("ReaderName", {name: name for name in readers.NAMES})
-ReaderOpt = Annotated[
-    ReaderName | None,
-    typer.Option(
-        "--reader",
-        show_default=False,
-        help="How the chunks are read: memagent (every chunk into the memory), rememr1 "
-        "(recalls earlier memories), infmem (searches, stops early) \\[default: the model's "
-        "own, from the registry, else memagent].",
-        rich_help_panel=READING,
-    ),
-]
 FormatOpt = Annotated[
     DocumentFormat | None,
     typer.Option(
         "--format",
+        metavar=choices(DocumentFormat),
         show_default=False,
         help="Read DOCUMENT as text, pdf or epub, whatever its content looks like.",
         rich_help_panel=INPUT,
@@ -179,6 +178,7 @@ OcrOpt = Annotated[
     OcrMode,
     typer.Option(
         "--ocr",
+        metavar=choices(OcrMode),
         help="Read PDF pages by OCR: those without a text layer (auto), every page, for a "
         "garbage text layer (always), or none (never).",
         rich_help_panel=INPUT,
@@ -195,11 +195,66 @@ OcrLangOpt = Annotated[
     ),
 ]
 OCR = OcrOptions()  # the defaults of --ocr and --ocr-lang
+JsonOpt = Annotated[
+    bool, typer.Option("--json", help="Print JSON instead of text.", rich_help_panel=OUTPUT)
+]
+QuietOpt = Annotated[
+    bool, typer.Option("--quiet", "-q", help="Show no progress.", rich_help_panel=OUTPUT)
+]
+WatchOpt = Annotated[
+    int,
+    typer.Option(
+        metavar="N",
+        callback=at_least(1),
+        help="With several questions read at once: the live view shows this one's memory.",
+        rich_help_panel=OUTPUT,
+    ),
+]
+
+
+def html_file(name: str, help: str, panel: str | None = None) -> Any:
+    """The option of a command that also writes an HTML report (views/html.py) to FILE:
+    `ask --html`, `trace --html`, `eval report --html`. Only the name, the help and the
+    help panel differ between them."""
+    return typer.Option(
+        name, metavar="FILE", dir_okay=False, show_default=False, help=help, rich_help_panel=panel
+    )
+
+
+NoTraceOpt = Annotated[
+    bool, typer.Option("--no-trace", help="Write no trace.", rich_help_panel=OUTPUT)
+]
+NoReuseOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-reuse",
+        help="Read again even where an identical greedy run finished (else its answer is reused).",
+        rich_help_panel=OUTPUT,
+    ),
+]
+
+
+# The engine's flags, each declared once; ModelFlags and ReadFlags below give them to the
+# commands. Engine settings are named as llama.cpp names them.
+ModelOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--model",
+        "-m",
+        metavar="MODEL",
+        show_default=False,
+        autocompletion=complete_model,
+        rich_help_panel=MODEL,
+        help="GGUF file, registry name, or hf:OWNER/NAME[:QUANT] (pulled on first use) "
+        "\\[default: $MEMAGENT_MODEL, else the default model].",
+    ),
+]
 GpuLayersOpt = Annotated[
     int | None,
     typer.Option(
         "--gpu-layers",
         "-ngl",
+        metavar="N",
         show_default=False,
         help="Layers to offload to the GPU \\[default: all when llama.cpp was built with GPU "
         "support, else 0].",
@@ -211,10 +266,67 @@ ThreadsOpt = Annotated[
     typer.Option(
         "--threads",
         "-t",
-        min=1,
+        metavar="N",
+        callback=at_least(1),
         show_default=False,
         help="CPU threads \\[default: physical cores].",
         rich_help_panel=MODEL,
+    ),
+]
+ChunkTokensOpt = Annotated[
+    int,
+    typer.Option(
+        metavar="N",
+        callback=at_least(1),
+        help="Model tokens of document per step.",
+        rich_help_panel=READING,
+    ),
+]
+MemoryTokensOpt = Annotated[
+    int,
+    typer.Option(
+        metavar="N",
+        callback=at_least(1),
+        help="Most tokens the memory (each update) may take.",
+        rich_help_panel=READING,
+    ),
+]
+# The readers of readers/, as an Enum so that --help lists them.
+ReaderName = StrEnum("ReaderName", {name: name for name in readers.NAMES})
+ReaderOpt = Annotated[
+    ReaderName | None,
+    typer.Option(
+        "--reader",
+        metavar=choices(ReaderName),
+        show_default=False,
+        help="How the chunks are read: memagent (every chunk into the memory), rememr1 "
+        "(recalls earlier memories), infmem (searches, stops early) \\[default: the model's "
+        "own, from the registry, else memagent].",
+        rich_help_panel=READING,
+    ),
+]
+TemperatureOpt = Annotated[
+    float,
+    typer.Option(
+        metavar="N",
+        callback=at_least(0.0),
+        help="Sampling temperature; 0 is greedy, reproducible.",
+        rich_help_panel=READING,
+    ),
+]
+TopPOpt = Annotated[
+    float,
+    typer.Option(
+        metavar="N", callback=_fraction, help="Nucleus sampling.", rich_help_panel=READING
+    ),
+]
+SeedOpt = Annotated[
+    int | None,
+    typer.Option(
+        metavar="N",
+        help="Random seed for sampling.",
+        show_default=False,
+        rich_help_panel=READING,
     ),
 ]
 EncodingOpt = Annotated[
@@ -225,34 +337,27 @@ EncodingOpt = Annotated[
         rich_help_panel=READING,
     ),
 ]
-JsonOpt = Annotated[
-    bool, typer.Option("--json", help="Print JSON instead of text.", rich_help_panel=OUTPUT)
-]
-QuietOpt = Annotated[
-    bool, typer.Option("--quiet", "-q", help="Show no progress.", rich_help_panel=OUTPUT)
+# One meaning for every command: how many readings go at once (ReadOptions decides how).
+ParallelOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--parallel",
+        metavar="N",
+        callback=at_least(1),
+        show_default=False,
+        help="Readings at once: read together in one context (in-process), or in flight "
+        "(--backend openai) \\[default: ask: all that fit in memory, 1 with a server; eval: 1].",
+        rich_help_panel=READING,
+    ),
 ]
 VerboseOpt = Annotated[
     bool,
     typer.Option("--verbose", "-v", help="Show llama.cpp's own log.", rich_help_panel=OUTPUT),
 ]
-
-
-TemperatureOpt = Annotated[
-    float,
-    typer.Option(
-        min=0.0, help="Sampling temperature; 0 is greedy, reproducible.", rich_help_panel=READING
-    ),
-]
-TopPOpt = Annotated[
-    float, typer.Option(min=0.0, max=1.0, help="Nucleus sampling.", rich_help_panel=READING)
-]
-SeedOpt = Annotated[
-    int | None,
-    typer.Option(help="Random seed for sampling.", show_default=False, rich_help_panel=READING),
-]
 BackendOpt = Annotated[
     BackendKind,
     typer.Option(
+        metavar=choices(BackendKind),
         help="llama (in-process GGUF) or openai (an OpenAI-compatible server).",
         rich_help_panel=SERVER_PANEL,
     ),
@@ -288,67 +393,16 @@ ServedModelOpt = Annotated[
         rich_help_panel=SERVER_PANEL,
     ),
 ]
-ParallelOpt = Annotated[
-    int,
-    typer.Option(
-        min=1,
-        help="Cases at once: read together in one context (in-process), or in flight "
-        "(--backend openai).",
-        rich_help_panel=READING,
-    ),
-]
-TogetherOpt = Annotated[
-    int | None,
-    typer.Option(
-        "--parallel",
-        min=1,
-        show_default=False,
-        help="Questions read at once \\[default: all that fit in memory; 1 with a server].",
-        rich_help_panel=READING,
-    ),
-]
-WatchOpt = Annotated[
-    int,
-    typer.Option(
-        min=1,
-        help="With several questions read at once: the live view shows this one's memory.",
-        rich_help_panel=OUTPUT,
-    ),
-]
 TimeoutOpt = Annotated[
     float,
     typer.Option(
-        min=1.0,
+        metavar="N",
+        callback=at_least(1.0),
         help="Seconds one call to a server may take in all, to the last byte of its reply "
         "(--backend openai).",
         rich_help_panel=SERVER_PANEL,
     ),
 ]
-
-
-def html_file(name: str, help: str, panel: str | None = None) -> Any:
-    """The option of a command that also writes an HTML report (views/html.py) to FILE:
-    `ask --html`, `trace --html`, `eval report --html`. Only the name, the help and the
-    help panel differ between them."""
-    return typer.Option(
-        name, metavar="FILE", dir_okay=False, show_default=False, help=help, rich_help_panel=panel
-    )
-
-
-NoTraceOpt = Annotated[
-    bool, typer.Option("--no-trace", help="Write no trace.", rich_help_panel=OUTPUT)
-]
-NoReuseOpt = Annotated[
-    bool,
-    typer.Option(
-        "--no-reuse",
-        help="Read again even where an identical greedy run finished (else its answer is reused).",
-        rich_help_panel=OUTPUT,
-    ),
-]
-
-
-# Engine settings, named as llama.cpp names them.
 SpeculateOpt = Annotated[
     bool,
     typer.Option(
@@ -367,17 +421,30 @@ ExactOpt = Annotated[
 ]
 FlashAttnOpt = Annotated[
     FlashAttn,
-    typer.Option("--flash-attn", "-fa", help="Flash attention.", rich_help_panel=ENGINE),
+    typer.Option(
+        "--flash-attn",
+        "-fa",
+        metavar=choices(FlashAttn),
+        help="Flash attention.",
+        rich_help_panel=ENGINE,
+    ),
 ]
 CacheTypeKOpt = Annotated[
     CacheType,
-    typer.Option("--cache-type-k", "-ctk", help="KV cache type for K.", rich_help_panel=ENGINE),
+    typer.Option(
+        "--cache-type-k",
+        "-ctk",
+        metavar=choices(CacheType),
+        help="KV cache type for K.",
+        rich_help_panel=ENGINE,
+    ),
 ]
 CacheTypeVOpt = Annotated[
     CacheType,
     typer.Option(
         "--cache-type-v",
         "-ctv",
+        metavar=choices(CacheType),
         help="KV cache type for V (quantized needs flash attention).",
         rich_help_panel=ENGINE,
     ),
@@ -387,7 +454,8 @@ BatchSizeOpt = Annotated[
     typer.Option(
         "--batch-size",
         "-b",
-        min=1,
+        metavar="N",
+        callback=at_least(1),
         help="Prompt tokens per llama_decode call.",
         rich_help_panel=ENGINE,
     ),
@@ -395,10 +463,14 @@ BatchSizeOpt = Annotated[
 UbatchSizeOpt = Annotated[
     int,
     typer.Option(
-        "--ubatch-size", "-ub", min=1, help="Physical batch size.", rich_help_panel=ENGINE
+        "--ubatch-size",
+        "-ub",
+        metavar="N",
+        callback=at_least(1),
+        help="Physical batch size.",
+        rich_help_panel=ENGINE,
     ),
 ]
-
 RepackOpt = Annotated[
     bool | None,
     typer.Option(
@@ -408,6 +480,150 @@ RepackOpt = Annotated[
         rich_help_panel=ENGINE,
     ),
 ]
+
+# The defaults of every flag, from the one place that owns each.
+LLAMA, SERVER, SAMPLING = LlamaOptions(), ServerOptions(), Sampling()
+
+
+@dataclass(frozen=True)
+class ModelFlags:
+    """The engine flags of `inspect`: the model, how llama.cpp runs it, and the windows a
+    document is read in (what its token counts and a time estimate depend on)."""
+
+    model: ModelOpt = None
+    gpu_layers: GpuLayersOpt = LLAMA.gpu_layers
+    threads: ThreadsOpt = LLAMA.threads
+    chunk_tokens: ChunkTokensOpt = protocol.DEFAULT_CHUNK_TOKENS
+    memory_tokens: MemoryTokensOpt = protocol.DEFAULT_MEMORY_TOKENS
+    encoding: EncodingOpt = SERVER.encoding
+    verbose: VerboseOpt = LLAMA.verbose
+    speculate: SpeculateOpt = LLAMA.speculate
+    exact: ExactOpt = LLAMA.exact
+    flash_attn: FlashAttnOpt = LLAMA.flash_attn
+    cache_type_k: CacheTypeKOpt = LLAMA.cache_type_k
+    cache_type_v: CacheTypeVOpt = LLAMA.cache_type_v
+    batch_size: BatchSizeOpt = LLAMA.batch_size
+    ubatch_size: UbatchSizeOpt = LLAMA.ubatch_size
+    repack: RepackOpt = LLAMA.repack
+
+    def llama(self) -> LlamaOptions:
+        """llama.cpp's options, checked (a sentence for what it cannot run)."""
+        return LlamaOptions(
+            threads=self.threads,
+            gpu_layers=self.gpu_layers,
+            verbose=self.verbose,
+            speculate=self.speculate,
+            exact=self.exact,
+            flash_attn=self.flash_attn,
+            cache_type_k=self.cache_type_k,
+            cache_type_v=self.cache_type_v,
+            batch_size=self.batch_size,
+            ubatch_size=self.ubatch_size,
+            repack=self.repack,
+        )
+
+    def options(self) -> ReadOptions:
+        """What the flags say, checked: an in-process model and its windows."""
+        return ReadOptions(
+            BackendOptions(
+                model=self.model, llama=self.llama(), server=ServerOptions(encoding=self.encoding)
+            ),
+            Settings(self.chunk_tokens, self.memory_tokens),
+        )
+
+
+@dataclass(frozen=True)
+class ReadFlags(ModelFlags):
+    """The engine flags of every command that reads (`ask`, `eval`): ModelFlags, sampling,
+    a server instead of the model in this process, and --parallel."""
+
+    temperature: TemperatureOpt = SAMPLING.temperature
+    top_p: TopPOpt = SAMPLING.top_p
+    seed: SeedOpt = SAMPLING.seed
+    parallel: ParallelOpt = None
+    backend: BackendOpt = BackendKind.llama
+    base_url: BaseUrlOpt = SERVER.base_url
+    api_key: ApiKeyOpt = SERVER.api_key
+    served_model: ServedModelOpt = SERVER.served_model
+    timeout: TimeoutOpt = SERVER.timeout
+
+    def options(self) -> ReadOptions:
+        """What the flags say, checked; with a server, the key it gets (--api-key, else
+        $OPENAI_API_KEY where that key belongs), said once on stderr if it goes in the clear."""
+        api_key = self.api_key
+        if self.backend == BackendKind.openai:
+            api_key = api_key or openai_api_key(self.base_url, os.environ)
+            warn_if_in_the_clear(self.base_url, api_key)
+        server = ServerOptions(
+            base_url=self.base_url,
+            api_key=api_key,
+            served_model=self.served_model,
+            encoding=self.encoding,
+            timeout=self.timeout,
+        )
+        return ReadOptions(
+            BackendOptions(BackendKind(self.backend), self.model, self.llama(), server),
+            Settings(
+                self.chunk_tokens,
+                self.memory_tokens,
+                Sampling(self.temperature, self.top_p, self.seed),
+            ),
+            self.parallel,
+        )
+
+
+# A command's parameter of one of these types receives its engine flags (`reads`); its
+# default, FROM_FLAGS, only stands in for them.
+Reading = Annotated[ReadOptions, ReadFlags]
+Inspecting = Annotated[ReadOptions, ModelFlags]
+FROM_FLAGS = ReadOptions()
+
+
+def reads(command: F) -> F:
+    """Give `command` the engine flags: its parameter typed Reading (or Inspecting) stands
+    for them in the signature Typer reads, and receives them as one ReadOptions, checked.
+    Every option is ordered by its help panel, so that the panels of every command come in
+    one order."""
+    signature = inspect.signature(command, eval_str=True)
+    (marker,) = [p for p in signature.parameters.values() if _flags_kind(p.annotation)]
+    kind = _flags_kind(marker.annotation)
+    assert kind is not None
+    hints = typing.get_type_hints(kind, include_extras=True)
+    names = [field.name for field in dataclasses.fields(kind)]
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    flags = [
+        inspect.Parameter(field.name, keyword, default=field.default, annotation=hints[field.name])
+        for field in dataclasses.fields(kind)
+    ]
+    params: list[inspect.Parameter] = []
+    for param in signature.parameters.values():
+        params += flags if param is marker else [param.replace(kind=keyword)]
+    params.sort(key=_panel_rank)
+
+    @functools.wraps(command)
+    def wrapper(**kwargs: Any) -> Any:
+        given = kind(**{name: kwargs.pop(name) for name in names})
+        return command(**kwargs, **{marker.name: given.options()})
+
+    wrapper.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in params}
+    return wrapper  # type: ignore[return-value]
+
+
+def _flags_kind(annotation: Any) -> type[ModelFlags] | None:
+    for extra in getattr(annotation, "__metadata__", ()):
+        if isinstance(extra, type) and issubclass(extra, ModelFlags):
+            return extra
+    return None
+
+
+def _panel_rank(param: inspect.Parameter) -> int:
+    info = next(
+        (m for m in getattr(param.annotation, "__metadata__", ()) if hasattr(m, "rich_help_panel")),
+        None,
+    )
+    panel = getattr(info, "rich_help_panel", None)
+    return _PANELS.index(panel) if panel in _PANELS else len(_PANELS)
 
 
 def user_errors(command: F) -> F:
@@ -448,10 +664,6 @@ def ask_password() -> Callable[[str], str] | None:
     return prompt
 
 
-_LLAMA_FIELDS = {f.name for f in dataclasses.fields(LlamaOptions)}
-_SERVER_FIELDS = {f.name for f in dataclasses.fields(ServerOptions)}
-
-
 def warn_if_in_the_clear(url: str | None, api_key: str | None) -> None:
     """One line on stderr when a key, or the user:password@ of `url`, goes unencrypted to
     another machine: the user said where it goes, but may not have meant it to be readable
@@ -467,31 +679,4 @@ def warn_if_in_the_clear(url: str | None, api_key: str | None) -> None:
     console.warn(
         f"the {secret} goes unencrypted to {without_credentials(url)} (plain http to "
         "another machine), where anyone on the way can read it; use https."
-    )
-
-
-def backend_options(
-    backend: BackendKind, parallel: int, runs: str = "question runs", **fields: Any
-) -> BackendOptions:
-    """The backend options of a command, checked: several runs in flight need a server
-    (`parallel` 1 where an in-process model reads them together). `fields` are the
-    options of either backend, under their own names, and `model`."""
-    if parallel > 1 and backend != BackendKind.openai:
-        raise typer.BadParameter(
-            f"one in-process model reads one at a time; --parallel (several {runs} at once) "
-            "needs --backend openai.",
-            param_hint="--parallel",
-        )
-    llama = {k: v for k, v in fields.items() if k in _LLAMA_FIELDS}
-    server = {k: v for k, v in fields.items() if k in _SERVER_FIELDS}
-    if backend == BackendKind.openai:
-        server["api_key"] = server.get("api_key") or openai_api_key(
-            server.get("base_url"), os.environ
-        )
-        warn_if_in_the_clear(server.get("base_url"), server["api_key"])
-    return BackendOptions(
-        kind=BackendKind(backend),
-        model=fields.get("model"),
-        llama=LlamaOptions(**llama),
-        server=ServerOptions(**server),
     )

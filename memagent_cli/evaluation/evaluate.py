@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from memagent_cli import trace
+from memagent_cli.backends.llama_cpp import LlamaOptions
 from memagent_cli.documents.document import Document
 from memagent_cli.documents.inputs import read_document
 from memagent_cli.documents.ocr import OcrOptions
@@ -201,19 +202,28 @@ def _run(
     return results.read(output)
 
 
+# Eval took no flag for these engine settings before it took every flag `ask` takes: its
+# older results files ran with llama.cpp's defaults and name none of them. A run names each
+# only where it differs, so that those files continue as before and a run with other
+# arithmetic cannot continue them. (--exact, which eval always took, was never named.)
+_NAMED_UNLESS = {
+    "flash_attn": LlamaOptions.flash_attn,
+    "cache_type_k": LlamaOptions.cache_type_k,
+    "cache_type_v": LlamaOptions.cache_type_v,
+    "speculate": True,
+}
+
+
 def run_info(engine: Engine) -> dict[str, Any]:
-    """What every record of a results file must share: the model and the settings."""
-    settings = engine.settings
-    return {
-        "model": engine.model_record.get("name"),
-        "settings": {
-            "chunk_tokens": settings.chunk_tokens,
-            "memory_tokens": settings.memory_tokens,
-            "temperature": settings.sampling.temperature,
-            "top_p": settings.sampling.top_p,
-            "seed": settings.sampling.seed,
-        },
-    }
+    """What every record of a results file must share: the model (by name) and the settings
+    that make two readings the same run (trace/folder.py), the engine's where _NAMED_UNLESS
+    says."""
+    same = trace.run_identity(engine.model_record, engine.settings_record())["settings"]
+    settings = {key: same[key] for key in trace.READING_SETTINGS if key in same}  # a reader
+    for key, usual in _NAMED_UNLESS.items():
+        if same.get(key, usual) not in (usual, None):
+            settings[key] = same[key]
+    return {"model": engine.model_record.get("name"), "settings": settings}
 
 
 def _run_of(

@@ -35,6 +35,18 @@ class BackendOptions:
     server: ServerOptions = field(default_factory=ServerOptions)
 
 
+@dataclass(frozen=True)
+class ReadOptions:
+    """How a command reads, as its engine flags say (cli/options.py): the backend and its
+    model, the settings of each reading, and how many readings go at once."""
+
+    backend: BackendOptions = field(default_factory=BackendOptions)
+    settings: Settings = field(default_factory=Settings)
+    # --parallel: readings at once, in one context or in flight to a server (run/batch.py,
+    # Engine.threaded); None: not given, which each command decides.
+    parallel: int | None = None
+
+
 def open_backend(
     options: BackendOptions, note: Note = silent, progress: Progress | None = None
 ) -> Backend:

@@ -133,21 +133,11 @@ class Entry:
         self.journal.started(self.key, trace_path)
 
 
-# The settings that make two readings the same run (trace/folder.py checks each trace's).
-_SETTINGS = ("chunk_tokens", "memory_tokens", "temperature", "top_p", "seed")
-_SETTINGS += ("flash_attn", "cache_type_k", "cache_type_v", "exact")
-
-
 def run_identity(engine: Engine) -> dict[str, Any]:
-    """The model and the settings a batch reads with, as its journal is named by them."""
-    settings = engine.settings_record()
-    identity = {key: settings.get(key) for key in _SETTINGS}
-    if trace.speculation(settings) is False:  # only then: a speculating batch keeps its name
-        identity["speculate"] = False
-    return {
-        "model": {key: engine.model_record.get(key) for key in ("path", "size")},
-        "settings": identity,
-    }
+    """The model and the settings a batch reads with, as its journal is named by them: what
+    makes two readings the same run (trace/folder.py), so that a batch's journal and the
+    traces it names agree."""
+    return trace.run_identity(engine.model_record, engine.settings_record())
 
 
 def open_journal(identity: dict[str, Any]) -> Journal:

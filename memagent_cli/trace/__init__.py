@@ -17,6 +17,8 @@ from memagent_cli.trace.file import (
     start,
 )
 from memagent_cli.trace.folder import (
+    ENGINE_SETTINGS,
+    READING_SETTINGS,
     default_dir,
     default_path,
     differences,
@@ -24,6 +26,7 @@ from memagent_cli.trace.folder import (
     listing,
     locate,
     recent_traces,
+    run_identity,
     speculation,
 )
 from memagent_cli.trace.records import (
@@ -41,6 +44,8 @@ from memagent_cli.trace.records import (
 )
 
 __all__ = [
+    "ENGINE_SETTINGS",
+    "READING_SETTINGS",
     "FORMAT_VERSION",
     "MAX_TRACE_BYTES",
     "FinalRecord",
@@ -68,6 +73,7 @@ __all__ = [
     "read_trace",
     "recent_traces",
     "records",
+    "run_identity",
     "speculation",
     "start",
 ]

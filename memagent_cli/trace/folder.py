@@ -12,6 +12,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from memagent_cli import readers
 from memagent_cli.folders import data_dir
 from memagent_cli.trace.file import Trace, read_trace, records
 from memagent_cli.trace.records import Header, TraceError
@@ -43,25 +44,24 @@ def recent_traces(directory: Path | None = None) -> list[Path]:
     return [path for _, _, path in sorted(stamped, reverse=True)]
 
 
-# What makes two runs the same run: resuming or reusing a trace needs all of these to match.
-_IDENTITY = {
-    "the document": ("document", "sha256"),
-    "the question": ("question",),
-    "the model": ("model", "path"),
-    "the model file's size": ("model", "size"),
-    "--chunk-tokens": ("settings", "chunk_tokens"),
-    "--memory-tokens": ("settings", "memory_tokens"),
-    "--temperature": ("settings", "temperature"),
-    "--top-p": ("settings", "top_p"),
-    "--seed": ("settings", "seed"),
-    "--reader": ("settings", "reader"),
-    "the prompt templates": ("templates_sha256",),
-    # Engine settings that change llama.cpp's arithmetic, and so greedy near-tie tokens.
-    "--flash-attn": ("settings", "flash_attn"),
-    "--cache-type-k": ("settings", "cache_type_k"),
-    "--cache-type-v": ("settings", "cache_type_v"),
-    "--exact": ("settings", "exact"),
-    "--speculate": ("settings", "speculate"),
+# What makes two readings of one document and question the same run, by the flag that sets
+# each: resuming or reusing a trace, continuing a batch's journal or an eval's results file
+# needs these to match. The reading's own settings first...
+READING_SETTINGS = {
+    "chunk_tokens": "--chunk-tokens",
+    "memory_tokens": "--memory-tokens",
+    "temperature": "--temperature",
+    "top_p": "--top-p",
+    "seed": "--seed",
+    "reader": "--reader",
+}
+# ...then the engine's that change llama.cpp's arithmetic, and so greedy near-tie tokens.
+ENGINE_SETTINGS = {
+    "flash_attn": "--flash-attn",
+    "cache_type_k": "--cache-type-k",
+    "cache_type_v": "--cache-type-v",
+    "exact": "--exact",
+    "speculate": "--speculate",
 }
 
 
@@ -75,33 +75,61 @@ def speculation(settings: dict[str, Any]) -> bool | None:
     return bool(settings.get("speculate", True))
 
 
-def _field(header: Header, keys: tuple[str, ...]) -> Any:
-    if keys == ("settings", "speculate"):
-        return speculation(header.settings)
-    if keys == ("settings", "reader"):  # runs from before the readers were MemAgent's
-        return header.settings.get("reader", "memagent")
-    value: Any = getattr(header, keys[0])
-    for key in keys[1:]:
-        value = value.get(key)
-    return value
+def run_identity(model: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+    """The model file and the settings that make a reading the same run as another, from
+    the model and settings records of a trace header or an engine (run/engine.py
+    Engine.model_record and settings_record()). Speculation is named only where it was off
+    and that can change the output (see speculation()): traces and journals written before
+    the key said nothing of it; nor did they of the reader, which was MemAgent's, and is
+    named only where it is another."""
+    same = {key: settings.get(key) for key in READING_SETTINGS if key != "reader"}
+    if _reader(settings) != readers.DEFAULT:
+        same["reader"] = _reader(settings)
+    same |= {key: settings.get(key) for key in ENGINE_SETTINGS if key != "speculate"}
+    if speculation(settings) is False:
+        same["speculate"] = False
+    return {"model": {"path": model.get("path"), "size": model.get("size")}, "settings": same}
+
+
+def _reader(settings: dict[str, Any]) -> str:
+    return str(settings.get("reader", readers.DEFAULT))  # runs from before the readers
 
 
 def differences(recorded: Header, current: Header) -> list[str]:
     """What differs between a trace's run and this one, in words ("--chunk-tokens differs
     (2000 there, 1000 here)"); empty when they are the same run."""
+    there, here = _identity(recorded), _identity(current)
     found = []
-    for name, keys in _IDENTITY.items():
-        there, here = _field(recorded, keys), _field(current, keys)
-        if keys == ("settings", "speculate") and None in (there, here):
+    for (name, was), (_, now) in zip(there, here, strict=True):
+        if was == now:
+            continue
+        if name == "the document":
+            was = f"{recorded.document['path']} (sha256 {str(was)[:12]})"
+            now = f"{current.document['path']} (sha256 {str(now)[:12]})"
+        elif name == "the question":
+            was, now = "another", "this one"
+        elif name == ENGINE_SETTINGS["speculate"] and None in (was, now):
             continue  # one run was --exact: that difference is said already
-        if there != here:
-            if keys == ("document", "sha256"):
-                there = f"{recorded.document['path']} (sha256 {str(there)[:12]})"
-                here = f"{current.document['path']} (sha256 {str(here)[:12]})"
-            elif keys == ("question",):
-                there, here = "another", "this one"
-            found.append(f"{name} differs ({there} there, {here} here)")
+        found.append(f"{name} differs ({was} there, {now} here)")
     return found
+
+
+def _identity(header: Header) -> list[tuple[str, Any]]:
+    """What names the run of `header`, in the order differences() tells it: the document,
+    the question, run_identity(), and the prompt templates."""
+    same = run_identity(header.model, header.settings)
+    settings = same["settings"] | {"reader": _reader(header.settings)}
+    if not settings.get("exact"):  # run_identity() names only a run that did not speculate
+        settings["speculate"] = settings.get("speculate", True)
+    return [
+        ("the document", header.document.get("sha256")),
+        ("the question", header.question),
+        ("the model", same["model"]["path"]),
+        ("the model file's size", same["model"]["size"]),
+        *((flag, settings.get(key)) for key, flag in READING_SETTINGS.items()),
+        ("the prompt templates", header.templates_sha256),
+        *((flag, settings.get(key)) for key, flag in ENGINE_SETTINGS.items()),
+    ]
 
 
 def find_run(header: Header, *, finished: bool) -> Trace | None:
@@ -117,8 +145,8 @@ def find_run(header: Header, *, finished: bool) -> Trace | None:
     return None
 
 
-def _identity(header: Header) -> str:
-    return json.dumps([_field(header, keys) for keys in _IDENTITY.values()], default=str)
+def _identity_key(header: Header) -> str:
+    return json.dumps(_identity(header), default=str)
 
 
 class _Headers:
@@ -138,7 +166,7 @@ class _Headers:
             names = os.listdir(folder)
         except OSError:
             return []
-        wanted = _identity(header)
+        wanted = _identity_key(header)
         found = []
         with self._lock:
             if folder != self._folder:  # another data folder (tests change XDG_DATA_HOME)
@@ -169,7 +197,7 @@ def _read_identity(path: Path) -> str | None:
         first = next(records(path), None)
     except TraceError:
         return None
-    return _identity(first) if isinstance(first, Header) else None
+    return _identity_key(first) if isinstance(first, Header) else None
 
 
 _index = _Headers()
