@@ -70,8 +70,9 @@ def _sentence(help_text: str) -> str:
 
 def _names(option: Any) -> str:
     names = ", ".join(f"`{name}`" for name in option.opts)
-    if option.metavar:
-        names = names.replace(f"`{option.opts[0]}`", f"`{option.opts[0]} {option.metavar}`", 1)
+    if option.metavar:  # a choice's metavar is its choices, a|b: escaped for the table
+        shown = f"`{option.opts[0]} {option.metavar}`".replace("|", "\\|")
+        names = names.replace(f"`{option.opts[0]}`", shown, 1)
     if option.secondary_opts:
         names += " / " + ", ".join(f"`{name}`" for name in option.secondary_opts)
     return names

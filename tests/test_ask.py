@@ -271,3 +271,35 @@ def test_a_trace_of_format_1_resumes_in_its_own_format(cli, fake_server, doc, tm
         and not final.problems
         and final.final.to_json()["evidence"] == whole["evidence"]
     )
+
+
+def parsed(*args: str):
+    """`memagent ask ARGS` as Typer parses it, without running it."""
+    import cli_docs
+
+    return cli_docs.command("ask").make_context("ask", list(args))
+
+
+def test_the_resume_hint_is_the_command_as_parsed(monkeypatch):
+    from memagent_cli.cli.ask import resume_command
+
+    monkeypatch.setenv("MEMAGENT_SERVED_MODEL", "from-the-environment")
+    given = parsed(
+        "doc.txt", "-m", "m.gguf", "-t", "2", "--no-speculate", "-fa", "on", "--api-key=k-1",
+        "--backend", "openai", "--trace", "old.jsonl", "--temperature", "0", "--", "-why?",
+    )  # fmt: skip
+    hint, left_out = resume_command(given, Path("cut.jsonl"))
+    assert hint.startswith("memagent ask ") and hint.endswith("-- doc.txt '-why?'")
+    assert left_out == ["--api-key"] and "k-1" not in hint
+    assert "from-the-environment" not in hint  # the variable gives it again
+    # Run as printed, it parses to the same command, continuing from the trace.
+    again = parsed(*shlex.split(hint)[2:])
+    assert again.params == given.params | {
+        "trace": None,
+        "resume": Path("cut.jsonl"),
+        "api_key": None,
+    }
+    # With several runs the same command resumes each: nothing is added or dropped but secrets.
+    latest = parsed("doc.txt", "who", "--resume-latest", "-b", "64")
+    hint, left_out = resume_command(latest, None)
+    assert hint == "memagent ask doc.txt who --resume-latest --batch-size 64" and left_out == []

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import cli_docs
 import pytest
 from conftest import assert_clean_failure, story, words
 
@@ -234,3 +236,33 @@ def _without_spine(book: Path) -> bytes:
     with zipfile.ZipFile(book) as archive:
         opf = archive.read("EPUB/content.opf")
     return re.sub(rb"<spine[^>]*>.*?</spine>", b"", opf, flags=re.S)
+
+
+def test_every_command_that_reads_takes_the_same_engine_flags():
+    from memagent_cli.cli.options import ModelFlags, ReadFlags
+
+    def flags(path: str, kind: type) -> dict[str, tuple]:
+        """Each of `kind`'s flags as `memagent PATH` declares it: names, help, panel."""
+        shown = {param.name: param for param in cli_docs.command(path).params}
+        return {
+            f.name: (shown[f.name].opts, shown[f.name].help, shown[f.name].rich_help_panel)
+            for f in dataclasses.fields(kind)
+        }
+
+    ask = flags("ask", ReadFlags)
+    assert "--flash-attn" in ask["flash_attn"][0] and "--parallel" in ask["parallel"][0]
+    for path in ("eval run", "eval niah"):  # one declaration: the same names, help, panel
+        assert flags(path, ReadFlags) == ask, path
+    inspect = flags("inspect", ModelFlags)
+    assert inspect == {name: ask[name] for name in inspect}
+
+
+@pytest.mark.parametrize("words", [["ask", "q?"], ["eval"], ["eval", "niah", "--haystack"]])
+def test_the_engine_flags_are_checked_alike_by_every_command(cli, doc, words):
+    # A quantized V cache needs flash attention: llama.cpp's rule, said in one sentence by
+    # eval as by ask (eval had no --cache-type-v before the flags were shared).
+    command = [words[0], str(doc), *words[1:]] if words[0] == "ask" else [*words, str(doc)]
+    result = cli(*command, "--cache-type-v", "q8_0")
+    assert_clean_failure(result, 1, "quantized V cache (q8_0) needs flash attention")
+    result = cli(*command, "--parallel", "0")
+    assert_clean_failure(result, 2, "Invalid value for '--parallel'", "greater than or equal to 1")

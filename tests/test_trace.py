@@ -308,3 +308,41 @@ def test_a_batch_journal_tells_speculation_apart_unless_exact():
     assert identity(speculate=False, exact=True) == identity(speculate=True, exact=True)
     # A speculating batch (the default) keeps the journal name it had before the key.
     assert "speculate" not in identity(speculate=True, exact=False)["settings"]
+
+
+def test_journals_and_results_files_keep_the_identity_they_were_written_with():
+    from types import SimpleNamespace
+
+    from memagent_cli.errors import UserError
+    from memagent_cli.evaluation.evaluate import run_info
+    from memagent_cli.evaluation.runner import check_resumable
+    from memagent_cli.run.journal import run_identity
+
+    reading = {"chunk_tokens": 4, "memory_tokens": 8, "temperature": 0.0, "top_p": 0.95, "seed": 7}
+    usual = {"flash_attn": "off", "cache_type_k": "f16", "cache_type_v": "f16", "exact": False}
+
+    def engine(**settings):
+        record = reading | {"context_tokens": 99, "backend": "llama", "threads": 2} | settings
+        model = {"path": "/m.gguf", "name": "m", "size": 1}
+        return SimpleNamespace(model_record=model, settings_record=lambda: record)
+
+    # What a batch journal is named by (its file name is a hash of it), and what every record
+    # of an eval results file holds, as written before: an earlier run's files are found.
+    default = engine(**usual, speculate=True)
+    assert run_identity(default) == {
+        "model": {"path": "/m.gguf", "size": 1},
+        "settings": reading | usual,
+    }
+    assert run_info(default) == {"model": "m", "settings": reading}
+    assert run_info(engine(backend="openai")) == {"model": "m", "settings": reading}
+    # Another reader is another run; MemAgent's, which runs from before the readers were,
+    # goes unnamed.
+    assert run_identity(engine(reader="rememr1"))["settings"]["reader"] == "rememr1"
+    assert "reader" not in run_identity(engine(reader="memagent"))["settings"]
+    # eval takes the engine's flags now: a results file continues only with the same arithmetic.
+    other = engine(**(usual | {"flash_attn": "on"}), speculate=False)
+    assert run_info(other)["settings"] == reading | {"flash_attn": "on", "speculate": False}
+    earlier = SimpleNamespace(path=Path("r.jsonl"), records=[run_info(default)])
+    check_resumable(earlier, run_info(default))  # type: ignore[arg-type]
+    with pytest.raises(UserError, match="holds results of another settings"):
+        check_resumable(earlier, run_info(other))  # type: ignore[arg-type]
