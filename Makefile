@@ -88,6 +88,8 @@ bench: $(VENV)/.dev
 	$(BIN)/python bench/continuous.py --exact --memory-tokens 256 --out build/bench/continuous-exact.json
 	@# Which round sizes give a token the logits it gets without drafts: what --exact rests on.
 	$(BIN)/python bench/widths.py
+	@# Each reader on one document, InfMem made to stop at a known step (about 7 minutes).
+	$(BIN)/python bench/readers.py --runs 1
 
 # The same parts on small sizes (no RSS), to see that the bench runs: a few minutes.
 bench-quick: $(VENV)/.dev
