@@ -2,27 +2,44 @@
 are read (a FIFO would block forever, /dev/zero never ends); what it writes holds the
 document's words, so files it creates are private (0600, in 0700 folders it creates, whatever
 the umask) and a file two processes would append to is locked; an append-only log's last
-line a crash may have cut is dropped."""
+line a crash may have cut is dropped.
+
+Where the file system refuses chmod (WSL2 on /mnt/c answers EPERM), files are written all
+the same and stderr says once that their permissions could not be restricted. Locks are
+flock on POSIX and msvcrt.locking on Windows; a Python with neither has no locks, and two
+writers of one file are then not refused (docs/install.md's table says where).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
+import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, BinaryIO
+from typing import IO, Any, BinaryIO
 
 from memagent_cli.errors import ModelError, UserError
 
 try:
     import fcntl
-except ImportError:  # not POSIX: no locks, and two writers of one file are not refused
+except ImportError:  # Windows
     fcntl = None  # type: ignore[assignment]
+try:
+    import msvcrt
+except ImportError:  # POSIX
+    msvcrt = None  # type: ignore[assignment]
 
 MAX_LINE_BYTES = 16 << 20  # longer than any record memagent writes
 PRIVATE_FILE = 0o600
 PRIVATE_FOLDER = 0o700
+# Windows' locks are mandatory: a locked byte cannot be read by others. This one is far past
+# the end of any file memagent writes, so readers (`trace --follow`) still read it all.
+_LOCKED_BYTE = 1 << 40
+_unrestricted: list[str] = []  # folders where chmod was refused, said once each
 _FLAGS = {
     "w": os.O_WRONLY | os.O_TRUNC,
     "a": os.O_WRONLY | os.O_APPEND,
@@ -45,7 +62,8 @@ def private_folder(path: Path) -> None:
             os.mkdir(made, PRIVATE_FOLDER)
         except FileExistsError:  # made meanwhile by another memagent
             continue
-        os.chmod(made, PRIVATE_FOLDER)  # a umask such as 0o277 takes the owner's bits too
+        # A umask such as 0o277 takes the owner's bits too.
+        _restrict(os.chmod, made, PRIVATE_FOLDER, made)
     if not path.is_dir():
         raise FileExistsError(errno.EEXIST, "a file stands where a folder should be", str(path))
 
@@ -66,27 +84,98 @@ def open_private(
         created = False
     try:
         if created and hasattr(os, "fchmod"):
-            os.fchmod(handle, PRIVATE_FILE)
+            _restrict(os.fchmod, handle, PRIVATE_FILE, Path(path).parent)
         return os.fdopen(handle, "w" if mode == "x" else mode, encoding=encoding, errors=errors)
     except BaseException:
         os.close(handle)
         raise
 
 
+def _restrict(chmod: Callable[[Any, int], None], target: Any, mode: int, folder: Path) -> None:
+    """`chmod(target, mode)`; where the file system refuses it (EPERM on WSL2's /mnt/c,
+    ENOTSUP), go on and say once per folder on stderr that the permissions are the file
+    system's."""
+    try:
+        chmod(target, mode)
+    except OSError as exc:
+        if exc.errno != errno.EPERM and not _unsupported(exc):
+            raise
+        if str(folder) not in _unrestricted:
+            _unrestricted.append(str(folder))
+            print(
+                f"memagent: note: could not restrict the permissions of files in {folder} "
+                f"(chmod: {exc.strerror or exc}); they have the file system's own, which may "
+                "let other users read them.",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
+def _unsupported(exc: OSError) -> bool:
+    """Whether `exc` says the file system lacks the operation. By name, never by number:
+    ENOTSUP is 45 on macOS and 95 on Linux (where it equals EOPNOTSUPP, 102 on macOS)."""
+    return exc.errno in (errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS)
+
+
 def lock(file: IO[str] | BinaryIO) -> bool:
     """Take the lock of an open file for this process, without waiting: False when another
-    process holds it (it is writing the file). Closing the file lets the lock go."""
+    process (or, on Windows, another open file) holds it, as when it is writing the file.
+    Closing the file lets the lock go."""
+    fd = file.fileno()
     if fcntl is None:
-        return True
+        return _lock_windows(fd) if msvcrt is not None else True
     try:
-        fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         return False
     except OSError as exc:  # a file system without locks (some network mounts): no lock
-        if exc.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+        if exc.errno == errno.ENOLCK or _unsupported(exc):
             return True
         raise
     return True
+
+
+def _lock_windows(fd: int) -> bool:
+    """msvcrt's lock of one byte past the end of any file memagent writes: locking takes
+    the byte range at the file's position, which is put back."""
+    where = os.lseek(fd, 0, os.SEEK_CUR)
+    os.lseek(fd, _LOCKED_BYTE, os.SEEK_SET)
+    try:
+        msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+    except OSError:  # held by another: EACCES or EDEADLOCK, as Windows says it
+        return False
+    finally:
+        os.lseek(fd, where, os.SEEK_SET)
+    return True
+
+
+def sync(file: IO[str] | BinaryIO) -> None:
+    """Flush `file` to the disk itself: on macOS fsync reaches only the drive's cache, and
+    F_FULLFSYNC (where the file system has it) is what makes a record survive a power loss."""
+    file.flush()
+    fd = file.fileno()
+    if fcntl is not None and hasattr(fcntl, "F_FULLFSYNC"):
+        try:
+            fcntl.fcntl(fd, fcntl.F_FULLFSYNC)
+            return
+        except OSError:  # a file system without it (some network mounts): fsync
+            pass
+    os.fsync(fd)
+
+
+def close_and_remove(file: IO[str] | BinaryIO, path: Path) -> None:
+    """Remove `path`, which `file` holds open (and locked), then close it. Where an open file
+    cannot be removed (Windows), it is closed first, then removed; a file that cannot be
+    removed at all stays."""
+    try:
+        os.unlink(path)
+    except PermissionError:
+        file.close()
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    except OSError:
+        pass
+    file.close()
 
 
 def cannot_write(path: Path, exc: OSError) -> str:

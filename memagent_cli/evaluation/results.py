@@ -7,9 +7,7 @@ half-written and says so.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -20,11 +18,13 @@ from memagent_cli.errors import UserError
 from memagent_cli.files import (
     MAX_LINE_BYTES,
     cannot_write,
+    close_and_remove,
     drop_partial_line,
     lock,
     open_private,
     open_regular,
     private_folder,
+    sync,
 )
 from memagent_cli.folders import data_dir
 from memagent_cli.text import json_number, json_text
@@ -152,8 +152,7 @@ class Writer:
 
     def add(self, record: dict[str, Any]) -> None:
         self._file.write(json_text(record) + "\n")
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        sync(self._file)
 
     def close(self) -> None:
         """Let the file go; one this writer made and wrote nothing to is removed (a run that
@@ -161,8 +160,7 @@ class Writer:
         if self._file.closed:
             return
         if self._created and self._file.tell() == 0:
-            with contextlib.suppress(OSError):
-                self.path.unlink()
+            close_and_remove(self._file, self.path)  # Windows: not while it is open
         self._file.close()
 
     def __enter__(self) -> Writer:

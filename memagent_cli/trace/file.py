@@ -19,11 +19,13 @@ from typing import IO, Any
 from memagent_cli.files import (
     MAX_LINE_BYTES,
     cannot_write,
+    close_and_remove,
     drop_partial_line,
     lock,
     open_private,
     open_regular,
     private_folder,
+    sync,
 )
 from memagent_cli.reader import Event, Finished, StepFinished
 from memagent_cli.text import json_text
@@ -230,17 +232,54 @@ def check_new(path: Path) -> None:
     if path.exists():
         if path.is_file() and path.stat().st_size == 0:
             return
-        raise TraceError(
-            f"{path} already exists; continue its run with --resume {path}, or give another "
-            "--trace path (a fresh run never writes into an old trace)."
-        )
+        raise TraceError(_exists(path))
     try:  # the only sure test is to try: permissions, read-only mounts, /proc, a full disk
         private_folder(path.parent)
-        with open_private(path, "x"):
-            pass
-        path.unlink()
+        with open_private(path, "x") as probe:
+            # Locked while it goes: a run that opened it meanwhile sees it gone once it has
+            # the lock (_open_fresh), and makes its trace again.
+            lock(probe)
+            close_and_remove(probe, path)
     except OSError as exc:
         raise TraceError(f"Cannot write the trace {path}: {cannot_write(path, exc)}.") from None
+
+
+def _exists(path: Path) -> str:
+    return (
+        f"{path} already exists; continue its run with --resume {path}, or give another "
+        "--trace path (a fresh run never writes into an old trace)."
+    )
+
+
+def _open_fresh(path: Path) -> IO[str]:
+    """The new trace at `path`, open, locked and empty. It is opened without truncating and
+    checked once its lock is taken: a run started beside this one with the same path may
+    hold it (truncating first would wipe that run's lines), may have finished it, or its
+    check_new may have unlinked the file between this open and this lock (then it is made
+    again)."""
+    for _ in range(3):
+        try:
+            check_new(path)
+            private_folder(path.parent)
+            handle = open_private(path, "a")
+        except OSError as exc:
+            raise TraceError(f"Cannot write the trace {path}: {cannot_write(path, exc)}.") from None
+        try:
+            if not lock(handle):
+                raise TraceError(_busy(path))
+            try:
+                mine = os.path.samestat(os.fstat(handle.fileno()), path.stat())
+            except FileNotFoundError:
+                mine = False
+            if mine:
+                if os.fstat(handle.fileno()).st_size:  # another run wrote it meanwhile
+                    raise TraceError(_exists(path))
+                return handle
+        except BaseException:
+            handle.close()
+            raise
+        handle.close()
+    raise TraceError(f"Cannot write the trace {path}: another process keeps removing it.")
 
 
 def check_resumable(path: Path) -> None:
@@ -280,21 +319,22 @@ class TraceWriter:
         self.path = path
         self._span_of = span_of
         self._unit = str(header.document.get("unit") or "")  # pages or chapters in evidence
-        try:
-            if resume_from is None:
-                check_new(path)
-                private_folder(path.parent)
-            self._file: IO[str] = open_private(path, "w" if resume_from is None else "a")
-        except OSError as exc:
-            raise TraceError(f"Cannot write the trace {path}: {cannot_write(path, exc)}.") from None
-        try:
-            if not lock(self._file):
-                raise TraceError(_busy(path))
-            if resume_from is not None:
+        if resume_from is None:
+            self._file: IO[str] = _open_fresh(path)
+        else:
+            try:
+                self._file = open_private(path, "a")
+            except OSError as exc:
+                raise TraceError(
+                    f"Cannot write the trace {path}: {cannot_write(path, exc)}."
+                ) from None
+            try:
+                if not lock(self._file):
+                    raise TraceError(_busy(path))
                 drop_partial_line(path)  # a kill in the middle of a line (the lock is ours)
-        except BaseException:
-            self._file.close()
-            raise
+            except BaseException:
+                self._file.close()
+                raise
         self._steps_done = resume_from or 0
         # A trace continues in the format it was started in (an older one, when resumed).
         self._version = header.format if resume_from is None else _format_of(path)
@@ -324,8 +364,7 @@ class TraceWriter:
 
     def _write(self, record: dict[str, Any]) -> None:
         self._file.write(json_text(record) + "\n")
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        sync(self._file)
 
 
 @contextlib.contextmanager
