@@ -253,28 +253,26 @@ def _exists(path: Path) -> str:
 
 def _open_fresh(path: Path) -> IO[str]:
     """The new trace at `path`, open, locked and empty. It is opened without truncating and
-    checked once its lock is taken: a run started beside this one with the same path may
-    hold it (truncating first would wipe that run's lines), may have finished it, or its
-    check_new may have unlinked the file between this open and this lock (then it is made
-    again)."""
+    checked once open: a run started beside this one with the same path may hold it or have
+    written it (truncating first would wipe that run's lines), and check_new's probe may
+    unlink the file between this open and this lock (then it is made again). No probe of
+    its own: the open is the test that the file can be written."""
     for _ in range(3):
         try:
-            check_new(path)
             private_folder(path.parent)
             handle = open_private(path, "a")
         except OSError as exc:
             raise TraceError(f"Cannot write the trace {path}: {cannot_write(path, exc)}.") from None
         try:
+            if os.fstat(handle.fileno()).st_size:  # another run's, finished or writing
+                raise TraceError(_exists(path))
             if not lock(handle):
                 raise TraceError(_busy(path))
             try:
-                mine = os.path.samestat(os.fstat(handle.fileno()), path.stat())
+                if os.path.samestat(os.fstat(handle.fileno()), path.stat()):
+                    return handle
             except FileNotFoundError:
-                mine = False
-            if mine:
-                if os.fstat(handle.fileno()).st_size:  # another run wrote it meanwhile
-                    raise TraceError(_exists(path))
-                return handle
+                pass
         except BaseException:
             handle.close()
             raise
