@@ -100,7 +100,8 @@ def install() -> None:
 
 def _after_fork() -> None:
     # A child has no watcher: its faulthandler writes to stderr itself.
-    faulthandler.enable(file=sys.stderr, all_threads=True)
+    if sys.stderr is not None:
+        faulthandler.enable(file=sys.stderr, all_threads=True)
 
 
 def _forward() -> int:
