@@ -274,7 +274,9 @@ def describe() -> dict[str, object]:
     info = llama_cpp.llama_print_system_info().decode(errors="replace").strip()
     features = system_features(info)
     cpu = features.get("CPU", {})
+    # ARM's int8 kernels (DOTPROD, MATMUL_INT8: i8mm, SVE) decide which decoding paths exist.
     wanted = ("AVX", "AVX2", "AVX512", "AVX512_VNNI", "AVX512_BF16", "AMX_INT8", "NEON")
+    wanted += ("DOTPROD", "MATMUL_INT8", "SVE")
     amx = has_amx(info)
     return {
         "llama_cpp_python": llama_cpp.__version__,

@@ -290,14 +290,15 @@ class LlamaCppBackend:
 
     def sequences_that_fit(self, context_tokens: int) -> int:
         """Sequences whose KV caches fit in the memory free now, beside the weights. With
-        layers offloaded the GPU's free memory is not known here: llama.cpp says when a
-        context does not fit."""
+        layers offloaded to a GPU of its own the GPU's free memory is not known here:
+        llama.cpp says when a context does not fit."""
         import llama_cpp
         import psutil
 
         most = int(getattr(llama_cpp, "llama_max_parallel_sequences", lambda: 64)())
         most = min(most, max(1, self.batch_size // 2))  # 2 rows each in a round, in one batch
-        if self.gpu_layers != 0 and can_offload():
+        # Apple silicon's GPU (Metal) shares the RAM: the same rule as the CPU's there.
+        if self.gpu_layers != 0 and can_offload() and sys.platform != "darwin":
             return most
         free = psutil.virtual_memory().available - self.path.stat().st_size - _RESERVE
         return max(1, min(most, free // max(self.cache_bytes(context_tokens), 1)))

@@ -32,24 +32,41 @@ class Screen(Console):
             yield segment
 
 
+def tolerant(stream: Any) -> Any:
+    """`stream`, set to write "?" for what its encoding cannot hold: a stdout redirected to a
+    file on Windows is cp1252 and strict, and an answer in Cyrillic would otherwise raise
+    UnicodeEncodeError after the whole reading. UTF-8 streams are left as they are."""
+    encoding = (getattr(stream, "encoding", None) or "").lower().replace("-", "")
+    if (
+        getattr(stream, "errors", None) == "strict"
+        and not encoding.startswith("utf")
+        and hasattr(stream, "reconfigure")
+    ):
+        stream.reconfigure(errors="replace")
+    return stream
+
+
+tolerant(sys.stdout)
+tolerant(sys.stderr)
 console = Screen(stderr=True, highlight=False)
 
 
 def results_console() -> Console:
     """A console for results on stdout. In a pipe it is wide, so that a table keeps one line
     per row however narrow the pipe claims to be."""
-    return Screen(file=sys.stdout, highlight=False, width=None if sys.stdout.isatty() else 200)
+    out = tolerant(sys.stdout)
+    return Screen(file=out, highlight=False, width=None if out.isatty() else 200)
 
 
 def result(text: str, end: str = "\n") -> None:
     """A plain result on stdout (an answer, a Markdown report), printable."""
-    print(printable(text), end=end, flush=True)
+    print(printable(text), end=end, flush=True, file=tolerant(sys.stdout))
 
 
 def result_json(value: Any, indent: int | None = None) -> None:
     """A result on stdout as JSON: every text exactly as it is, its control characters
     escaped (memagent_cli/text.py)."""
-    print(json_text(value, indent=indent), flush=True)
+    print(json_text(value, indent=indent), flush=True, file=tolerant(sys.stdout))
 
 
 def note(message: str) -> None:
