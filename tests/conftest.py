@@ -110,8 +110,12 @@ def env(tmp_path: Path, request: pytest.FixtureRequest) -> dict[str, str]:
     # this process set.
     for name in ("OPENAI_BASE_URL", "OPENAI_API_KEY", "TIKTOKEN_CACHE_DIR"):
         clean.pop(name, None)
+    # $MEMAGENT_HOME moves all of memagent's folders: platformdirs ignores XDG_* on Windows
+    # (and older releases on macOS). Data lands where XDG_DATA_HOME would put it;
+    # the cache is $MEMAGENT_HOME/cache. XDG_* still keep other libraries' files here.
     clean["XDG_DATA_HOME"] = str(tmp_path / "data")
     clean["XDG_CACHE_HOME"] = str(tmp_path / "cache")
+    clean["MEMAGENT_HOME"] = str(tmp_path / "data" / "memagent")
     clean["COLUMNS"] = "120"
     return clean
 

@@ -563,7 +563,7 @@ def test_delete_shards_pulls_onto_a_disk_with_room_for_its_lower_peak_only(env, 
         model = Path(roomy.stdout.strip()).read_bytes()
         size = int(disk_needed(roomy.stderr)) + 6_000_000
         small = tmp_path / "small"
-        env["XDG_DATA_HOME"] = str(small)
+        env["XDG_DATA_HOME"], env["MEMAGENT_HOME"] = str(small), str(small / "memagent")
         refused = on_a_small_disk(env, small, size, *pull[1:])
         assert_clean_failure(refused, 1, "Not enough disk space")
         assert disk_needed(refused.stderr) > size
@@ -796,7 +796,7 @@ def test_a_signal_stops_a_quantization_within_seconds_and_the_same_command_resum
 def test_a_registry_name_with_a_type_pulls_and_finds_that_type(env, hub_with_weights, monkeypatch):
     from memagent_cli import models
 
-    for key in ("HF_ENDPOINT", "XDG_DATA_HOME"):
+    for key in ("HF_ENDPOINT", "XDG_DATA_HOME", "MEMAGENT_HOME"):
         monkeypatch.setenv(key, env[key])
     entry = {"description": "tiny", "hf": f"{TINY_REPO}:Q4_K_M"}
     monkeypatch.setattr(models.registry, "registry", lambda: {"tiny": entry})

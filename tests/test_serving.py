@@ -125,7 +125,7 @@ def test_a_killed_batch_run_again_reads_only_what_is_missing_and_answers_each_on
     questions = ["Who keeps the tower?", "What fell?"]
     args = ["ask", *library, *questions, "--chunk-tokens", "300", "--parallel", "3"]
     with FakeServer() as server:
-        reference = dict(env, XDG_DATA_HOME=str(tmp_path / "reference"))
+        reference = dict(env, MEMAGENT_HOME=str(tmp_path / "reference" / "memagent"))
         whole = subprocess.run(
             [str(MEMAGENT), *args, *served(server)],
             capture_output=True, text=True, env=reference, timeout=120,
@@ -213,7 +213,7 @@ def test_a_killed_evaluation_run_again_reads_only_what_is_missing(memagent, env,
     out = tmp_path / "run.jsonl"
     args = ["eval", str(data), "--chunk-tokens", "300", "--parallel", "2", "-o", str(out)]
     with FakeServer() as server:
-        reference = dict(env, XDG_DATA_HOME=str(tmp_path / "reference"))
+        reference = dict(env, MEMAGENT_HOME=str(tmp_path / "reference" / "memagent"))
         whole = subprocess.run(
             [str(MEMAGENT), *args[:-1], str(tmp_path / "whole.jsonl"), *served(server)],
             capture_output=True, text=True, env=reference, timeout=120,

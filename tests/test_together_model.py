@@ -54,7 +54,7 @@ def together(doc, model_file) -> list[dict]:
     model in `make test-real`), for the tests below to compare with."""
     home = doc.parent / f"data-{model_file.stem}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEMAGENT_")}
-    env["XDG_DATA_HOME"] = str(home)
+    env["XDG_DATA_HOME"], env["MEMAGENT_HOME"] = str(home), str(home / "memagent")
     env["MEMAGENT_MODEL"] = str(model_file)
     result = subprocess.run(
         [str(MEMAGENT), "ask", str(doc), *QUESTIONS, *STEPS, "--json"],
