@@ -154,7 +154,13 @@ def _on_fatal(signum: int) -> None:
             listed = "".join(f"  {frame}\n" for frame in frames)
             os.write(2, f"\nNative frames (most recent call first):\n{listed}".encode())
         call = native_call(ident)  # None: a thread that runs no Python (a native worker)
-        os.write(2, message(signum, call, native_thread=call is None).encode("utf-8", "replace"))
+        native_thread = call is None
+        if native_thread and "weights" in _notes:
+            # llama.cpp's workers compute what its call on the main thread asked for; with no
+            # model loaded the main thread's call says nothing (`trace --follow` sleeps).
+            call = native_call()
+        text = message(signum, call, native_thread=native_thread)
+        os.write(2, text.encode("utf-8", "replace"))
     finally:
         libc["raise"](signum)  # delivered, and fatal, once this handler returns
 
@@ -238,14 +244,18 @@ def native_call(ident: int | None = None) -> tuple[str, str] | None:
 
 
 def message(signum: int, call: tuple[str, str] | None, *, native_thread: bool = False) -> str:
-    """The sentence a fatal signal leaves on stderr: `call` is the native call of the
-    faulting thread, or with `native_thread` that thread ran no Python (a llama.cpp or
-    OpenMP worker; the traceback shows where Python's threads were)."""
+    """The sentence a fatal signal leaves on stderr. `call` is the native call that died;
+    with `native_thread` the faulting thread ran no Python (a llama.cpp or OpenMP worker,
+    the traceback shows where Python's threads were), and `call`, if any, is the main
+    thread's call that the worker was computing for."""
     name = _FATAL.get(signum, f"signal {signum}")
+    where = f" in {call[0]} (called from {call[1]})" if call else ""
     if native_thread:
-        where = " in a native thread (a worker of native code, not one of Python's)"
-    else:
-        where = f" in {call[0]} (called from {call[1]})" if call else ""
+        where += (
+            ", on one of its native threads"
+            if call
+            else " in a native thread (not one of Python's)"
+        )
     facts = "".join(f" {key.capitalize()}: {text}." for key, text in _notes.items())
     if signum == getattr(signal, "SIGILL", None):
         advice = (

@@ -106,3 +106,17 @@ def test_pythonfaulthandler_keeps_its_traceback(tmp_path, faults):
     assert result.returncode == -signal.SIGSEGV, result.stderr
     assert "Fatal Python error: Segmentation fault" in result.stderr
     assert "memagent: native code crashed with SIGSEGV in fault_here" in result.stderr
+
+
+def test_with_a_model_loaded_a_workers_fault_names_the_call_it_computed_for(tmp_path, faults):
+    # As llama.cpp's workers compute the graph of the llama_decode the main thread waits in.
+    result, _ = crash(
+        tmp_path, faults, "crash.note('weights', 'AMX buffers off')\nlib.fault_in_worker(0)\n"
+    )
+    assert result.returncode == -signal.SIGSEGV, result.stderr
+    sentence = last_line(result)
+    assert sentence.startswith(
+        "memagent: native code crashed with SIGSEGV in fault_in_worker (called from script.py:6)"
+        ", on one of its native threads."
+    )
+    assert "--no-repack" in sentence
