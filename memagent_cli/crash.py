@@ -202,12 +202,15 @@ def fault_frames(symbols: list[str]) -> list[str]:
     each as "libllama.so(llama_decode+0x5e) [0x7f...]", the library without its folder.
     This handler runs inside faulthandler's, which re-raised the signal, so the stack is this
     handler, a signal frame, the re-raise (raise, or gsignal as glibc names it), faulthandler,
-    another signal frame (macOS's _sigtramp is dropped), then the fault."""
+    another signal frame (macOS's _sigtramp is dropped), then the fault. Without the
+    re-raise in the stack there is nothing to show."""
     frames = [_normal(symbol) for symbol in symbols]
     for i, frame in enumerate(frames):
         if re.search(r"\((raise|gsignal)\+", frame):
             frames = frames[i + 2 :]
             break
+    else:  # the unwinder stopped short of the fault (seen on llama.cpp's worker threads)
+        return []
     if frames and "(_sigtramp+" in frames[0]:
         frames = frames[1:]
     for i, frame in enumerate(frames):

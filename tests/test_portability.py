@@ -312,3 +312,8 @@ def test_metal_reads_as_many_questions_together_as_fit_in_the_shared_memory(monk
     free = types.SimpleNamespace(available=backend_module._RESERVE + (3 << 30))
     monkeypatch.setattr(psutil, "virtual_memory", lambda: free)
     assert backend.sequences_that_fit(8192) == 2  # 3 GiB free beside the weights, 1 GiB each
+
+
+def test_a_backtrace_that_stops_short_of_the_fault_shows_nothing():
+    # On llama.cpp's worker threads glibc's unwinder stops in libffi's closure.
+    assert crash.fault_frames(["/usr/lib/x86_64-linux-gnu/libffi.so.8(+0x6f7a) [0x7f82af]"]) == []
