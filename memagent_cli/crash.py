@@ -142,7 +142,6 @@ def _on_fatal(signum: int) -> None:
     # Runs inside the signal handler, with the GIL (ctypes takes it; llama.cpp's calls run
     # without it). Only write to fd 2, then die of the signal with its default action.
     libc = _installed[0]
-    libc.signal(signum, 0)  # SIG_DFL: the watcher's signal, or a fault in here, is fatal
     libc.signal(signal.SIGALRM, 0)  # SIG_DFL: the alarm ends the process
     libc.alarm(REPORT_SECONDS + _LAST_RESORT_SECONDS)
     try:
@@ -162,6 +161,9 @@ def _on_fatal(signum: int) -> None:
         text = message(signum, call, native_thread=native_thread)
         os.write(2, text.encode("utf-8", "replace"))
     finally:
+        # SIG_DFL only now: llama.cpp's other threads may fault a moment after this one, and
+        # with the default set they would end the process before this report is written.
+        libc.signal(signum, 0)
         libc["raise"](signum)  # delivered, and fatal, once this handler returns
 
 
