@@ -198,3 +198,54 @@ def test_a_completion_of_the_usual_shape_still_reads(fake_server):
     )
     reply = backend.generate("hello", max_tokens=8, sampling=Sampling())
     assert (reply.text, reply.prompt_tokens, reply.finish_reason) == ("", 0, "stop")
+
+
+def slow(raw: Raw, every: float = 0.05) -> Raw:
+    raw.trickle, raw.every = "body", every
+    return raw
+
+
+# Failures that are retried, each taking about 1.8 s: a 5xx error, and a reply cut off
+# (the connection closes before the Content-Length it announced).
+SLOW_FAILURES = {
+    "5xx": slow(Raw(b'{"error": {"message": "overloaded"}}', status=500)),
+    "dropped": slow(
+        Raw(
+            b'{"choices": [' + b" " * 23,
+            headers={"Content-Type": "application/json", "Content-Length": "1000"},
+        )
+    ),
+}
+
+
+@pytest.mark.parametrize("failure", SLOW_FAILURES.values(), ids=SLOW_FAILURES.keys())
+def test_retries_end_when_the_timeout_does(fake_server, failure):
+    """--timeout bounds the call, not each try: five tries of 1.8 s and the waits between
+    them would take 24 s."""
+    backend = OpenAIBackend(ServerOptions(base_url=fake_server.url, timeout=3))
+    fake_server.raw["/v1/chat/completions"] = failure
+    started = time.monotonic()
+    with pytest.raises(BackendError):
+        backend.generate("hello", max_tokens=8, sampling=Sampling())
+    assert time.monotonic() - started < 3 + 1.5
+
+
+def test_a_busy_server_is_waited_for_no_longer_than_the_timeout():
+    """Each wait as the server asks, but all of them within --timeout: a server that is
+    always busy would otherwise be asked again for ten minutes."""
+    with FakeServer(busy=10**6, retry_after="1") as server:
+        backend = OpenAIBackend(ServerOptions(base_url=server.url, timeout=3))
+        started = time.monotonic()
+        with pytest.raises(BackendError, match="answered HTTP 429 .* too many requests"):
+            backend.generate("hello", max_tokens=8, sampling=Sampling())
+        assert time.monotonic() - started < 3 + 1.5
+        assert 2 <= len(server.turned_away) <= 4  # about a second apart
+
+
+def test_a_model_list_that_never_comes_is_given_seconds_not_the_timeout(fake_server):
+    fake_server.raw["/v1/models"] = Raw.json(MODELS)
+    fake_server.raw["/v1/models"].trickle, fake_server.raw["/v1/models"].every = "head", 5.0
+    started = time.monotonic()
+    with pytest.raises(BackendError, match=r"did not answer /v1/models within 10 seconds\.$"):
+        OpenAIBackend(ServerOptions(base_url=fake_server.url, timeout=120))
+    assert time.monotonic() - started < 10 + 3

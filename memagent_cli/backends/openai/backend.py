@@ -10,6 +10,7 @@ from typing import Any
 
 from memagent_cli.backend import Description, Generation, InTurn, Sampling
 from memagent_cli.backends.openai.client import (
+    DISCOVERY_SECONDS,
     BackendError,
     Client,
     is_count,
@@ -56,7 +57,9 @@ class OpenAIBackend(InTurn):
         # What is shown and recorded: without any credentials the URL carries.
         self.base_url, self.server = without_credentials(url), self._client.server
         # No retries at first contact: a server that is not there should be said at once.
-        served = self._models(self._client.request("/v1/models", retry=False))
+        served = self._models(
+            self._client.request("/v1/models", retry=False, seconds=DISCOVERY_SECONDS)
+        )
         if not served and not options.served_model:
             raise BackendError(f"The server at {self.server} serves no model; pass --served-model.")
         self.served_model = options.served_model or served[0]["id"]
@@ -86,7 +89,7 @@ class OpenAIBackend(InTurn):
             if model["id"] == self.served_model and is_whole(model.get("max_model_len")):
                 return model["max_model_len"]
         try:
-            props = self._client.request("/props", retry=False)
+            props = self._client.request("/props", retry=False, seconds=DISCOVERY_SECONDS)
         except BackendError:
             return _UNKNOWN_CONTEXT
         settings = props.get("default_generation_settings")

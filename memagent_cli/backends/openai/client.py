@@ -22,7 +22,8 @@ from memagent_cli.errors import UserError
 
 # Transient failures (the server restarting, overloaded, or dropping a connection) are
 # retried after 1, 2, 4 and 8 seconds, then reported. A call that times out is not: a server
-# that does not answer within --timeout will not answer the same call sooner next time.
+# that does not answer within --timeout will not answer the same call sooner next time. One
+# clock bounds the whole call, tries, backoff and busy waits together: --timeout.
 RETRIES = 4
 _RETRY_STATUS = {408, 429, 500, 502, 503, 504}
 _TRANSIENT = (
@@ -37,6 +38,9 @@ _TRANSIENT = (
 _BUSY_STATUS = {429, 503}
 _MOST_RETRY_AFTER = 60.0  # seconds of one wait, whatever the header says
 MOST_BUSY_WAIT = 600.0  # seconds of waiting for one call, all retries together
+# First contact (the model list, /props, the tokenize probes) is a seconds job: a server
+# that takes longer there is not answering, however long --timeout gives a completion.
+DISCOVERY_SECONDS = 10.0
 # A reply is read up to this many bytes (after decompression) and no further: far above any
 # real one (a completion is kilobytes, a long model list a few megabytes), and what a hostile
 # server or a gzip bomb can make memagent hold.
@@ -69,14 +73,6 @@ class Client:
             timeout=httpx2.Timeout(timeout, connect=min(timeout, 10.0)),
             transport=DeadlineTransport(self._deadline),
         )
-        self._retrying = tenacity.Retrying(
-            stop=_stop,
-            wait=_wait,
-            retry=tenacity.retry_if_exception_type(_TRANSIENT)
-            | tenacity.retry_if_result(lambda reply: reply.response.status_code in _RETRY_STATUS),
-            retry_error_callback=lambda state: state.outcome.result(),  # the last answer
-            reraise=True,
-        )
 
     def request(
         self,
@@ -85,14 +81,21 @@ class Client:
         *,
         retry: bool = True,
         most_bytes: int = MOST_REPLY_BYTES,
+        seconds: float | None = None,
     ) -> dict[str, Any]:
         """The JSON object the server answers at `path` (under its root): a GET, or a POST
-        of `body`. Retried with backoff while the failure looks transient; each try over
-        within --timeout, and its reply at most `most_bytes` long."""
+        of `body`. Retried with backoff while the failure looks transient, the whole call
+        over within `seconds` (--timeout unless fewer are given) from the first byte sent
+        to the last wait, and its reply at most `most_bytes` long."""
         url = f"{self.root}{path}"
+        limit = self.timeout if seconds is None else min(seconds, self.timeout)
+        end = time.monotonic() + limit
+        tries = 0
 
         def send() -> _Reply:
-            self._deadline.at = time.monotonic() + self.timeout
+            nonlocal tries
+            tries += 1
+            self._deadline.at = end
             try:
                 method = "GET" if body is None else "POST"
                 with self._client.stream(method, url, json=body) as response:
@@ -100,22 +103,31 @@ class Client:
             finally:
                 self._deadline.at = None
 
+        retrying = tenacity.Retrying(
+            stop=lambda state: _stop(state) or time.monotonic() + state.upcoming_sleep >= end,
+            wait=_wait,
+            retry=tenacity.retry_if_exception_type(_TRANSIENT)
+            | tenacity.retry_if_result(lambda reply: reply.response.status_code in _RETRY_STATUS),
+            retry_error_callback=lambda state: state.outcome.result(),  # the last answer
+            reraise=True,
+        )
         try:
-            reply = self._retrying(send) if retry else send()
+            reply = retrying(send) if retry else send()
         except _TooLong:
             raise BackendError(
                 f"The server at {self.server} sent more than {_size(most_bytes)} in reply to "
                 f"{path}; memagent reads no further."
             ) from None
         except httpx2.TimeoutException as exc:
-            if isinstance(exc, httpx2.ConnectTimeout):
+            if isinstance(exc, httpx2.ConnectTimeout) and time.monotonic() < end:
                 raise BackendError(
                     f"Cannot reach the server at {self.server}: it did not "
                     "accept the connection; is it running?"
                 ) from None
+            which = " (--timeout)" if limit == self.timeout else ""
             raise BackendError(
-                f"The server at {self.server} did not answer {path} within {self.timeout:g} "
-                "seconds (--timeout)."
+                f"The server at {self.server} did not answer {path} within {limit:g} "
+                f"seconds{which}."
             ) from None
         except httpx2.DecodingError:
             raise BackendError(
@@ -123,11 +135,10 @@ class Client:
                 "decompress."
             ) from None
         except httpx2.HTTPError as exc:
-            tries = f" after {RETRIES + 1} tries" if retry else ""
             detail = _shortened(without_credentials(str(exc))) or "no answer"
             raise BackendError(
                 f"Cannot reach the server at {self.server} ({type(exc).__name__}: "
-                f"{detail}){tries}; is it running?"
+                f"{detail}){f' after {tries} tries' if tries > 1 else ''}; is it running?"
             ) from None
         response = reply.response
         if response.is_error:

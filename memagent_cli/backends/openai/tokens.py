@@ -6,7 +6,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from memagent_cli.backends.openai.client import MOST_REPLY_BYTES, BackendError, Client, is_count
+from memagent_cli.backends.openai.client import (
+    DISCOVERY_SECONDS,
+    MOST_REPLY_BYTES,
+    BackendError,
+    Client,
+    is_count,
+)
 from memagent_cli.backends.tokenizers import TiktokenTokenizer
 from memagent_cli.progress import Note
 
@@ -50,14 +56,20 @@ class _ServerTokenizer:
         self._prefix: list[int] | None = None
 
     def _call(
-        self, path: str, body: dict[str, Any], retry: bool = True, most_bytes: int = 0
+        self, path: str, body: dict[str, Any], probe: bool = False, most_bytes: int = 0
     ) -> dict[str, Any]:
         most_bytes += MOST_REPLY_BYTES
-        return self._client.request(path, body, retry=retry, most_bytes=most_bytes)
+        return self._client.request(
+            path,
+            body,
+            retry=not probe,
+            most_bytes=most_bytes,
+            seconds=DISCOVERY_SECONDS if probe else None,
+        )
 
     def probe(self) -> None:
-        """Fails unless this server has these endpoints."""
-        self._tokens("a", retry=False)
+        """Fails unless this server has these endpoints: asked once, within seconds."""
+        self._tokens("a", probe=True)
 
     def tokenize(self, text: str) -> list[int]:
         if self._prefix is None:
@@ -67,10 +79,10 @@ class _ServerTokenizer:
         prefix = self._prefix
         return tokens[len(prefix) :] if prefix and tokens[: len(prefix)] == prefix else tokens
 
-    def _tokens(self, text: str, retry: bool = True) -> list[int]:
+    def _tokens(self, text: str, probe: bool = False) -> list[int]:
         body = self._tokenize_body(text)
         most = _TOKEN_BYTES * len(text.encode("utf-8"))  # a long text has a long answer
-        raw = self._call(self.tokenize_path, body, retry, most).get("tokens")
+        raw = self._call(self.tokenize_path, body, probe, most).get("tokens")
         ids = (
             [t.get("id") if isinstance(t, dict) else t for t in raw]
             if isinstance(raw, list)
