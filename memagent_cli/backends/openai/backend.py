@@ -11,6 +11,7 @@ from typing import Any
 from memagent_cli.backend import Description, Generation, InTurn, Sampling
 from memagent_cli.backends.openai.client import (
     DISCOVERY_SECONDS,
+    SHORT_REPLY_BYTES,
     BackendError,
     Client,
     is_count,
@@ -24,6 +25,7 @@ from memagent_cli.errors import UserError
 from memagent_cli.progress import Note, Progress, silent
 
 _UNKNOWN_CONTEXT = 10**9
+_BYTES_PER_TOKEN = 256  # of a completion's reply, for each token it may hold
 
 
 @dataclass(frozen=True)
@@ -139,7 +141,9 @@ class OpenAIBackend(InTurn):
         if sampling.seed is not None:
             body["seed"] = sampling.seed
         start = time.perf_counter()
-        reply = self._client.request("/v1/chat/completions", body)
+        # Far above a real reply's size: its text, escaped, and its reasoning, if any.
+        most_bytes = SHORT_REPLY_BYTES + _BYTES_PER_TOKEN * max_tokens
+        reply = self._client.request("/v1/chat/completions", body, most_bytes=most_bytes)
         seconds = time.perf_counter() - start
         choices = reply.get("choices")
         choice = choices[0] if isinstance(choices, list) and choices else None

@@ -41,10 +41,14 @@ MOST_BUSY_WAIT = 600.0  # seconds of waiting for one call, all retries together
 # First contact (the model list, /props, the tokenize probes) is a seconds job: a server
 # that takes longer there is not answering, however long --timeout gives a completion.
 DISCOVERY_SECONDS = 10.0
-# A reply is read up to this many bytes (after decompression) and no further: far above any
-# real one (a completion is kilobytes, a long model list a few megabytes), and what a hostile
-# server or a gzip bomb can make memagent hold.
-MOST_REPLY_BYTES = 64 << 20
+# A reply is read up to a bound (in bytes, after decompression) and no further, since what
+# is read is parsed, and json.loads makes up to 25 bytes of Python objects of each byte
+# (`[{},{},...]`): the bound is what a hostile server or a gzip bomb can make memagent hold.
+# A model list (OpenRouter's, of hundreds of models, is about a megabyte) or /props is
+# read to MOST_REPLY_BYTES; a completion or a tokenize endpoint's reply to SHORT_REPLY_BYTES
+# and an allowance for what it was asked to hold (docs/reliability.md has the peaks).
+MOST_REPLY_BYTES = 8 << 20
+SHORT_REPLY_BYTES = 1 << 20
 _MOST_ERROR_CHARS = 200  # of a server's error text, shown on one line
 
 
@@ -264,8 +268,8 @@ def _shortened(text: str) -> str:
 
 
 def _size(count: int) -> str:
-    """A byte count as people read it: 64 MiB."""
-    return f"{count / (1 << 20):g} MiB" if count >= 1 << 20 else f"{count:,} bytes"
+    """A byte count as people read it: 8 MiB, 1.03 MiB."""
+    return f"{count / (1 << 20):.3g} MiB" if count >= 1 << 20 else f"{count:,} bytes"
 
 
 def is_count(value: object) -> bool:

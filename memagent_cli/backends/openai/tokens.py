@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 from memagent_cli.backends.openai.client import (
     DISCOVERY_SECONDS,
-    MOST_REPLY_BYTES,
+    SHORT_REPLY_BYTES,
     BackendError,
     Client,
     is_count,
@@ -17,8 +17,10 @@ from memagent_cli.backends.tokenizers import TiktokenTokenizer
 from memagent_cli.progress import Note
 
 # A tokenize endpoint may answer a long text at length: up to this many bytes per byte of
-# the text sent (a token per byte, as JSON), over the usual bound.
-_TOKEN_BYTES = 16
+# the text sent (a token per byte, as JSON), and a detokenize endpoint per token sent (a
+# token's text, escaped), over SHORT_REPLY_BYTES.
+_BYTES_PER_BYTE = 16
+_BYTES_PER_TOKEN = 256
 
 
 class Tokenizer(Protocol):
@@ -58,7 +60,7 @@ class _ServerTokenizer:
     def _call(
         self, path: str, body: dict[str, Any], probe: bool = False, most_bytes: int = 0
     ) -> dict[str, Any]:
-        most_bytes += MOST_REPLY_BYTES
+        most_bytes += SHORT_REPLY_BYTES
         return self._client.request(
             path,
             body,
@@ -81,7 +83,7 @@ class _ServerTokenizer:
 
     def _tokens(self, text: str, probe: bool = False) -> list[int]:
         body = self._tokenize_body(text)
-        most = _TOKEN_BYTES * len(text.encode("utf-8"))  # a long text has a long answer
+        most = _BYTES_PER_BYTE * len(text.encode("utf-8"))  # a long text has a long answer
         raw = self._call(self.tokenize_path, body, probe, most).get("tokens")
         ids = (
             [t.get("id") if isinstance(t, dict) else t for t in raw]
@@ -96,7 +98,8 @@ class _ServerTokenizer:
         return ids
 
     def detokenize(self, tokens: Sequence[int]) -> bytes:
-        reply = self._call(self.detokenize_path, self._detokenize_body(list(tokens)))
+        body = self._detokenize_body(list(tokens))
+        reply = self._call(self.detokenize_path, body, most_bytes=_BYTES_PER_TOKEN * len(tokens))
         text = reply.get("content", reply.get("prompt", reply.get("text", "")))
         if not isinstance(text, str):
             raise BackendError(
