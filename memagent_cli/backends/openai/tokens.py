@@ -4,7 +4,7 @@ llama-cpp-python's), else tiktoken, whose counts only approximate the model's.""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from memagent_cli.backends.openai.client import (
     DISCOVERY_SECONDS,
@@ -14,6 +14,7 @@ from memagent_cli.backends.openai.client import (
     is_count,
 )
 from memagent_cli.backends.tokenizers import TiktokenTokenizer
+from memagent_cli.chunking import Tokenizer
 from memagent_cli.progress import Note
 
 # A tokenize endpoint may answer a long text at length: up to this many bytes per byte of
@@ -21,14 +22,6 @@ from memagent_cli.progress import Note
 # token's text, escaped), over SHORT_REPLY_BYTES.
 _BYTES_PER_BYTE = 16
 _BYTES_PER_TOKEN = 256
-
-
-class Tokenizer(Protocol):
-    """What chunking needs of a tokenizer."""
-
-    def tokenize(self, text: str) -> list[int]: ...
-
-    def detokenize(self, tokens: Sequence[int]) -> bytes: ...
 
 
 def find_tokenizer(client: Client, model: str, encoding: str, note: Note) -> Tokenizer:
