@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 
 from memagent_cli.backends.build import (
-    Overrides,
     Tensor,
     gguf_tensors,
     has_amx,
     place_weights,
     system_features,
 )
+from memagent_cli.backends.llama_patches import Overrides
 
 # llama.cpp 0.25.3's system info on an Intel Xeon with AMX (Sapphire Rapids, -march=native).
 XEON_AMX = (

@@ -47,10 +47,11 @@ def models(tmp_path_factory) -> dict[str, tuple[Path, Path, dict[str, np.ndarray
 def load(path: Path, **kwargs):
     from llama_cpp import Llama
 
-    from memagent_cli.backends.build import guard_llama_class
+    from memagent_cli.backends.build import placement_for
+    from memagent_cli.backends.llama_patches import placed_weights
 
-    guard_llama_class(path)  # llama.cpp's AMX buffers crash (backends/build.py)
-    return Llama(model_path=str(path), n_threads=2, verbose=False, **kwargs)
+    with placed_weights(placement_for(path)):  # llama.cpp's AMX buffers crash (build.py)
+        return Llama(model_path=str(path), n_threads=2, verbose=False, **kwargs)
 
 
 @pytest.mark.parametrize("kind", ["tied", "untied"])

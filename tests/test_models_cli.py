@@ -712,12 +712,12 @@ def test_a_repository_naming_a_file_outside_its_folder_is_refused(
 
 
 def test_only_names_inside_the_folder_are_safe():
-    from memagent_cli.models.hub import _safe_name
+    from memagent_cli.models.hub import safe_name
 
     for name in ("a.gguf", "sub/dir/a.gguf", "a..b.gguf", ".hidden/a.gguf"):
-        assert _safe_name(name), name
+        assert safe_name(name), name
     for name in ("", "/a", "../a", "a/../b", "a//b", "./a", "a\\b", "C:a", "a\x00b"):
-        assert not _safe_name(name), name
+        assert not safe_name(name), name
 
 
 def test_a_download_stops_at_its_declared_size(cli, env, fake_hub, tmp_path):

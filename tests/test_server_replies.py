@@ -47,19 +47,19 @@ def zeros_gzipped(size: int) -> bytes:
 
 def test_a_reply_past_the_bound_is_cut_off_in_one_sentence(cli, fake_server, doc):
     fake_server.raw["/v1/chat/completions"] = Raw(b" " * (MOST_REPLY_BYTES + 1))
-    result = ask(cli, fake_server, doc)
+    result = ask(cli, fake_server, doc)  # a completion of 64 tokens: 1 MiB and 256 bytes each
     assert_clean_failure(
-        result, 1, "sent more than 64 MiB in reply to /v1/chat/completions; memagent reads no"
+        result, 1, "sent more than 1.02 MiB in reply to /v1/chat/completions; memagent reads no"
     )
 
 
 def test_a_gzip_bomb_is_read_no_further_than_the_bound(fake_server):
-    bomb = zeros_gzipped(4 * MOST_REPLY_BYTES)  # 256 MiB of zeros, 250 KB on the wire
+    bomb = zeros_gzipped(256 << 20)  # 256 MiB of zeros, 250 KB on the wire
     assert len(bomb) < 1 << 20
     fake_server.raw["/v1/models"] = Raw(bomb, headers={"Content-Encoding": "gzip"})
     tracemalloc.start()
     try:
-        with pytest.raises(BackendError, match="sent more than 64 MiB in reply to /v1/models"):
+        with pytest.raises(BackendError, match="sent more than 8 MiB in reply to /v1/models"):
             OpenAIBackend(ServerOptions(base_url=fake_server.url))
         _, peak = tracemalloc.get_traced_memory()
     finally:
@@ -198,3 +198,89 @@ def test_a_completion_of_the_usual_shape_still_reads(fake_server):
     )
     reply = backend.generate("hello", max_tokens=8, sampling=Sampling())
     assert (reply.text, reply.prompt_tokens, reply.finish_reason) == ("", 0, "stop")
+
+
+def slow(raw: Raw, every: float = 0.05) -> Raw:
+    raw.trickle, raw.every = "body", every
+    return raw
+
+
+# Failures that are retried, each taking about 1.8 s: a 5xx error, and a reply cut off
+# (the connection closes before the Content-Length it announced).
+SLOW_FAILURES = {
+    "5xx": slow(Raw(b'{"error": {"message": "overloaded"}}', status=500)),
+    "dropped": slow(
+        Raw(
+            b'{"choices": [' + b" " * 23,
+            headers={"Content-Type": "application/json", "Content-Length": "1000"},
+        )
+    ),
+}
+
+
+@pytest.mark.parametrize("failure", SLOW_FAILURES.values(), ids=SLOW_FAILURES.keys())
+def test_retries_end_when_the_timeout_does(fake_server, failure):
+    """--timeout bounds the call, not each try: five tries of 1.8 s and the waits between
+    them would take 24 s."""
+    backend = OpenAIBackend(ServerOptions(base_url=fake_server.url, timeout=3))
+    fake_server.raw["/v1/chat/completions"] = failure
+    started = time.monotonic()
+    with pytest.raises(BackendError):
+        backend.generate("hello", max_tokens=8, sampling=Sampling())
+    assert time.monotonic() - started < 3 + 1.5
+
+
+def test_a_busy_server_is_waited_for_no_longer_than_the_timeout():
+    """Each wait as the server asks, but all of them within --timeout: a server that is
+    always busy would otherwise be asked again for ten minutes."""
+    with FakeServer(busy=10**6, retry_after="1") as server:
+        backend = OpenAIBackend(ServerOptions(base_url=server.url, timeout=3))
+        started = time.monotonic()
+        with pytest.raises(BackendError, match="answered HTTP 429 .* too many requests"):
+            backend.generate("hello", max_tokens=8, sampling=Sampling())
+        assert time.monotonic() - started < 3 + 1.5
+        assert 2 <= len(server.turned_away) <= 4  # about a second apart
+
+
+def test_a_model_list_that_never_comes_is_given_seconds_not_the_timeout(fake_server):
+    fake_server.raw["/v1/models"] = Raw.json(MODELS)
+    fake_server.raw["/v1/models"].trickle, fake_server.raw["/v1/models"].every = "head", 5.0
+    started = time.monotonic()
+    with pytest.raises(BackendError, match=r"did not answer /v1/models within 10 seconds\.$"):
+        OpenAIBackend(ServerOptions(base_url=fake_server.url, timeout=120))
+    assert time.monotonic() - started < 10 + 3
+
+
+def empty_objects(before: bytes, size: int, after: bytes) -> bytes:
+    """About `size` bytes of JSON that is mostly `{},{},...`: json.loads makes about 25
+    bytes of Python objects of each byte, the most any JSON makes."""
+    return before + b"{}," * (size // 3) + b"{}" + after
+
+
+def test_a_model_list_is_read_no_further_than_a_model_list_can_be(fake_server):
+    # 32 MiB: within the bound of any reply, but parsed it would take about 800 MB.
+    reply = empty_objects(b'{"data": [', 32 << 20, b"]}")
+    fake_server.raw["/v1/models"] = Raw(reply)
+    tracemalloc.start()
+    try:
+        with pytest.raises(BackendError, match="sent more than 8 MiB in reply to /v1/models"):
+            OpenAIBackend(ServerOptions(base_url=fake_server.url))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # The server's copy of its reply (in this process too) and the bound read, never parsed.
+    assert peak < 64 << 20
+
+
+def test_a_completion_is_read_no_further_than_its_tokens_can_take(fake_server):
+    backend = OpenAIBackend(ServerOptions(base_url=fake_server.url))
+    fake_server.raw["/v1/chat/completions"] = Raw(empty_objects(b'{"choices": [', 4 << 20, b"]}"))
+    tracemalloc.start()
+    try:
+        # 1 MiB, and 256 bytes for each token it may have (128): far above a real reply.
+        with pytest.raises(BackendError, match=r"sent more than 1\.03 MiB in reply to /v1/chat"):
+            backend.generate("hello", max_tokens=128, sampling=Sampling())
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20  # the server's 4 MiB and the bound read

@@ -16,11 +16,11 @@ from pathlib import Path
 import httpx2
 import pytest
 from conftest import FACT_QUESTION, MEMAGENT, served, story
-from fake_openai import FakeServer
+from fake_openai import MODEL, FakeServer, Raw
 
 from memagent_cli.backend import Sampling
 from memagent_cli.backends import openai
-from memagent_cli.backends.openai import BackendError, OpenAIBackend, ServerOptions
+from memagent_cli.backends.openai import BackendError, OpenAIBackend, ServerOptions, client
 from memagent_cli.trace import TraceError, read_trace
 
 STEPS = ["--chunk-tokens", "300", "--memory-tokens", "64", "--temperature", "0"]
@@ -59,7 +59,7 @@ def test_a_busy_server_is_asked_again_when_it_says(memagent, tmp_path):
 
 
 def test_a_server_busy_for_too_long_is_one_sentence(monkeypatch):
-    monkeypatch.setattr(openai, "_MOST_BUSY_WAIT", 2.5)
+    monkeypatch.setattr(client, "MOST_BUSY_WAIT", 2.5)
     with FakeServer(busy=10**6, retry_after="1") as server:
         backend = OpenAIBackend(ServerOptions(base_url=server.url))
         started = time.monotonic()
@@ -67,6 +67,22 @@ def test_a_server_busy_for_too_long_is_one_sentence(monkeypatch):
             backend.generate("hello", max_tokens=8, sampling=Sampling())
         assert time.monotonic() - started >= 2.0
         assert len(server.turned_away) == 3  # waits of about 1 s until 2.5 s would be passed
+
+
+def test_calls_go_through_the_proxy_the_environment_names(monkeypatch):
+    """HTTP_PROXY is followed, NO_PROXY bypasses it, as any HTTP client does: the stand-in
+    server answers as the proxy for a host that does not exist."""
+    models = {"data": [{"id": "proxied", "max_model_len": 4096}]}
+    far = "http://models.invalid/v1"  # .invalid never resolves: only a proxy reaches it
+    with FakeServer(raw={f"{far}/models": Raw.json(models)}) as proxy:
+        monkeypatch.setenv("HTTP_PROXY", proxy.url.removesuffix("/v1"))
+        monkeypatch.setenv("NO_PROXY", "")
+        backend = OpenAIBackend(ServerOptions(base_url=far))
+        assert (backend.served_model, backend.context_limit) == ("proxied", 4096)
+    with FakeServer() as server:
+        monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")  # nothing listens there
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+        assert OpenAIBackend(ServerOptions(base_url=server.url)).served_model == MODEL
 
 
 def traces_in(env: dict[str, str]) -> list[Path]:

@@ -205,19 +205,20 @@ def test_single_row_decoding_equals_create_completion(plain: LlamaCppBackend) ->
     batched ones.)"""
     from llama_cpp import Llama
 
-    from memagent_cli.backends.build import guard_llama_class
+    from memagent_cli.backends.build import placement_for
+    from memagent_cli.backends.llama_patches import placed_weights
 
     ours = _backend(speculate=False, exact=False)
-    guard_llama_class(default_model_path())  # as memagent loads it (backends/build.py)
-    llm = Llama(
-        model_path=str(default_model_path()),
-        n_ctx=CONTEXT,
-        n_batch=512,
-        n_threads=2,
-        n_threads_batch=2,
-        flash_attn=False,
-        verbose=False,
-    )
+    with placed_weights(placement_for(default_model_path())):  # as memagent loads it
+        llm = Llama(
+            model_path=str(default_model_path()),
+            n_ctx=CONTEXT,
+            n_batch=512,
+            n_threads=2,
+            n_threads_batch=2,
+            flash_attn=False,
+            verbose=False,
+        )
     for message in (copying(), fresh()):
         prompt, stop = plain._chat_prompt(message)
         result = llm.create_completion(

@@ -140,42 +140,6 @@ def gguf_tensors(path: Path) -> list[Tensor]:
     return [Tensor(t.name, type_name(t.type), t.shape) for t in listed]
 
 
-class _Override(ctypes.Structure):
-    """llama.cpp's struct llama_model_tensor_buft_override (llama-cpp-python omits it)."""
-
-    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
-
-
-class Overrides:
-    """llama.cpp's tensor_buft_overrides for a placement: a NULL-terminated C array that
-    must live as long as the model params that point at it."""
-
-    def __init__(self, patterns: Sequence[str], repack_buffer: int) -> None:
-        entry = _Override
-        self._patterns = [p.encode() for p in patterns]
-        self.array = (entry * (len(patterns) + 1))()
-        for i, pattern in enumerate(self._patterns):
-            self.array[i].pattern = pattern
-            self.array[i].buft = repack_buffer
-
-    @property
-    def address(self) -> int:
-        return ctypes.addressof(self.array)
-
-
-def apply(params: object, placement: Placement) -> Overrides | None:
-    """Set `placement` on llama_model_params; the returned object must outlive the load."""
-    params.use_extra_bufts = placement.extra_buffers  # type: ignore[attr-defined]
-    if not placement.repack:
-        return None
-    buffer = extra_buffers().get("CPU_REPACK")
-    if buffer is None:  # the rule said REPACK = 1, so this is a build we do not know
-        return None
-    overrides = Overrides(placement.repack, buffer)
-    params.tensor_buft_overrides = overrides.address  # type: ignore[attr-defined]
-    return overrides
-
-
 def offloads() -> bool:
     """Whether this build can put layers on a GPU (CUDA, Metal, ...)."""
     import llama_cpp
@@ -295,27 +259,14 @@ def describe() -> dict[str, object]:
     }
 
 
-_guarded: list[object] = []  # the overrides of models llama-cpp-python's Llama has loaded
-
-
-def guard_llama_class(model: Path | None, *, repack: bool | None = None, offload: bool = False):
-    """Give llama-cpp-python's own `Llama` (its server, and tests that load it) the same
-    placement as memagent's loader, for `model`: every later load in this process gets it.
-    Without a model path (a server's config file), AMX is kept out and nothing repacked."""
+def placement_for(
+    model: Path | None, *, repack: bool | None = None, offload: bool = False
+) -> Placement:
+    """Where this build keeps `model`'s weights, as memagent's loader decides it, for
+    llama-cpp-python's own `Llama` (backends/llama_patches.py `placed_weights`). Without a
+    model path (a server's config file), AMX is kept out and nothing repacked."""
     import llama_cpp
-    import llama_cpp.llama_cpp as library
 
     info = llama_cpp.llama_print_system_info().decode(errors="replace")
     tensors = gguf_tensors(model) if model is not None and has_amx(info) else []
-    placement = place_weights(info, tensors, repack=repack, offload=offload)
-    default = getattr(library.llama_model_default_params, "unguarded", None)
-    default = default or library.llama_model_default_params
-
-    def guarded() -> object:
-        params = default()
-        _guarded.append(apply(params, placement))
-        return params
-
-    guarded.unguarded = default  # type: ignore[attr-defined]
-    library.llama_model_default_params = guarded
-    return placement
+    return place_weights(info, tensors, repack=repack, offload=offload)

@@ -19,7 +19,6 @@ from memagent_cli.backend import Call, Description, Generation, Raw, Sampling
 from memagent_cli.errors import ModelError
 from memagent_cli.files import check_gguf
 from memagent_cli.progress import Progress
-from memagent_cli.text import printable
 
 if TYPE_CHECKING:  # decoding imports llama_cpp, which loads the library: only when used
     from memagent_cli.backends.build import Placement
@@ -87,21 +86,6 @@ def _utf8_name(path: Path) -> Iterator[Path]:
     yield path
 
 
-def _route_llama_log(verbose: bool) -> None:
-    """Send llama.cpp's own log to stderr with --verbose, and nowhere otherwise."""
-    global _log_callback
-    import llama_cpp
-
-    @llama_cpp.llama_log_callback
-    def callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-        if verbose:
-            # A model file's metadata is in the log: printable, as all memagent shows.
-            sys.stderr.write(printable(text.decode("utf-8", errors="replace")))
-
-    _log_callback = callback
-    llama_cpp.llama_log_set(callback, ctypes.c_void_p(0))
-
-
 @dataclass(frozen=True)
 class LlamaOptions:
     """How llama.cpp runs a model in this process: every engine default, and its check.
@@ -165,7 +149,10 @@ class LlamaCppBackend:
         self.batch_size, self.ubatch_size = options.batch_size, options.ubatch_size
         check_gguf(path)
         verbose = options.verbose
-        _route_llama_log(verbose)
+        from memagent_cli.backends.llama_patches import LlamaLog
+
+        # llama.cpp's log, printable, on stderr with --verbose; as it was once this is gone.
+        weakref.finalize(self, LlamaLog(verbose).restore)
         self.path = path
         self.name = name or path.stem
         self.threads = options.threads or physical_cores()
@@ -417,13 +404,13 @@ class _Engine:
     ) -> None:
         import llama_cpp
 
-        from memagent_cli.backends import build
         from memagent_cli.backends.decoding import Decoder
+        from memagent_cli.backends.llama_patches import apply
 
         model_params = llama_cpp.llama_model_default_params()
         model_params.n_gpu_layers = backend.gpu_layers
         self.placement = backend.placement()
-        overrides = build.apply(model_params, self.placement)
+        overrides = apply(model_params, self.placement)
         crash.note("weights", self.placement.why)
         if backend.options.verbose:
             sys.stderr.write(f"memagent: weights: {self.placement.why}\n")

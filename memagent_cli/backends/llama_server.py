@@ -1,6 +1,6 @@
 """llama-cpp-python's OpenAI-compatible server with memagent's weight placement, so that
-it does not crash on a CPU with AMX (backends/build.py). It takes the server's own options,
-and llama.cpp's --repack/--no-repack:
+it does not crash on a CPU with AMX (backends/build.py, backends/llama_patches.py). It
+takes the server's own options, and llama.cpp's --repack/--no-repack:
 
     python -m memagent_cli.backends.llama_server --model model.gguf --n_ctx 8192 --port 8080
 """
@@ -25,6 +25,7 @@ def main(argv: list[str]) -> None:
     from llama_cpp.server.__main__ import main as serve
 
     from memagent_cli.backends import build
+    from memagent_cli.backends.llama_patches import placed_weights
 
     repack = True if "--repack" in argv else False if "--no-repack" in argv else None
     argv = [arg for arg in argv if arg not in ("--repack", "--no-repack")]
@@ -33,9 +34,10 @@ def main(argv: list[str]) -> None:
         sys.exit(f"error: model not found: {model} is not a file.")
     layers = int(_value(argv, "--n_gpu_layers") or 0)
     offload = layers != 0 and build.offloads()
-    build.guard_llama_class(Path(model) if model else None, repack=repack, offload=offload)
+    placement = build.placement_for(Path(model) if model else None, repack=repack, offload=offload)
     sys.argv = [sys.argv[0], *argv]
-    serve()
+    with placed_weights(placement):
+        serve()
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from rich.filesize import decimal
 from memagent_cli.errors import ModelError
 from memagent_cli.models.conversion import architecture, quantize, vocabulary
 from memagent_cli.models.conversion.safetensors import Tensor, read_tensors
-from memagent_cli.models.hub import check_space, durable_rename
+from memagent_cli.models.disk import check_space, durable_rename
 from memagent_cli.progress import Note, Progress, silent
 from memagent_cli.text import decoded
 

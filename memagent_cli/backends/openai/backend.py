@@ -1,0 +1,184 @@
+"""The Backend of an OpenAI-compatible server: the model it serves, its context, and chat
+completions with the paper's sampling."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from memagent_cli.backend import Description, Generation, InTurn, Sampling
+from memagent_cli.backends.openai.client import (
+    DISCOVERY_SECONDS,
+    SHORT_REPLY_BYTES,
+    BackendError,
+    Client,
+    is_count,
+    is_number,
+    is_whole,
+)
+from memagent_cli.backends.openai.tokens import find_tokenizer
+from memagent_cli.backends.openai.urls import without_credentials
+from memagent_cli.backends.tokenizers import DEFAULT_ENCODING
+from memagent_cli.errors import UserError
+from memagent_cli.progress import Note, Progress, silent
+
+_UNKNOWN_CONTEXT = 10**9
+_BYTES_PER_TOKEN = 256  # of a completion's reply, for each token it may hold
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """How to reach an OpenAI-compatible server: every default, and its check."""
+
+    base_url: str | None = None
+    api_key: str | None = None
+    served_model: str | None = None  # None: the first model the server lists
+    encoding: str = DEFAULT_ENCODING  # tiktoken, where the server cannot tokenize
+    timeout: float = 300.0  # seconds a server may take for one call
+
+    def __post_init__(self) -> None:
+        if self.timeout <= 0:
+            raise UserError("--timeout must be a positive number of seconds.")
+
+
+class OpenAIBackend(InTurn):
+    """Chat completions from a server; tokens from its tokenize endpoint, else tiktoken.
+
+    Safe to share between threads: every call is one independent HTTP request.
+    """
+
+    def __init__(self, options: ServerOptions, note: Note = silent) -> None:
+        if not options.base_url:
+            raise UserError("--backend openai needs --base-url (or $MEMAGENT_BASE_URL).")
+        url = options.base_url.rstrip("/")
+        if not url.endswith("/v1"):
+            url += "/v1"
+        self._client = Client(url[: -len("/v1")], api_key=options.api_key, timeout=options.timeout)
+        # What is shown and recorded: without any credentials the URL carries.
+        self.base_url, self.server = without_credentials(url), self._client.server
+        # No retries at first contact: a server that is not there should be said at once.
+        served = self._models(
+            self._client.request("/v1/models", retry=False, seconds=DISCOVERY_SECONDS)
+        )
+        if not served and not options.served_model:
+            raise BackendError(f"The server at {self.server} serves no model; pass --served-model.")
+        self.served_model = options.served_model or served[0]["id"]
+        self.name = self.served_model
+        self.context_limit = self._context_limit(served)
+        self._tokenizer = find_tokenizer(self._client, self.served_model, options.encoding, note)
+
+    def _models(self, listed: dict[str, Any]) -> list[dict[str, Any]]:
+        """The models of a /v1/models reply, each an object with a string id, or a sentence."""
+        served = listed.get("data")
+        if served is None:
+            return []
+        if not isinstance(served, list) or not all(
+            isinstance(model, dict) and isinstance(model.get("id"), str) and model["id"]
+            for model in served
+        ):
+            raise BackendError(
+                f"The server at {self.server} answered /v1/models with a list memagent cannot "
+                "read (each model needs an id); is --base-url an OpenAI-compatible server?"
+            )
+        return served
+
+    def _context_limit(self, served: list[dict[str, Any]]) -> int:
+        """The served context when the server tells it (vLLM's max_model_len, llama-server's
+        n_ctx); otherwise unknown, and the server itself reports a step too long."""
+        for model in served:
+            if model["id"] == self.served_model and is_whole(model.get("max_model_len")):
+                return model["max_model_len"]
+        try:
+            props = self._client.request("/props", retry=False, seconds=DISCOVERY_SECONDS)
+        except BackendError:
+            return _UNKNOWN_CONTEXT
+        settings = props.get("default_generation_settings")
+        n_ctx = settings.get("n_ctx") if isinstance(settings, dict) else None
+        return n_ctx if is_whole(n_ctx) else _UNKNOWN_CONTEXT
+
+    # -- tokens -----------------------------------------------------------------------
+    def tokenize(self, text: str) -> list[int]:
+        return self._tokenizer.tokenize(text)
+
+    def detokenize(self, tokens: Sequence[int]) -> bytes:
+        return self._tokenizer.detokenize(tokens)
+
+    def chat_overhead(self) -> int:
+        return 16  # a typical chat template's wrapping; the server enforces the real limit
+
+    def describe(self) -> Description:
+        return Description(
+            model={"path": self.base_url, "name": self.served_model, "size": None},
+            engine={"backend": "openai"},
+        )
+
+    def sequences_that_fit(self, context_tokens: int) -> int:
+        return 1  # several calls at once are --parallel's threads
+
+    def prepare(
+        self, context_tokens: int, sequences: int = 1, progress: Progress | None = None
+    ) -> None:
+        return None  # the server sizes its own context and slots
+
+    # -- generation -------------------------------------------------------------------
+    def generate(self, message: str, *, max_tokens: int, sampling: Sampling) -> Generation:
+        body: dict[str, Any] = {
+            "model": self.served_model,
+            "messages": [{"role": "user", "content": message}],
+            "max_tokens": max_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            # The paper sampled with vLLM's defaults; servers that know these fields
+            # (llama.cpp, vLLM) would otherwise add top-k, min-p or a repeat penalty.
+            "top_k": 0,  # 0 turns top-k off for llama.cpp, vLLM and llama-cpp-python
+            "min_p": 0.0,
+            "repeat_penalty": 1.0,
+            "repetition_penalty": 1.0,
+            "stream": False,
+        }
+        if sampling.seed is not None:
+            body["seed"] = sampling.seed
+        start = time.perf_counter()
+        # Far above a real reply's size: its text, escaped, and its reasoning, if any.
+        most_bytes = SHORT_REPLY_BYTES + _BYTES_PER_TOKEN * max_tokens
+        reply = self._client.request("/v1/chat/completions", body, most_bytes=most_bytes)
+        seconds = time.perf_counter() - start
+        choices = reply.get("choices")
+        choice = choices[0] if isinstance(choices, list) and choices else None
+        message = choice.get("message") if isinstance(choice, dict) else None
+        text = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(message, dict) or not isinstance(text, str | None):
+            raise BackendError(
+                f"The server at {self.server} sent a completion without a message's text."
+            )
+        assert isinstance(choice, dict)
+        usage = reply.get("usage") or {}
+        timings = reply.get("timings") or {}  # llama-server reports its own split
+        finish_reason = choice.get("finish_reason") or "stop"
+        prompt_tokens: Any = None
+        completion_tokens: Any = None
+        prompt_ms: Any = None
+        if isinstance(usage, dict) and isinstance(timings, dict):
+            prompt_tokens = usage.get("prompt_tokens") or 0
+            completion_tokens = usage.get("completion_tokens") or 0
+            prompt_ms = timings.get("prompt_ms") or 0
+        if not (
+            is_count(prompt_tokens)
+            and is_count(completion_tokens)
+            and is_number(prompt_ms)
+            and isinstance(finish_reason, str)
+        ):
+            raise BackendError(
+                f"The server at {self.server} sent a completion whose usage, timings or "
+                "finish_reason are not of the types OpenAI's API gives them."
+            )
+        return Generation(
+            text=text or "",
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            prompt_seconds=min(prompt_ms / 1000, seconds),
+            seconds=seconds,
+            finish_reason=finish_reason,
+        )

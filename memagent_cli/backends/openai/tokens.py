@@ -1,0 +1,135 @@
+"""A server's tokens: the first tokenize endpoint it answers (llama-server's, vLLM's,
+llama-cpp-python's), else tiktoken, whose counts only approximate the model's."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from memagent_cli.backends.openai.client import (
+    DISCOVERY_SECONDS,
+    SHORT_REPLY_BYTES,
+    BackendError,
+    Client,
+    is_count,
+)
+from memagent_cli.backends.tokenizers import TiktokenTokenizer
+from memagent_cli.chunking import Tokenizer
+from memagent_cli.progress import Note
+
+# A tokenize endpoint may answer a long text at length: up to this many bytes per byte of
+# the text sent (a token per byte, as JSON), and a detokenize endpoint per token sent (a
+# token's text, escaped), over SHORT_REPLY_BYTES.
+_BYTES_PER_BYTE = 16
+_BYTES_PER_TOKEN = 256
+
+
+def find_tokenizer(client: Client, model: str, encoding: str, note: Note) -> Tokenizer:
+    """The first tokenize endpoint `client`'s server answers, asked once without retries;
+    else tiktoken's `encoding`, with a note that chunk sizes are approximate."""
+    for candidate in (_LlamaServerTokenizer, _VllmTokenizer, _LlamaCppPythonTokenizer):
+        tokenizer = candidate(client, model)
+        try:
+            tokenizer.probe()
+        except BackendError:
+            continue
+        return tokenizer
+    note(
+        "The server has no tokenize endpoint: chunks are cut with tiktoken "
+        f"{encoding}, so their sizes in the model's tokens are approximate."
+    )
+    return TiktokenTokenizer(encoding)
+
+
+class _ServerTokenizer:
+    """One server's tokenize/detokenize endpoints, with any BOS it adds stripped."""
+
+    tokenize_path = detokenize_path = ""
+
+    def __init__(self, client: Client, model: str) -> None:
+        self._client, self._model = client, model
+        self._prefix: list[int] | None = None
+
+    def _call(
+        self, path: str, body: dict[str, Any], probe: bool = False, most_bytes: int = 0
+    ) -> dict[str, Any]:
+        most_bytes += SHORT_REPLY_BYTES
+        return self._client.request(
+            path,
+            body,
+            retry=not probe,
+            most_bytes=most_bytes,
+            seconds=DISCOVERY_SECONDS if probe else None,
+        )
+
+    def probe(self) -> None:
+        """Fails unless this server has these endpoints: asked once, within seconds."""
+        self._tokens("a", probe=True)
+
+    def tokenize(self, text: str) -> list[int]:
+        if self._prefix is None:
+            self._prefix = []  # what the server adds to empty text, e.g. a BOS token
+            self._prefix = self._tokens("")
+        tokens = self._tokens(text)
+        prefix = self._prefix
+        return tokens[len(prefix) :] if prefix and tokens[: len(prefix)] == prefix else tokens
+
+    def _tokens(self, text: str, probe: bool = False) -> list[int]:
+        body = self._tokenize_body(text)
+        most = _BYTES_PER_BYTE * len(text.encode("utf-8"))  # a long text has a long answer
+        raw = self._call(self.tokenize_path, body, probe, most).get("tokens")
+        ids = (
+            [t.get("id") if isinstance(t, dict) else t for t in raw]
+            if isinstance(raw, list)
+            else []
+        )
+        if not isinstance(raw, list) or not all(is_count(i) for i in ids):
+            raise BackendError(
+                f"The server at {self._client.server} answered {self.tokenize_path} without "
+                "a list of token ids."
+            )
+        return ids
+
+    def detokenize(self, tokens: Sequence[int]) -> bytes:
+        body = self._detokenize_body(list(tokens))
+        reply = self._call(self.detokenize_path, body, most_bytes=_BYTES_PER_TOKEN * len(tokens))
+        text = reply.get("content", reply.get("prompt", reply.get("text", "")))
+        if not isinstance(text, str):
+            raise BackendError(
+                f"The server at {self._client.server} answered {self.detokenize_path} "
+                "without the text of the tokens."
+            )
+        return text.encode("utf-8")
+
+    def _tokenize_body(self, text: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _detokenize_body(self, tokens: list[int]) -> dict[str, Any]:
+        return {"tokens": tokens}
+
+
+class _LlamaServerTokenizer(_ServerTokenizer):
+    tokenize_path, detokenize_path = "/tokenize", "/detokenize"
+
+    def _tokenize_body(self, text: str) -> dict[str, Any]:
+        return {"content": text, "add_special": False}
+
+
+class _VllmTokenizer(_ServerTokenizer):
+    tokenize_path, detokenize_path = "/tokenize", "/detokenize"
+
+    def _tokenize_body(self, text: str) -> dict[str, Any]:
+        return {"model": self._model, "prompt": text, "add_special_tokens": False}
+
+    def _detokenize_body(self, tokens: list[int]) -> dict[str, Any]:
+        return {"model": self._model, "tokens": tokens}
+
+
+class _LlamaCppPythonTokenizer(_ServerTokenizer):
+    tokenize_path, detokenize_path = "/extras/tokenize", "/extras/detokenize"
+
+    def _tokenize_body(self, text: str) -> dict[str, Any]:
+        return {"input": text, "model": self._model}
+
+    def _detokenize_body(self, tokens: list[int]) -> dict[str, Any]:
+        return {"tokens": tokens, "model": self._model}
