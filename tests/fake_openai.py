@@ -40,6 +40,26 @@ def reply_to(message: str) -> str:
     return " ".join((remembered + section.group(1).split()[:6])[-30:])
 
 
+_CHUNK = re.compile(r"<recurrent_chunk>\n(.*?)\n</recurrent_chunk>", re.S)
+
+
+def completion_to(prompt: str) -> str:
+    """The stand-in for InfMem's model on `/v1/completions`: every call thinks first (a
+    prompt that ends at the assistant's turn gets a closed thinking), then the planner
+    says STOP, an update keeps the chunk's first words, and the answer names the first."""
+    turn = prompt.rsplit("<|im_start|>assistant\n", 1)[-1]
+    if "</think>" not in turn:
+        return "<think>ok</think>"
+    if "You are a Retrieval Planner" in prompt:
+        return "STOP"
+    chunk = _CHUNK.search(prompt)
+    if chunk is not None:
+        return " ".join(chunk.group(1).split()[:6])
+    memory = _MEMORY.search(prompt)
+    first = memory.group(1).split()[0] if memory and memory.group(1).split() else "nothing"
+    return f"Therefore, the answer is {first}."
+
+
 @dataclass
 class Raw:
     """A reply written byte for byte: any status line, headers and body. `trickle` sends it
@@ -85,6 +105,7 @@ class FakeServer:
     turned_away: list[float] = field(default_factory=list)  # when each 429 was sent
     answered: list[float] = field(default_factory=list)  # when each served call arrived
     messages: list[str] = field(default_factory=list)
+    prompts: list[str] = field(default_factory=list)  # /v1/completions, as sent
     authorizations: set[str] = field(default_factory=set)  # Authorization headers received
     api_key: str | None = None  # a key every call must bring, else 401
     raw: dict[str, Raw] = field(default_factory=dict)  # a path's reply, as given
@@ -159,6 +180,16 @@ class FakeServer:
                 if fake.tokenizer and self.path == "/detokenize":
                     text = bytes(body["tokens"]).decode("utf-8", errors="replace")
                     self._json(200, {"content": text})
+                    return
+                if self.path.rstrip("/") == "/v1/completions":
+                    with fake._lock:
+                        fake.prompts.append(body["prompt"])
+                    text = completion_to(body["prompt"])
+                    usage = {"prompt_tokens": len(body["prompt"].split()), "completion_tokens": 1}
+                    choice = {"index": 0, "text": text, "finish_reason": "stop"}
+                    self._json(
+                        200, {"object": "text_completion", "choices": [choice], "usage": usage}
+                    )
                     return
                 if self.path.rstrip("/") != "/v1/chat/completions":
                     self._json(404, {"error": {"message": "not found"}})

@@ -3,12 +3,13 @@ completions with the paper's sampling."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from memagent_cli.backend import Description, Generation, InTurn, Sampling
+from memagent_cli.backend import Description, Generation, InTurn, Raw, Sampling
 from memagent_cli.backends.openai.client import (
     DISCOVERY_SECONDS,
     SHORT_REPLY_BYTES,
@@ -25,6 +26,8 @@ from memagent_cli.errors import UserError
 from memagent_cli.progress import Note, Progress, silent
 
 _UNKNOWN_CONTEXT = 10**9
+# How chat control tokens are spelled: ChatML's <|im_end|>, Llama's <|eot_id|>, and the like.
+_CONTROL = re.compile(r"<\|[A-Za-z_][\w.-]*\|>")
 _BYTES_PER_TOKEN = 256  # of a completion's reply, for each token it may hold
 
 
@@ -124,9 +127,31 @@ class OpenAIBackend(InTurn):
 
     # -- generation -------------------------------------------------------------------
     def generate(self, message: str, *, max_tokens: int, sampling: Sampling) -> Generation:
+        messages = [{"role": "user", "content": message}]
+        return self._completion(
+            "/v1/chat/completions", {"messages": messages}, max_tokens, sampling
+        )
+
+    def complete(self, raw: Raw, *, max_tokens: int, sampling: Sampling) -> Generation:
+        """Continue a prompt a reader wrote whole (readers/infmem.py), as its authors send
+        it: the text to `/v1/completions`, where the server applies no chat template. A
+        server reads markup in that text as markup, so a text piece that spells a chat
+        control token (a document's `<|im_end|>`) is refused, never sent, nor changed."""
+        for text, markup in raw:
+            if not markup and (spelled := _CONTROL.search(text)):
+                raise UserError(
+                    f"The text to read spells the chat markup {spelled.group(0)}, which a "
+                    "server would take as markup; read it with llama.cpp in this process."
+                )
+        prompt = "".join(text for text, _ in raw)
+        return self._completion("/v1/completions", {"prompt": prompt}, max_tokens, sampling)
+
+    def _completion(
+        self, path: str, prompt: dict[str, Any], max_tokens: int, sampling: Sampling
+    ) -> Generation:
         body: dict[str, Any] = {
             "model": self.served_model,
-            "messages": [{"role": "user", "content": message}],
+            **prompt,
             "max_tokens": max_tokens,
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
@@ -143,11 +168,13 @@ class OpenAIBackend(InTurn):
         start = time.perf_counter()
         # Far above a real reply's size: its text, escaped, and its reasoning, if any.
         most_bytes = SHORT_REPLY_BYTES + _BYTES_PER_TOKEN * max_tokens
-        reply = self._client.request("/v1/chat/completions", body, most_bytes=most_bytes)
+        reply = self._client.request(path, body, most_bytes=most_bytes)
         seconds = time.perf_counter() - start
         choices = reply.get("choices")
         choice = choices[0] if isinstance(choices, list) and choices else None
         message = choice.get("message") if isinstance(choice, dict) else None
+        if "prompt" in prompt and isinstance(choice, dict):  # a completion: its text is the reply
+            message = {"content": choice.get("text")}
         text = message.get("content") if isinstance(message, dict) else None
         if not isinstance(message, dict) or not isinstance(text, str | None):
             raise BackendError(
