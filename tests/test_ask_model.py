@@ -52,6 +52,10 @@ def test_a_model_reads_deterministically_and_traces_every_chunk(memagent, tmp_pa
     assert out["answer"] == protocol.extract_boxed(out["reply"])
     if model == "real":
         assert out["model"]["name"] == "smollm2-135m"  # the registry's name for the default
+        # A real question asked of the install check says what it is, once, on stderr.
+        assert " ".join(stderr.split()).count("only checks the install") == 1
+    else:
+        assert "only checks the install" not in stderr
 
     document = trace.header.document
     assert document["chunks"] == -(-document["tokens"] // CHUNK) >= 3

@@ -175,6 +175,12 @@ def ask(
     def open_model() -> api.Model:
         with report.progress("bytes") as progress:  # an hf: model may be pulled
             opened = engine.open_backend(read.backend, report.note, progress)
+        if registry.install_check(opened.name):
+            report.warn(
+                f"{opened.name} only checks the install: it is too small to answer a real "
+                "question. For real answers: memagent models pull memagent-7b, then ask with "
+                "--model memagent-7b (docs/models.md says what each model costs)."
+            )
         how = reader.value if reader else registry.reader_for(opened.name)
         return api.Model(opened, dataclasses.replace(read.settings, reader=how))
 

@@ -51,6 +51,12 @@ def reader_for(name: str) -> str:
     return readers.DEFAULT if entry is None else reader_of(name, entry)
 
 
+def install_check(name: str) -> bool:
+    """Whether the model a user names is in the registry only to check the install: too
+    small to answer a real question."""
+    return bool(registry().get(name, {}).get("install_check"))
+
+
 def model_dirs() -> list[Path]:
     """Folders searched for registry models' files."""
     return [_CHECKOUT_MODELS, hub.models_dir()]
