@@ -175,12 +175,7 @@ def ask(
     def open_model() -> api.Model:
         with report.progress("bytes") as progress:  # an hf: model may be pulled
             opened = engine.open_backend(read.backend, report.note, progress)
-        if registry.install_check(opened.name):
-            report.warn(
-                f"{opened.name} only checks the install: it is too small to answer a real "
-                "question. For real answers: memagent models pull memagent-7b, then ask with "
-                "--model memagent-7b (docs/models.md says what each model costs)."
-            )
+        _say_if_install_check(opened.name)
         how = reader.value if reader else registry.reader_for(opened.name)
         return api.Model(opened, dataclasses.replace(read.settings, reader=how))
 
@@ -199,6 +194,19 @@ def ask(
     shown.write_report()
     if batch.exit_code:
         raise typer.Exit(batch.exit_code)
+
+
+def _say_if_install_check(name: str) -> None:
+    """A model the registry keeps only to check the install says so when asked a question:
+    a warning, which --quiet keeps."""
+    from memagent_cli.models import registry
+
+    if registry.install_check(name):
+        console.warn(
+            f"{name} only checks the install: it is too small to answer a real question. For "
+            "real answers: memagent models pull memagent-7b, then ask with --model memagent-7b "
+            "(docs/models.md says what each model costs)."
+        )
 
 
 def _check_named_traces(
