@@ -178,6 +178,24 @@ def test_an_open_file_that_windows_will_not_unlink_is_removed_after_closing(tmp_
     assert file.closed and not path.exists()
 
 
+def test_a_finished_batch_s_journal_is_removed_where_an_open_file_cannot_be(tmp_path, monkeypatch):
+    """The journal holds its file open and locked; on Windows it is closed, then removed."""
+    from memagent_cli.run import journal
+
+    monkeypatch.setenv("MEMAGENT_HOME", str(tmp_path / "home"))
+    opened = journal.Journal(tmp_path / "batch.jsonl", {"command": "ask"})
+    real_unlink = os.unlink
+
+    def windows_unlink(path, *args, **kwargs):
+        if str(path) == str(opened.path) and not opened._file.closed:
+            raise PermissionError(errno.EACCES, "The process cannot access the file")
+        real_unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", windows_unlink)
+    opened.close(finished=True)
+    assert not opened.path.exists()
+
+
 # ----------------------------------------------------------- macOS: errno and fsync
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,10 +25,12 @@ from memagent_cli.files import (
     MAX_LINE_BYTES,
     cannot_write,
     check_folder,
+    close_and_remove,
     drop_partial_line,
     lock,
     open_private,
     private_folder,
+    sync,
 )
 from memagent_cli.run.engine import Engine
 from memagent_cli.text import json_text
@@ -107,14 +108,12 @@ class Journal:
             if self._file.closed:
                 return
             if finished or not self._traces:
-                with contextlib.suppress(OSError):
-                    self.path.unlink()
+                close_and_remove(self._file, self.path)  # closed first where it must be
             self._file.close()  # releases the lock
 
     def _write(self, line: dict[str, Any]) -> None:
         self._file.write(json_text(line) + "\n")
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        sync(self._file)
 
 
 @dataclass(frozen=True)
