@@ -8,8 +8,9 @@ It has no tokenize endpoint unless told to (`tokenizer`: llama-server's /tokeniz
 can be told to take a fixed time per call, to turn calls away as busy (429 with
 Retry-After), to fail with 503, to stop answering after a number of calls, to hold the
 calls after a number until the test releases them (a run that cannot end before a signal),
-to want an API key, or to answer a path with any bytes at any pace (`Raw`: a hostile or
-broken server).
+to want an API key, to answer a path with any bytes at any pace (`Raw`: a hostile or
+broken server), or to cut every prompt to a context and report only what it read
+(`cut_to`: Ollama with a num_ctx smaller than the prompt).
 """
 
 from __future__ import annotations
@@ -108,6 +109,11 @@ class FakeServer:
     prompts: list[str] = field(default_factory=list)  # /v1/completions, as sent
     authorizations: set[str] = field(default_factory=set)  # Authorization headers received
     api_key: str | None = None  # a key every call must bring, else 401
+    # A context that cuts longer prompts, as Ollama does: usage.prompt_tokens says at most
+    # this many (the stand-in counts a word a token), after `cut_after` calls read whole.
+    cut_to: int | None = None
+    cut_after: int = 0
+    completion_calls: int = 0  # /v1/completions calls answered
     raw: dict[str, Raw] = field(default_factory=dict)  # a path's reply, as given
     port: int = 0  # 0: any free port; a server restarted where it was keeps its URL
     url: str = ""
@@ -184,8 +190,11 @@ class FakeServer:
                 if self.path.rstrip("/") == "/v1/completions":
                     with fake._lock:
                         fake.prompts.append(body["prompt"])
+                        fake.completion_calls += 1
+                        calls = fake.completion_calls
                     text = completion_to(body["prompt"])
-                    usage = {"prompt_tokens": len(body["prompt"].split()), "completion_tokens": 1}
+                    read = fake.read(body["prompt"], calls)
+                    usage = {"prompt_tokens": read, "completion_tokens": 1}
                     choice = {"index": 0, "text": text, "finish_reason": "stop"}
                     self._json(
                         200, {"object": "text_completion", "choices": [choice], "usage": usage}
@@ -244,7 +253,7 @@ class FakeServer:
                             }
                         ],
                         "usage": {
-                            "prompt_tokens": len(message.split()),
+                            "prompt_tokens": fake.read(message, calls),
                             "completion_tokens": words,
                         },
                     },
@@ -262,6 +271,14 @@ class FakeServer:
         )
         self._thread.start()
         return self
+
+    def read(self, prompt: str, calls: int) -> int:
+        """The prompt's tokens this server reports having read: a word a token, at most
+        `cut_to` once `cut_after` calls were read whole."""
+        tokens = len(prompt.split())
+        if self.cut_to is None or calls <= self.cut_after:
+            return tokens
+        return min(tokens, self.cut_to)
 
     def release(self) -> None:
         """Answer the calls `hold_after` holds, and every call after them."""
