@@ -11,31 +11,42 @@ from pathlib import Path
 
 import pytest
 from conftest import FACT_QUESTION, assert_clean_failure, served, story, words
+from fake_openai import Raw
 
+from memagent_cli.backend import Sampling
+from memagent_cli.backends.openai import BackendError, OpenAIBackend, ServerOptions
 from memagent_cli.trace import read_trace
 
-# About 7K tokens a step, as MemAgent's default settings: Ollama's default context is less.
-BIG_STEPS = ["--chunk-tokens", "7000", "--memory-tokens", "64", "--temperature", "0", "-q"]
+# Chunks of the default size: a first step's prompt of about 5,150 tokens, more than
+# Ollama's default context of 4,096.
+BIG_STEPS = ["--chunk-tokens", "5000", "--memory-tokens", "64", "--temperature", "0", "-q"]
 SMALL_STEPS = ["--chunk-tokens", "3000", "--memory-tokens", "64", "--temperature", "0", "-q"]
-ADVICE = "give it a larger context (Ollama: num_ctx, or OLLAMA_CONTEXT_LENGTH) or lower --chunk-tokens"
+ADVICE = (
+    "give it a larger context (Ollama: num_ctx, or OLLAMA_CONTEXT_LENGTH) or lower --chunk-tokens"
+)
 
 
 @pytest.fixture(scope="module")
 def book(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("books") / "village.txt"
-    path.write_text(story(3000))  # about 33K tokens: five steps of 7,000
+    path.write_text(story(3000))  # about 33K tokens: seven steps of 5,000
     return path
 
 
 def test_a_prompt_cut_to_a_round_context_stops_in_one_sentence(cli, fake_server, book, tmp_path):
     """Ollama's way: every longer prompt read to num_ctx (4,096 here) and that count
-    reported; the first step's prompt of about 7,100 tokens is caught."""
+    reported; the first step's prompt of about 5,200 tokens is caught."""
     fake_server.cut_to = 4096
     trace_path = tmp_path / "cut.jsonl"
     result = cli(
-        "ask", str(book), FACT_QUESTION, *served(fake_server, *BIG_STEPS), "--trace", str(trace_path)
+        "ask",
+        str(book),
+        FACT_QUESTION,
+        *served(fake_server, *BIG_STEPS),
+        "--trace",
+        str(trace_path),
     )
-    assert_clean_failure(result, 1, "The server read 4,096 of the prompt's about 7,", ADVICE)
+    assert_clean_failure(result, 1, "The server read 4,096 of the prompt's about 5,", ADVICE)
     assert "smaller than one step" in result.stderr
     assert fake_server.chat_calls == 1
     trace = read_trace(trace_path)
@@ -46,7 +57,12 @@ def test_a_cut_after_finished_steps_keeps_them_in_the_trace(cli, fake_server, bo
     fake_server.cut_to, fake_server.cut_after = 4096, 2
     trace_path = tmp_path / "cut.jsonl"
     result = cli(
-        "ask", str(book), FACT_QUESTION, *served(fake_server, *BIG_STEPS), "--trace", str(trace_path)
+        "ask",
+        str(book),
+        FACT_QUESTION,
+        *served(fake_server, *BIG_STEPS),
+        "--trace",
+        str(trace_path),
     )
     assert_clean_failure(result, 1, "The server read 4,096 of the prompt's about", ADVICE)
     assert "Stopped after 2 of" in words(result.stderr) and "resume with:" in result.stderr
@@ -55,7 +71,12 @@ def test_a_cut_after_finished_steps_keeps_them_in_the_trace(cli, fake_server, bo
     # What was read whole goes on whole once the server reads the rest.
     fake_server.cut_to = None
     resumed = cli(
-        "ask", str(book), FACT_QUESTION, *served(fake_server, *BIG_STEPS), "--resume", str(trace_path)
+        "ask",
+        str(book),
+        FACT_QUESTION,
+        *served(fake_server, *BIG_STEPS),
+        "--resume",
+        str(trace_path),
     )
     assert resumed.returncode == 0, resumed.stderr
     assert read_trace(trace_path).finished
@@ -94,3 +115,37 @@ def test_infmem_through_completions_is_flagged_only_when_cut(memagent, fake_serv
     cut = memagent("ask", *args, "--no-trace", "--no-reuse")
     assert_clean_failure(cut, 1, "The server read 1,024 of the prompt's about", ADVICE)
     assert fake_server.chat_calls == 0
+
+
+LONG, SHORT = story(260), story(200)  # 2,902 and 2,236 tiktoken tokens
+
+
+@pytest.mark.parametrize(
+    ("text", "read", "flagged"),
+    [
+        (LONG, 0, False),  # no usage reported: nothing to check
+        (LONG, 3000, False),  # read whole, with a chat template's tokens
+        (LONG, 2048, True),  # a context's size, 71% of tiktoken's count: cut
+        (LONG, 2047, False),  # no context's size, above half: a tokenizer's spread
+        (LONG, 1452, False),  # just above half
+        (LONG, 1450, True),  # under half: cut, whatever the count
+        (SHORT, 2048, False),  # a context's size, but 92% of tiktoken's count
+    ],
+)
+def test_the_rule_that_tells_a_cut_from_a_tokenizer(fake_server, text, read, flagged):
+    """What the server says it read, against the prompt memagent sent (a chat completion
+    with that usage, as a server would answer)."""
+    backend = OpenAIBackend(ServerOptions(base_url=fake_server.url))
+    about = len(backend.tokenize(text))
+    assert about == (2902 if text is LONG else 2236)
+    reply = {
+        "choices": [{"message": {"content": "x"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": read, "completion_tokens": 1},
+    }
+    fake_server.raw["/v1/chat/completions"] = Raw.json(reply)
+    sampling = Sampling(temperature=0.0, top_p=1.0)
+    if flagged:
+        with pytest.raises(BackendError, match=f"read {read:,} of the prompt's about 2,900 "):
+            backend.generate(text, max_tokens=8, sampling=sampling)
+    else:
+        assert backend.generate(text, max_tokens=8, sampling=sampling).prompt_tokens == read

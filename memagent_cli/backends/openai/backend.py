@@ -21,7 +21,7 @@ from memagent_cli.backends.openai.client import (
 )
 from memagent_cli.backends.openai.tokens import find_tokenizer
 from memagent_cli.backends.openai.urls import without_credentials
-from memagent_cli.backends.tokenizers import DEFAULT_ENCODING
+from memagent_cli.backends.tokenizers import DEFAULT_ENCODING, TiktokenTokenizer
 from memagent_cli.errors import UserError
 from memagent_cli.progress import Note, Progress, silent
 
@@ -29,6 +29,10 @@ _UNKNOWN_CONTEXT = 10**9
 # How chat control tokens are spelled: ChatML's <|im_end|>, Llama's <|eot_id|>, and the like.
 _CONTROL = re.compile(r"<\|[A-Za-z_][\w.-]*\|>")
 _BYTES_PER_TOKEN = 256  # of a completion's reply, for each token it may hold
+# A prompt cut to a context: how a server that read less than it was sent is told from one
+# whose tokenizer counts fewer tokens than tiktoken (see _check_read).
+_FAR_BELOW = 0.5  # of tiktoken's count: below it, a cut whatever the count
+_BELOW_CONTEXT = 0.85  # of tiktoken's count: a context's size below it is a cut
 
 
 @dataclass(frozen=True)
@@ -201,6 +205,8 @@ class OpenAIBackend(InTurn):
                 f"The server at {self.server} sent a completion whose usage, timings or "
                 "finish_reason are not of the types OpenAI's API gives them."
             )
+        sent = prompt.get("prompt") or "".join(m["content"] for m in prompt["messages"])
+        self._check_read(sent, prompt_tokens)
         return Generation(
             text=text or "",
             prompt_tokens=prompt_tokens,
@@ -209,3 +215,33 @@ class OpenAIBackend(InTurn):
             seconds=seconds,
             finish_reason=finish_reason,
         )
+
+    def _check_read(self, sent: str, read: int) -> None:
+        """Stops when the server reports having read a prompt cut to a context smaller than
+        it: Ollama cuts a longer prompt to num_ctx and reports num_ctx as its prompt_tokens
+        (its log says "truncating input prompt"), where llama-server and vLLM refuse it.
+
+        Checked where the server has no tokenize endpoint (Ollama's case), so what was sent
+        is known only by tiktoken's count. A chat template only adds tokens, and a model's
+        tokenizer counts within tens of percent of tiktoken (Qwen's and Llama 3's within a
+        few percent on English; fewer on scripts tiktoken splits finely). So a cut is:
+        - a count below half of tiktoken's, whatever it is; or
+        - a count that is a context's size, a power of two from 1,024 (Ollama's defaults
+          2,048 and 4,096, and what users set), below 85% of tiktoken's. Ollama's default
+          4,096 against the first step of the default settings (about 5,150 tokens) is
+          0.8. An honest server meets this only where its tokenizer counts 15% fewer
+          tokens than tiktoken and the prompt is exactly 1,024, 2,048, 4,096... tokens.
+        A server with a tokenize endpoint knows and enforces its context (memagent reads
+        it from /props or /v1/models), so nothing is checked there; nor where the server
+        reports no usage (read is 0)."""
+        if read <= 0 or not isinstance(self._tokenizer, TiktokenTokenizer):
+            return
+        about = len(self._tokenizer.tokenize(sent))
+        a_context = read >= 1024 and read & (read - 1) == 0
+        if read < _FAR_BELOW * about or (a_context and read < _BELOW_CONTEXT * about):
+            shown = round(about, -2) if about >= 1000 else about
+            raise BackendError(
+                f"The server read {read:,} of the prompt's about {shown:,} tokens: its context "
+                "is smaller than one step; give it a larger context (Ollama: num_ctx, or "
+                "OLLAMA_CONTEXT_LENGTH) or lower --chunk-tokens."
+            )
