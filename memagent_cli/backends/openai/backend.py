@@ -231,8 +231,8 @@ class OpenAIBackend(InTurn):
           4,096 against the first step of the default settings (about 5,150 tokens) is
           0.8. An honest server meets this only where its tokenizer counts 15% fewer
           tokens than tiktoken and the prompt is exactly 1,024, 2,048, 4,096... tokens.
-        A server with a tokenize endpoint knows and enforces its context (memagent reads
-        it from /props or /v1/models), so nothing is checked there; nor where the server
+        Servers with a tokenize endpoint (llama-server, vLLM, llama-cpp-python's) refuse a
+        prompt longer than their context, so nothing is checked there; nor where the server
         reports no usage (read is 0)."""
         if read <= 0 or not isinstance(self._tokenizer, TiktokenTokenizer):
             return
