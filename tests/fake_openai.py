@@ -110,9 +110,8 @@ class FakeServer:
     authorizations: set[str] = field(default_factory=set)  # Authorization headers received
     api_key: str | None = None  # a key every call must bring, else 401
     # A context that cuts longer prompts, as Ollama does: usage.prompt_tokens says at most
-    # this many (the stand-in counts a word a token), after `cut_after` calls read whole.
+    # this many (the stand-in counts a word a token).
     cut_to: int | None = None
-    cut_after: int = 0
     completion_calls: int = 0  # /v1/completions calls answered
     raw: dict[str, Raw] = field(default_factory=dict)  # a path's reply, as given
     port: int = 0  # 0: any free port; a server restarted where it was keeps its URL
@@ -191,9 +190,8 @@ class FakeServer:
                     with fake._lock:
                         fake.prompts.append(body["prompt"])
                         fake.completion_calls += 1
-                        calls = fake.completion_calls
                     text = completion_to(body["prompt"])
-                    read = fake.read(body["prompt"], calls)
+                    read = fake.read(body["prompt"])
                     usage = {"prompt_tokens": read, "completion_tokens": 1}
                     choice = {"index": 0, "text": text, "finish_reason": "stop"}
                     self._json(
@@ -253,7 +251,7 @@ class FakeServer:
                             }
                         ],
                         "usage": {
-                            "prompt_tokens": fake.read(message, calls),
+                            "prompt_tokens": fake.read(message),
                             "completion_tokens": words,
                         },
                     },
@@ -272,13 +270,11 @@ class FakeServer:
         self._thread.start()
         return self
 
-    def read(self, prompt: str, calls: int) -> int:
+    def read(self, prompt: str) -> int:
         """The prompt's tokens this server reports having read: a word a token, at most
-        `cut_to` once `cut_after` calls were read whole."""
+        `cut_to`."""
         tokens = len(prompt.split())
-        if self.cut_to is None or calls <= self.cut_after:
-            return tokens
-        return min(tokens, self.cut_to)
+        return tokens if self.cut_to is None else min(tokens, self.cut_to)
 
     def release(self) -> None:
         """Answer the calls `hold_after` holds, and every call after them."""

@@ -4,6 +4,7 @@ completions with the paper's sampling."""
 from __future__ import annotations
 
 import re
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,10 +30,10 @@ _UNKNOWN_CONTEXT = 10**9
 # How chat control tokens are spelled: ChatML's <|im_end|>, Llama's <|eot_id|>, and the like.
 _CONTROL = re.compile(r"<\|[A-Za-z_][\w.-]*\|>")
 _BYTES_PER_TOKEN = 256  # of a completion's reply, for each token it may hold
-# A prompt cut to a context: how a server that read less than it was sent is told from one
-# whose tokenizer counts fewer tokens than tiktoken (see _check_read).
-_FAR_BELOW = 0.5  # of tiktoken's count: below it, a cut whatever the count
-_BELOW_CONTEXT = 0.85  # of tiktoken's count: a context's size below it is a cut
+# A prompt cut to a context (see _check_read): a count below this share of tiktoken's is
+# worth a second look; tokenizers differ from tiktoken by tens of percent, more on CJK.
+_SUSPECT_BELOW = 0.85
+_PROBE_MORE = 64  # tokens more than the suspect count, in the probe that tells a cut
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,8 @@ class OpenAIBackend(InTurn):
         self.name = self.served_model
         self.context_limit = self._context_limit(served)
         self._tokenizer = find_tokenizer(self._client, self.served_model, options.encoding, note)
+        self._most_read = 0  # the most prompt tokens this server said it read, probes included
+        self._most_read_lock = threading.Lock()
 
     def _models(self, listed: dict[str, Any]) -> list[dict[str, Any]]:
         """The models of a /v1/models reply, each an object with a string id, or a sentence."""
@@ -151,7 +154,12 @@ class OpenAIBackend(InTurn):
         return self._completion("/v1/completions", {"prompt": prompt}, max_tokens, sampling)
 
     def _completion(
-        self, path: str, prompt: dict[str, Any], max_tokens: int, sampling: Sampling
+        self,
+        path: str,
+        prompt: dict[str, Any],
+        max_tokens: int,
+        sampling: Sampling,
+        check: bool = True,
     ) -> Generation:
         body: dict[str, Any] = {
             "model": self.served_model,
@@ -205,8 +213,8 @@ class OpenAIBackend(InTurn):
                 f"The server at {self.server} sent a completion whose usage, timings or "
                 "finish_reason are not of the types OpenAI's API gives them."
             )
-        sent = prompt.get("prompt") or "".join(m["content"] for m in prompt["messages"])
-        self._check_read(sent, prompt_tokens)
+        if check:
+            self._check_read(path, prompt, prompt_tokens)
         return Generation(
             text=text or "",
             prompt_tokens=prompt_tokens,
@@ -216,29 +224,45 @@ class OpenAIBackend(InTurn):
             finish_reason=finish_reason,
         )
 
-    def _check_read(self, sent: str, read: int) -> None:
+    def _check_read(self, path: str, prompt: dict[str, Any], read: int) -> None:
         """Stops when the server reports having read a prompt cut to a context smaller than
-        it: Ollama cuts a longer prompt to num_ctx and reports num_ctx as its prompt_tokens
-        (its log says "truncating input prompt"), where llama-server and vLLM refuse it.
+        it: Ollama cuts a longer prompt to num_ctx, reads on, and reports num_ctx as its
+        prompt_tokens (its log says "truncating input prompt"), where llama-server, vLLM and
+        llama-cpp-python's server refuse it. Those have tokenize endpoints, and are not
+        checked; Ollama has none, so what was sent is known only by tiktoken's count.
 
-        Checked where the server has no tokenize endpoint (Ollama's case), so what was sent
-        is known only by tiktoken's count. A chat template only adds tokens, and a model's
-        tokenizer counts within tens of percent of tiktoken (Qwen's and Llama 3's within a
-        few percent on English; fewer on scripts tiktoken splits finely). So a cut is:
-        - a count below half of tiktoken's, whatever it is; or
-        - a count that is a context's size, a power of two from 1,024 (Ollama's defaults
-          2,048 and 4,096, and what users set), below 85% of tiktoken's. Ollama's default
-          4,096 against the first step of the default settings (about 5,150 tokens) is
-          0.8. An honest server meets this only where its tokenizer counts 15% fewer
-          tokens than tiktoken and the prompt is exactly 1,024, 2,048, 4,096... tokens.
-        Servers with a tokenize endpoint (llama-server, vLLM, llama-cpp-python's) refuse a
-        prompt longer than their context, so nothing is checked there; nor where the server
-        reports no usage (read is 0)."""
+        A count alone cannot tell a cut: a chat template only adds tokens, but a model's
+        tokenizer may count tens of percent fewer than tiktoken (Qwen's on Chinese text
+        about half), and no size a server reports is safe to call a context's. So a count
+        under 85% of tiktoken's is only a suspect, and only while it is the most the
+        server has said it read (a cut reports its context, the most it can read). A
+        suspect is told by one more call: a prompt of the suspect count and 64 more
+        " the", one token each in any tokenizer, with a reply of one token. A server that
+        cuts reports no more than the suspect count again, and memagent stops; one that
+        reads it whole has shown it reads more, and is not asked again below that. A
+        probe the server refuses tells nothing, and is taken as no cut. No usage
+        reported (read is 0): nothing is checked."""
         if read <= 0 or not isinstance(self._tokenizer, TiktokenTokenizer):
             return
-        about = len(self._tokenizer.tokenize(sent))
-        a_context = read >= 1024 and read & (read - 1) == 0
-        if read < _FAR_BELOW * about or (a_context and read < _BELOW_CONTEXT * about):
+        with self._most_read_lock:
+            most, self._most_read = self._most_read, max(self._most_read, read)
+        sent = prompt.get("prompt") or "".join(m["content"] for m in prompt["messages"])
+        if read < most or read >= _SUSPECT_BELOW * len(self._tokenizer.tokenize(sent)):
+            return
+        longer = "the" + " the" * (read + _PROBE_MORE - 1)
+        probe = (
+            {"prompt": longer}
+            if "prompt" in prompt
+            else {"messages": [{"role": "user", "content": longer}]}
+        )
+        try:
+            probed = self._completion(path, probe, 1, Sampling(temperature=0.0), check=False)
+        except BackendError:
+            return
+        with self._most_read_lock:
+            self._most_read = max(self._most_read, probed.prompt_tokens)
+        if 0 < probed.prompt_tokens <= read:
+            about = len(self._tokenizer.tokenize(sent))
             shown = round(about, -2) if about >= 1000 else about
             raise BackendError(
                 f"The server read {read:,} of the prompt's about {shown:,} tokens: its context "
