@@ -232,10 +232,10 @@ class OpenAIBackend(InTurn):
         checked; Ollama has none, so what was sent is known only by tiktoken's count.
 
         A count alone cannot tell a cut: a chat template only adds tokens, but a model's
-        tokenizer may count tens of percent fewer than tiktoken (Qwen's on Chinese text
-        about half), and no size a server reports is safe to call a context's. So a count
-        under 85% of tiktoken's is only a suspect, and only while it is the most the
-        server has said it read (a cut reports its context, the most it can read). A
+        tokenizer may count tens of percent fewer than tiktoken (far fewer on a script it
+        has many tokens for), and no size a server reports is safe to call a context's. So
+        a count under 85% of tiktoken's is only a suspect, and only while it is the most
+        the server has said it read (a cut reports its context, the most it can read). A
         suspect is told by one more call: a prompt of the suspect count and 64 more
         " the", one token each in any tokenizer, with a reply of one token. A server that
         cuts reports no more than the suspect count again, and memagent stops; one that
