@@ -4,7 +4,9 @@
 The stand-in follows the MemAgent protocol's shape: an update keeps the last words of the
 memory and adds the first words of the section; a final reply boxes the memory's first word.
 It has no tokenize endpoint unless told to (`tokenizer`: llama-server's /tokenize and
-/detokenize, one token per byte), so memagent cuts chunks with tiktoken (offline). The server
+/detokenize, one token per byte), so memagent cuts chunks with tiktoken (offline); the usage
+it reports counts a prompt's tokens as tiktoken's cl100k_base does (or a word a token,
+`count_words`: a tokenizer that counts far fewer on text of few spaces). The server
 can be told to take a fixed time per call, to turn calls away as busy (429 with
 Retry-After), to fail with 503, to stop answering after a number of calls, to hold the
 calls after a number until the test releases them (a run that cannot end before a signal),
@@ -24,7 +26,10 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from memagent_cli.backends.tokenizers import TiktokenTokenizer
+
 MODEL = "fake-memagent"
+_TIKTOKEN = TiktokenTokenizer()
 _MEMORY = re.compile(r"<memory>\n(.*?)\n</memory>", re.S)
 _SECTION = re.compile(r"<section>\n(.*?)\n</section>", re.S)
 
@@ -110,9 +115,9 @@ class FakeServer:
     authorizations: set[str] = field(default_factory=set)  # Authorization headers received
     api_key: str | None = None  # a key every call must bring, else 401
     # A context that cuts longer prompts, as Ollama does: usage.prompt_tokens says at most
-    # this many (the stand-in counts a word a token).
+    # this many.
     cut_to: int | None = None
-    completion_calls: int = 0  # /v1/completions calls answered
+    count_words: bool = False  # usage counts a word a token, not tiktoken's tokens
     raw: dict[str, Raw] = field(default_factory=dict)  # a path's reply, as given
     port: int = 0  # 0: any free port; a server restarted where it was keeps its URL
     url: str = ""
@@ -189,7 +194,6 @@ class FakeServer:
                 if self.path.rstrip("/") == "/v1/completions":
                     with fake._lock:
                         fake.prompts.append(body["prompt"])
-                        fake.completion_calls += 1
                     text = completion_to(body["prompt"])
                     read = fake.read(body["prompt"])
                     usage = {"prompt_tokens": read, "completion_tokens": 1}
@@ -271,9 +275,8 @@ class FakeServer:
         return self
 
     def read(self, prompt: str) -> int:
-        """The prompt's tokens this server reports having read: a word a token, at most
-        `cut_to`."""
-        tokens = len(prompt.split())
+        """The prompt's tokens this server reports having read, at most `cut_to`."""
+        tokens = len(prompt.split() if self.count_words else _TIKTOKEN.tokenize(prompt))
         return tokens if self.cut_to is None else min(tokens, self.cut_to)
 
     def release(self) -> None:
