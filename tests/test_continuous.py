@@ -221,3 +221,23 @@ def test_ctrl_c_while_calls_are_in_flight_cancels_them_and_resumes_to_the_same_a
     for i in (0, 1):  # readings 1 and 2 continue their traces; reading 3 starts
         rest[i] = replace(rest[i], options=run.RunOptions(resume=rest[i].options.trace))
     assert [o.answer.answer for o in run.ask_runs(rest, 2)] == whole[1:]
+
+
+class UnloadableBackend(EchoBackend):
+    """The stand-in, as a model whose weights fail to load."""
+
+    def prepare(self, context_tokens: int, sequences: int = 1, progress=None) -> None:
+        raise UserError("llama.cpp could not load the weights.")
+
+
+def test_a_failure_with_no_reading_in_flight_is_raised_not_swallowed(tmp_path):
+    """Nothing to stop and nothing to say it on: the failure itself goes to the caller."""
+    with pytest.raises(UserError, match="could not load the weights"):
+        list(run.ask_runs(runs(engine_of(UnloadableBackend()), tmp_path), 2))
+
+    def interrupted_before_the_first():
+        raise KeyboardInterrupt
+        yield  # a generator
+
+    with pytest.raises(KeyboardInterrupt):
+        list(run.ask_runs(interrupted_before_the_first(), 2))

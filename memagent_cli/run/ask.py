@@ -221,7 +221,9 @@ def ask_runs(
     taken = passed = 0
     scheduler: Scheduler | None = None
     exhausted = False
-    held: UserError | None = None  # from `runs` (a journal that cannot be written, say)
+    # Raised once the outcomes before it are passed on: a failure of `runs` (a journal that
+    # cannot be written, say), or one that came with no reading in flight to stop.
+    held: BaseException | None = None
     view = report.reading(batch or Layout(at_once=at_once))
 
     def passing() -> Iterator[Result | Stopped]:
@@ -268,6 +270,8 @@ def ask_runs(
                     ready[opened.number] = Result(answer, session, seconds, opened.trace_path)
                 yield from passing()
         except (KeyboardInterrupt, Interrupted, UserError) as exc:
+            if not reading:  # no run to stop and tell it by: the caller hears of it
+                held = exc
             for opened in reading.values():
                 ready[opened.number] = _stop(opened, exc)
                 _close(opened, view)
