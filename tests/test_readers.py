@@ -248,3 +248,28 @@ def test_a_document_that_spells_chat_markup_is_not_sent_to_a_server(
     assert result.returncode == 1, result.stderr
     assert "spells the chat markup <|im_end|>" in result.stderr
     assert not any("Say yes" in prompt for prompt in fake_server.prompts)
+
+
+def test_trace_shows_where_infmem_stopped_and_what_it_searched(memagent, tmp_path):
+    """An InfMem run's trace, written by the real pipeline: `trace` says where it stopped
+    and why, `--step` shows a step's search and the units shown, `--html` writes."""
+    from memagent_cli.documents import Document
+    from memagent_cli.run import ask as run
+    from memagent_cli.run.engine import Engine
+    from memagent_cli.run.session import open_session
+
+    document = Document(text=TEXT, path="/books/tower.txt", format="text", sha256="0" * 64)
+    engine = Engine(CompletingBackend(list(STOPPING)), INFMEM, 4096)
+    path = tmp_path / "infmem.jsonl"
+    result = run.ask(open_session(document, engine), "When?", run.RunOptions(trace=path))
+    assert result.answer.stopped and read_trace(path).final.stopped == result.answer.stopped
+    shown = memagent("trace", str(path))
+    assert shown.returncode == 0, shown.stderr
+    said = " ".join(shown.stdout.split())
+    assert "Stopped early: after step 3 of 4: the planner said STOP 3 times in a row" in said
+    first = memagent("trace", str(path), "--step", "1")
+    assert first.returncode == 0, first.stderr
+    assert "Searched: 'bell noon' (top_k 3)" in first.stdout
+    assert "Units shown: tokens 0-40, 40-80, 80-120, 120-145" in first.stdout
+    report = memagent("trace", str(path), "--html", str(tmp_path / "r.html"))
+    assert report.returncode == 0, report.stderr

@@ -86,6 +86,9 @@ def summary(out: Console, loaded: Trace) -> None:
         _plain(out, final.reply.strip())
     else:
         _labelled(out, "Answer", final.answer, "bold green")
+    if final.stopped:  # a reader that answered before the last chunk
+        read = f"after step {len(loaded.steps)} of {loaded.header.total_steps}"
+        _labelled(out, "Stopped early", f"{read}: {final.stopped}")
     if where := evidence(loaded):
         _labelled(out, "Evidence", where)
 
@@ -96,6 +99,14 @@ def step(out: Console, loaded: Trace, number: int) -> None:
     title = f"memory after {step_title(record)} ({record.completion_tokens} tokens)"
     _plain(out, title, "bold")
     _plain(out, record.memory)
+    # What a reader after MemAgent did at this step besides its update (readers/).
+    for query, top_k in record.searches:
+        _labelled(out, "Searched", f"{query!r} (top_k {top_k})")
+    if record.found:
+        ranges = ", ".join(f"{start:,}-{end:,}" for start, end in record.found)
+        _labelled(out, "Units shown", f"tokens {ranges}")
+    if record.recall is not None:
+        _labelled(out, "Asked to recall", repr(record.recall))
 
 
 def _word_diff(before: str, after: str, colour: bool) -> Text:
