@@ -273,3 +273,47 @@ def test_trace_shows_where_infmem_stopped_and_what_it_searched(memagent, tmp_pat
     assert "Units shown: tokens 0-40, 40-80, 80-120, 120-145" in first.stdout
     report = memagent("trace", str(path), "--html", str(tmp_path / "r.html"))
     assert report.returncode == 0, report.stderr
+
+
+def _resumed_from_its_trace(tmp_path, backend_of, settings, replies, cut_after, per_step):
+    """A run interrupted after `cut_after` replies and resumed from its trace, and the same
+    run uninterrupted (their stand-ins, which keep the prompts): what the trace keeps of
+    each step must be enough to go on as if never stopped."""
+    from memagent_cli.documents import Document
+    from memagent_cli.run import ask as run
+    from memagent_cli.run.engine import Engine
+    from memagent_cli.run.session import open_session
+
+    document = Document(text=TEXT, path="/books/tower.txt", format="text", sha256="0" * 64)
+
+    def session(backend):
+        return open_session(document, Engine(backend, settings, 4096))
+
+    whole = backend_of(list(replies))
+    run.ask(session(whole), "When?", run.RunOptions(trace=tmp_path / "whole.jsonl"))
+    path = tmp_path / "cut.jsonl"
+    with pytest.raises(run.Stopped):  # the replies run out: Ctrl-C
+        run.ask(session(backend_of(replies[:cut_after])), "When?", run.RunOptions(trace=path))
+    done = len(read_trace(path).steps)
+    resumed = backend_of(list(replies[done * per_step :]))
+    run.ask(session(resumed), "When?", run.RunOptions(resume=path, reuse=False))
+    return whole, resumed, done
+
+
+def test_infmem_resumed_from_its_trace_asks_what_it_would_have_asked(tmp_path):
+    # Step 1 searched, step 2 said STOP: the history and the STOP count come from the trace.
+    whole, resumed, done = _resumed_from_its_trace(
+        tmp_path, CompletingBackend, INFMEM, STOPPING, cut_after=9, per_step=4
+    )
+    assert done == 2 and resumed.raws == whole.raws[8:]
+
+
+def test_rememr1_resumed_from_its_trace_recalls_what_it_would_have_recalled(tmp_path):
+    # Step 2 asked for a recall: step 3, the first after resuming, is shown step 1's memory.
+    settings = Settings(chunk_tokens=40, memory_tokens=64, reader="rememr1")
+    whole, resumed, done = _resumed_from_its_trace(
+        tmp_path, ScriptedBackend, settings, REPLIES, cut_after=2, per_step=1
+    )
+    assert done == 2
+    assert [m for m, _ in resumed.messages] == [m for m, _ in whole.messages][2:]
+    assert "<recalled_memory>\n<thinking>t1</thinking>" in resumed.messages[0][0]
