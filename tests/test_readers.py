@@ -270,7 +270,7 @@ def test_trace_shows_where_infmem_stopped_and_what_it_searched(memagent, tmp_pat
     first = memagent("trace", str(path), "--step", "1")
     assert first.returncode == 0, first.stderr
     assert "Searched: 'bell noon' (top_k 3)" in first.stdout
-    assert "Units shown: tokens 0-40, 40-80, 80-120, 120-145" in first.stdout
+    assert "Units found: tokens 0–40, tokens 40–80, tokens 80–120, tokens 120–145" in first.stdout
     report = memagent("trace", str(path), "--html", str(tmp_path / "r.html"))
     assert report.returncode == 0, report.stderr
 
@@ -317,3 +317,66 @@ def test_rememr1_resumed_from_its_trace_recalls_what_it_would_have_recalled(tmp_
     assert done == 2
     assert [m for m, _ in resumed.messages] == [m for m, _ in whole.messages][2:]
     assert "<recalled_memory>\n<thinking>t1</thinking>" in resumed.messages[0][0]
+
+
+# Four pages of 38 characters, joined by blank lines: each 40-token chunk (and so each
+# unit, a chunk being shorter than a unit) reads one page.
+PAGES = [
+    ("1", "The tower bell rang at noon today. <b>"),
+    ("2", "The keeper slept until the evening...."),
+    ("3", "Rain fell on the old stone roofs & so."),
+    ("4", "The password to the vault is: PELICAN."),
+]
+MARKED = '✿FUNCTION✿: retrievesearch\n✿ARGS✿: {"query": "<i>bell</i> noon", "top_k": 3}'
+
+
+def paged_run(tmp_path, reader_settings, replies, backend_of=None):
+    """A run over the four pages written to a trace by the real pipeline, and the trace."""
+    from memagent_cli.documents import assemble
+    from memagent_cli.run import ask as run
+    from memagent_cli.run.engine import Engine
+    from memagent_cli.run.session import open_session
+
+    book = assemble(PAGES, path="/books/tower.pdf", format="pdf", sha256="0" * 64, unit="page")
+    backend = (backend_of or CompletingBackend)(list(replies))
+    engine = Engine(backend, reader_settings, 4096)
+    path = tmp_path / f"{reader_settings.reader}.jsonl"
+    result = run.ask(open_session(book, engine), "When?", run.RunOptions(trace=path))
+    return result, path
+
+
+def test_trace_html_shows_where_infmem_stopped_and_each_search(memagent, tmp_path):
+    """`trace --html` of an InfMem run: where it stopped and why, each step's searches with
+    the units found and their pages, the planner's STOPs; a query is text, never markup."""
+    replies = staged(MARKED, "m1", "STOP", "m2", "STOP", "m3", "STOP", ANSWER)
+    _, path = paged_run(tmp_path, INFMEM, replies)
+    out = tmp_path / "r.html"
+    report = memagent("trace", str(path), "--html", str(out))
+    assert report.returncode == 0, report.stderr
+    page = out.read_text()
+    text = " ".join(page.split())
+    assert "Stopped early after step 3 of 4: the planner said STOP 3 times in a row" in text
+    step1 = text.split('id="run-1-step-1"')[1].split("</article>")[0]
+    assert "Searched: &#x27;&lt;i&gt;bell&lt;/i&gt; noon&#x27; (top_k 3)" in step1
+    assert "<i>bell" not in page
+    # Every search returns 4 units: here each a page of its own.
+    assert "Units found: p. 1 (tokens 0–40), p. 2 (tokens 40–80), p. 3 (tokens 80–120), " in step1
+    assert "p. 4 (tokens 120–158)" in step1
+    step2 = text.split('id="run-1-step-2"')[1].split("</article>")[0]
+    assert "Planner: no search; STOP 1 in a row (3 end the reading)" in step2
+    assert "Searched" not in step2
+    assert "<b>" not in page.split("<body>")[1]  # the document's own text stays text
+
+
+def test_trace_html_shows_a_rememr1_recall_as_text(memagent, tmp_path):
+    settings = Settings(chunk_tokens=40, memory_tokens=64, reader="rememr1")
+    replies = list(REPLIES)
+    replies[1] = "<update>tower</update><recall><script>bell</script></recall>"
+    _, path = paged_run(tmp_path, settings, replies, ScriptedBackend)
+    out = tmp_path / "r.html"
+    report = memagent("trace", str(path), "--html", str(out))
+    assert report.returncode == 0, report.stderr
+    text = " ".join(out.read_text().split())
+    step2 = text.split('id="run-1-step-2"')[1].split("</article>")[0]
+    assert "Asked to recall: &#x27;&lt;script&gt;bell&lt;/script&gt;&#x27;" in step2
+    assert "<script>" not in text

@@ -374,6 +374,25 @@ def units(chunks: Sequence[tuple[int, int]], size: int = UNIT_TOKENS) -> list[Un
     ]
 
 
+def unit_chars(
+    found: Sequence[Unit], texts: Sequence[str], chunks: Sequence[Chunk]
+) -> list[tuple[int, int]]:
+    """Where each unit sits in the document's characters: from its chunk's first character
+    on, each unit as long as its text (a character split between two units counts, as a
+    replacement, in both; the last unit of a chunk ends where the chunk does)."""
+    placed: list[tuple[int, int]] = []
+    offset, chunk = 0, -1
+    for unit, text in zip(found, texts, strict=True):
+        if unit.chunk != chunk:
+            chunk, offset = unit.chunk, chunks[unit.chunk].char_start
+        end = min(offset + len(text), chunks[chunk].char_end)
+        if unit.token_end == chunks[chunk].token_end:
+            end = chunks[chunk].char_end
+        placed.append((offset, end))
+        offset = end
+    return placed
+
+
 def words(text: str) -> list[str]:
     """BM25's terms: the text lowercased, split on whitespace."""
     return text.lower().split()
@@ -487,9 +506,11 @@ def _joined(*calls: Generation) -> Generation:
 def reader(tokenizer: Tokenizer, tokens: Sequence[int]) -> Reader:
     """InfMem's loop over a document of `tokens`; `tokenizer` gives each unit's text. The
     BM25 index over the units is built on first use, once for every question."""
-    built: list[tuple[list[Unit], list[str], BM25 | None]] = []
+    built: list[tuple[list[Unit], list[str], list[tuple[int, int]], BM25 | None]] = []
 
-    def search_index(chunks: Sequence[Chunk]) -> tuple[list[Unit], list[str], BM25 | None]:
+    def search_index(
+        chunks: Sequence[Chunk],
+    ) -> tuple[list[Unit], list[str], list[tuple[int, int]], BM25 | None]:
         if not built:
             found = units([(c.token_start, c.token_end) for c in chunks])
             texts = [
@@ -498,7 +519,14 @@ def reader(tokenizer: Tokenizer, tokens: Sequence[int]) -> Reader:
                 )
                 for u in found
             ]
-            built.append((found, texts, BM25.build(texts) if texts else None))
+            built.append(
+                (
+                    found,
+                    texts,
+                    unit_chars(found, texts, chunks),
+                    BM25.build(texts) if texts else None,
+                )
+            )
         return built[0]
 
     def infmem(
@@ -508,7 +536,7 @@ def reader(tokenizer: Tokenizer, tokens: Sequence[int]) -> Reader:
         listener: Listener = lambda event: None,
         done: Sequence[Step] = (),
     ) -> Reading:
-        found, texts, index = search_index(chunks)
+        found, texts, chars, index = search_index(chunks)
         steps, state = list(done), State()
         for step in steps:  # an interrupted run's steps: their searches, STOPs and memory
             searches = tuple(Search(query, top_k) for query, top_k in step.searches)
@@ -536,6 +564,7 @@ def reader(tokenizer: Tokenizer, tokens: Sequence[int]) -> Reader:
                     searches=tuple((search.query, search.top_k) for search in plan.searches),
                     stops=state.stops,
                     found=tuple((found[i].token_start, found[i].token_end) for i in shown),
+                    found_chars=tuple(chars[i] for i in shown),
                 )
             )
             listener(StepFinished(steps[-1], len(chunks)))

@@ -60,7 +60,7 @@ class Result:
 
     def _records(self) -> tuple[trace.Header, list[trace.StepRecord], trace.FinalRecord]:
         s, a = self.session, self.answer
-        steps = [trace.StepRecord.of(step, _span(s, step)) for step in a.steps]
+        steps = [trace.StepRecord.of(step, _span(s, step), s.span_of) for step in a.steps]
         final = trace.FinalRecord.of(a, s.span_of, s.document.unit)
         return s.header(a.question), steps, final
 

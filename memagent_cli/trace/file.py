@@ -344,7 +344,8 @@ class TraceWriter:
     def __call__(self, event: Event) -> None:
         if isinstance(event, StepFinished):
             chunk = event.step.chunk
-            record = StepRecord.of(event.step, self._span_of(chunk.char_start, chunk.char_end))
+            span = self._span_of(chunk.char_start, chunk.char_end)
+            record = StepRecord.of(event.step, span, self._span_of)
             with _signals_held():  # a Ctrl-C here would leave the record uncounted
                 self._write(record.to_json(self._version))
                 self._steps_done += 1

@@ -150,10 +150,13 @@ class StepRecord:
     drafted: int = 0  # tokens proposed by speculation, and how many the model kept
     accepted: int = 0
     recall: str | None = None  # the step's query for an earlier memory (ReMemR1); kept to resume
-    # InfMem's planner: its searches [query, top_k], its STOPs in a row, the units found.
+    # InfMem's planner: its searches [query, top_k], its STOPs in a row, the units found:
+    # their tokens, their characters and their pages or chapters, as `span` is the chunk's.
     searches: tuple[tuple[str, str], ...] = ()
     stops: int = 0
     found: tuple[tuple[int, int], ...] = ()
+    found_chars: tuple[tuple[int, int], ...] = ()
+    found_spans: tuple[str, ...] = ()
 
     _CHECKS = {
         "step": int,
@@ -173,11 +176,14 @@ class StepRecord:
         "searches": list,
         "stops": int,
         "found": list,
+        "found_chars": list,
+        "found_spans": list,
     }
+    _UNITS = ("found", "found_chars", "found_spans")
 
     @classmethod
     def parse(cls, record: dict[str, Any], where: str, version: int = FORMAT_VERSION) -> StepRecord:
-        optional = frozenset({"drafted", "accepted", "recall", "searches", "stops", "found"})
+        optional = frozenset({"drafted", "accepted", "recall", "searches", "stops", *cls._UNITS})
         if version == 1:  # counted from 0, as "index"
             record = {("step" if k == "index" else k): v for k, v in record.items() if k != "step"}
             if _valid(record.get("step"), int):
@@ -191,15 +197,22 @@ class StepRecord:
             _valid(s, list) and len(s) == 2 and all(_valid(x, str) for x in s) for s in searches
         ):
             raise TraceError(f"{where} has a search that is not [query, top_k].")
-        if not all(_valid(pair, "pair") for pair in values.get("found", [])):
-            raise TraceError(f"{where} has a unit found that is not a token range.")
+        for name in ("found", "found_chars"):
+            if not all(_valid(pair, "pair") for pair in values.get(name, [])):
+                raise TraceError(f"{where} has a unit found that is not a range.")
+            values[name] = tuple(tuple(pair) for pair in values.get(name, []))
+        if not all(isinstance(span, str) for span in values.get("found_spans", [])):
+            raise TraceError(f"{where} has a unit found whose place is not text.")
+        values["found_spans"] = tuple(values.get("found_spans", []))
         values["searches"] = tuple(tuple(s) for s in searches)
-        values["found"] = tuple(tuple(pair) for pair in values.get("found", []))
         return cls(index=number - 1, **values)
 
     @classmethod
-    def of(cls, step: Step, span: str) -> StepRecord:
+    def of(cls, step: Step, span: str, span_of: SpanOf | None = None) -> StepRecord:
+        """The record of `step`, whose chunk `span` labels; `span_of` labels the units it
+        was shown (readers/infmem.py), when there are any."""
         chunk, gen = step.chunk, step.generation
+        spans = tuple(span_of(*chars) for chars in step.found_chars) if span_of else ()
         return cls(
             index=chunk.index,
             tokens=(chunk.token_start, chunk.token_end),
@@ -218,6 +231,8 @@ class StepRecord:
             searches=step.searches,
             stops=step.stops,
             found=step.found,
+            found_chars=step.found_chars,
+            found_spans=spans,
         )
 
     def to_step(self, chunk: Chunk) -> Step:
@@ -240,6 +255,7 @@ class StepRecord:
             searches=self.searches,
             stops=self.stops,
             found=self.found,
+            found_chars=self.found_chars,
         )
 
     def to_json(self, version: int = FORMAT_VERSION) -> dict[str, Any]:
@@ -247,8 +263,9 @@ class StepRecord:
         record["tokens"], record["chars"] = list(self.tokens), list(self.chars)
         # What only some readers' steps have: MemAgent's records stay as they always were.
         record["searches"] = [list(search) for search in self.searches]
-        record["found"] = [list(pair) for pair in self.found]
-        for name in ("recall", "searches", "stops", "found"):
+        for name in ("found", "found_chars", "found_spans"):
+            record[name] = [list(x) if isinstance(x, tuple) else x for x in getattr(self, name)]
+        for name in ("recall", "searches", "stops", *self._UNITS):
             if not record[name]:
                 del record[name]
         index = record.pop("index")

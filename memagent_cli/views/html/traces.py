@@ -134,6 +134,8 @@ def _answer_box(loaded: Trace, ident: str) -> str:
         note = (note or "A long answer") + f', cut here; <a href="#{ident}-reply">all of it</a>'
     if note:
         note = f'<div class="note">{note}.</div>'
+    if early := wording.stopped(loaded):  # a reader that answered before the last chunk
+        note += f'<div class="stopped">Stopped early {escape(early)}.</div>'
     where = ""
     total = loaded.header.total_steps
     if not final.evidence and (line := wording.evidence(loaded)):
@@ -404,9 +406,15 @@ def _step(
     diff = "".join(
         _piece(kind, text, held) for kind, text in diffs.word_diff(previous, record.memory)
     )
+    actions = "".join(
+        f"<li>{escape(label.capitalize())}: {escape(text)}</li>"
+        for label, text in wording.reader_actions(record)
+    )
+    if actions:  # what a reader after MemAgent did besides its update (readers/)
+        actions = f'<ul class="actions">{actions}</ul>'
     cls = "step source" if source is not None else "step"
     return (
-        f'<article class="{cls}" id="{ident}-step-{number}">{head}{metrics}'
+        f'<article class="{cls}" id="{ident}-step-{number}">{head}{metrics}{actions}'
         f'<div class="memory">{diff}</div></article>'
     )
 
