@@ -11,6 +11,7 @@ from conftest import FACT_QUESTION, ScriptedBackend, interrupt_after_steps, serv
 
 from memagent_cli import readers
 from memagent_cli.chunking import make_chunks
+from memagent_cli.provenance import Source
 from memagent_cli.reader import Settings, read
 from memagent_cli.readers import infmem, rememr1
 from memagent_cli.scheduler import Job, read_together
@@ -330,7 +331,7 @@ PAGES = [
 MARKED = '✿FUNCTION✿: retrievesearch\n✿ARGS✿: {"query": "<i>bell</i> noon", "top_k": 3}'
 
 
-def paged_run(tmp_path, reader_settings, replies, backend_of=None):
+def paged_run(tmp_path, reader_settings, replies, backend_of=None, question="When?"):
     """A run over the four pages written to a trace by the real pipeline, and the trace."""
     from memagent_cli.documents import assemble
     from memagent_cli.run import ask as run
@@ -341,7 +342,7 @@ def paged_run(tmp_path, reader_settings, replies, backend_of=None):
     backend = (backend_of or CompletingBackend)(list(replies))
     engine = Engine(backend, reader_settings, 4096)
     path = tmp_path / f"{reader_settings.reader}.jsonl"
-    result = run.ask(open_session(book, engine), "When?", run.RunOptions(trace=path))
+    result = run.ask(open_session(book, engine), question, run.RunOptions(trace=path))
     return result, path
 
 
@@ -380,3 +381,39 @@ def test_trace_html_shows_a_rememr1_recall_as_text(memagent, tmp_path):
     step2 = text.split('id="run-1-step-2"')[1].split("</article>")[0]
     assert "Asked to recall: &#x27;&lt;script&gt;bell&lt;/script&gt;&#x27;" in step2
     assert "<script>" not in text
+
+
+def test_a_unit_found_that_carried_the_answer_is_its_source(memagent, tmp_path):
+    """Step 1 searched and was shown page 4, which the reading never reached: the answer's
+    word came from that unit, not from the chunk step 1 read, and the evidence says so in
+    the trace, in `trace` and in `trace --html`."""
+    search = '✿FUNCTION✿: retrievesearch\n✿ARGS✿: {"query": "password"}'
+    kept = "The password is PELICAN."
+    replies = staged(search, kept, "STOP", kept, "STOP", kept, "STOP", ANSWER + " PELICAN.")
+    result, path = paged_run(tmp_path, INFMEM, replies, question="What is the password?")
+    assert len(result.answer.steps) == 3  # page 4 was never read as a chunk
+    assert result.evidence() == [
+        Source(1, ("pelican",), (120, 158), (120, 158), pages="4", retrieved=True)
+    ]
+    final = read_trace(path).final
+    assert final.evidence == result.evidence()
+    shown = memagent("trace", str(path))
+    assert shown.returncode == 0, shown.stderr
+    said = " ".join(shown.stdout.split())
+    assert "Evidence: from p. 4, found by a search at step 1 of 4" in said
+    out = tmp_path / "r.html"
+    assert memagent("trace", str(path), "--html", str(out)).returncode == 0
+    page = " ".join(out.read_text().split())
+    assert "p. 4, found by a search at step 1 of 4" in page
+    step1 = page.split('id="run-1-step-1"')[1].split("</article>")[0]
+    assert "the answer came from a unit this step found: pelican" in step1
+
+
+def test_a_word_the_chunk_read_holds_is_the_chunks_not_a_units(tmp_path):
+    """A step that read the answer's word in its own chunk and was shown it again in a unit:
+    the chunk is the source, as for MemAgent."""
+    search = '✿FUNCTION✿: retrievesearch\n✿ARGS✿: {"query": "bell"}'
+    replies = staged(search, "bell at noon", "STOP", "bell", "STOP", "bell", "STOP", ANSWER)
+    replies[-1] = "Therefore, the answer is bell."
+    result, _ = paged_run(tmp_path, INFMEM, replies, question="What rang?")
+    assert result.evidence() == [Source(1, ("bell",), (0, 40), (0, 40), pages="1")]

@@ -309,6 +309,7 @@ class FinalRecord:
         "chars": "pair",
         "pages": str,
         "chapters": str,
+        "retrieved": bool,
     }
     # What traces of memagent 0.1 recorded: the one step (from 0) where the answer's text
     # first appeared in the memory, with its span label.
@@ -428,7 +429,8 @@ def evidence_of(answer: Answer, span_of: SpanOf, unit: str = "") -> list[Source]
     found = evidence(answer)
     if found is None:  # no words to trace; a boxed answer still gets its (empty) list
         return None if answer.answer is None else []
-    return sources(found, [step.chunk for step in answer.steps], span_of, unit)
+    shown = [tuple(zip(step.found, step.found_chars, strict=False)) for step in answer.steps]
+    return sources(found, [step.chunk for step in answer.steps], span_of, unit, shown)
 
 
 def evidence_json(found: list[Source] | None) -> list[dict[str, Any]] | None:
@@ -448,6 +450,8 @@ def source_json(source: Source) -> dict[str, Any]:
         entry["pages"] = source.pages
     if source.chapters is not None:
         entry["chapters"] = source.chapters
+    if source.retrieved:  # a unit a search found (provenance.py, rule 7)
+        entry["retrieved"] = True
     return entry
 
 
@@ -455,7 +459,7 @@ def _parse_source(item: Any, where: str) -> Source:
     """One evidence entry of the final record at `where`, checked field by field."""
     if not isinstance(item, dict):
         raise TraceError(f"{where} has an evidence entry that is not an object.")
-    optional = frozenset({"words", "pages", "chapters"})
+    optional = frozenset({"words", "pages", "chapters", "retrieved"})
     checked = _fields(item, FinalRecord._SOURCE, f"{where}'s evidence", optional)
     words = checked.get("words", [])
     if not all(isinstance(w, str) for w in words):
@@ -467,4 +471,5 @@ def _parse_source(item: Any, where: str) -> Source:
         chars=checked["chars"],
         pages=checked.get("pages"),
         chapters=checked.get("chapters"),
+        retrieved=checked.get("retrieved", False),
     )

@@ -32,7 +32,8 @@ def evidence_line(found: Sequence[Source] | None, total: int) -> str | None:
 
 def source_text(source: Source, total: int, several: bool = False) -> str:
     """ "pp. 131–150, step 7 of 30", with the words it brought in when there are `several`."""
-    text = f"{source_place(source)}, step {source.step} of {total}"
+    found = "found by a search at " if source.retrieved else ""
+    text = f"{source_place(source)}, {found}step {source.step} of {total}"
     if several and source.words:
         text += f" ({' '.join(source.words)})"
     return text
