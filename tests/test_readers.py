@@ -5,6 +5,7 @@ parsing and retrieval are checked byte for byte in test_readers_protocol.py."""
 from __future__ import annotations
 
 import json
+import signal
 
 import pytest
 from conftest import FACT_QUESTION, ScriptedBackend, interrupt_after_steps, served, story
@@ -417,3 +418,56 @@ def test_a_word_the_chunk_read_holds_is_the_chunks_not_a_units(tmp_path):
     replies[-1] = "Therefore, the answer is bell."
     result, _ = paged_run(tmp_path, INFMEM, replies, question="What rang?")
     assert result.evidence() == [Source(1, ("bell",), (0, 40), (0, 40), pages="1")]
+
+
+def test_infmem_resumes_from_the_command_after_ctrl_c(memagent, env, fake_server, tmp_path):
+    """Ctrl-C during step 2 of an InfMem reading through a stand-in server, then `--resume`:
+    the resumed run asks the server what the whole run asked after step 1, and stops where
+    it stopped (step 1's STOP counts towards the three in a row)."""
+    import threading
+
+    import fake_openai
+
+    book = tmp_path / "village.txt"
+    book.write_text(story(120))
+    steps = ["--chunk-tokens", "200", "--memory-tokens", "48", "--temperature", "0"]
+    args = [str(book), FACT_QUESTION, *served(fake_server, *steps), "--reader", "infmem"]
+    whole = memagent("ask", *args, "--json", "--trace", str(tmp_path / "whole.jsonl"))
+    assert whole.returncode == 0, whole.stderr
+    expected, asked = json.loads(whole.stdout), list(fake_server.prompts)
+    assert expected["chunks_read"] == 2 < expected["document"]["chunks"]
+
+    # The stand-in holds step 2's planner until Ctrl-C has been sent.
+    interrupted, answer = threading.Event(), fake_openai.completion_to
+
+    def held(prompt: str) -> str:
+        if "Current retrieval step: 2 " in prompt and not interrupted.is_set():
+            interrupted.wait(timeout=120)
+        return answer(prompt)
+
+    fake_server.prompts.clear()
+    cut = tmp_path / "cut.jsonl"
+    fake_openai.completion_to = held
+    try:
+        process, _, err = interrupt_after_steps(
+            [*args, "--trace", str(cut)],
+            cut,
+            env,
+            1,
+            interrupt=lambda p: (p.send_signal(signal.SIGINT), interrupted.set()),
+        )
+    finally:
+        interrupted.set()
+        fake_openai.completion_to = answer
+    assert process.returncode == 130, err
+    assert len(read_trace(cut).steps) == 1 and not read_trace(cut).finished
+
+    fake_server.prompts.clear()
+    resumed = memagent("ask", *args, "--json", "--resume", str(cut))
+    assert resumed.returncode == 0, resumed.stderr
+    result = json.loads(resumed.stdout)
+    assert fake_server.prompts == asked[4:]  # step 1: a planner and an update, two stages each
+    assert result["reply"] == expected["reply"]
+    assert result["stopped_early"] == expected["stopped_early"]
+    assert [s["memory"] for s in result["steps"]] == [s["memory"] for s in expected["steps"]]
+    assert read_trace(cut).finished
