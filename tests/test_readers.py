@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import signal
+from pathlib import Path
 
 import pytest
 from conftest import FACT_QUESTION, ScriptedBackend, interrupt_after_steps, served, story
@@ -471,3 +472,57 @@ def test_infmem_resumes_from_the_command_after_ctrl_c(memagent, env, fake_server
     assert result["stopped_early"] == expected["stopped_early"]
     assert [s["memory"] for s in result["steps"]] == [s["memory"] for s in expected["steps"]]
     assert read_trace(cut).finished
+
+
+def test_a_reader_samples_as_its_authors_unless_told_otherwise(memagent, fake_server, tmp_path):
+    """InfMem's authors sample greedily (ruler_hqa.py: temperature 0, top_p 1): without
+    --temperature and --top-p an InfMem reading does too, says so, and the trace records
+    it; a flag given is kept, the other still the reader's. MemAgent's stays 0.7 and 0.95."""
+    book = tmp_path / "village.txt"
+    book.write_text(story(40))
+    steps = ["--chunk-tokens", "200", "--memory-tokens", "48"]
+
+    def settings(*more: str) -> tuple[dict, str]:
+        args = [str(book), FACT_QUESTION, *served(fake_server, *steps), *more]
+        result = memagent("ask", *args, "--json", "--trace", str(tmp_path / f"{len(more)}.jsonl"))
+        assert result.returncode == 0, result.stderr
+        trace = read_trace(tmp_path / f"{len(more)}.jsonl")
+        assert trace.header.settings == json.loads(result.stdout)["settings"]
+        return trace.header.settings, result.stderr
+
+    greedy, said = settings("--reader", "infmem")
+    assert (greedy["temperature"], greedy["top_p"]) == (0.0, 1.0)
+    assert "samples as its authors did: temperature 0, top_p 1" in " ".join(said.split())
+    warm, said = settings("--reader", "infmem", "--temperature", "0.5")
+    assert (warm["temperature"], warm["top_p"]) == (0.5, 1.0)
+    plain, said = settings()
+    assert (plain["temperature"], plain["top_p"]) == (0.7, 0.95)
+    assert "samples as its authors" not in said
+
+
+def test_eval_reads_with_the_reader_it_is_given(memagent, fake_server, tmp_path):
+    """`eval run --reader infmem` and `eval niah --reader infmem` read every case with
+    InfMem (its prompts whole to /v1/completions, its authors' sampling) and say so."""
+    data = tmp_path / "eval_50.json"
+    cases = [{"_id": "c1", "input": FACT_QUESTION, "context": story(40), "answers": ["x"]}]
+    data.write_text(json.dumps(cases))
+    steps = ["--chunk-tokens", "200", "--memory-tokens", "48", "--reader", "infmem"]
+    out = tmp_path / "run.jsonl"
+    result = memagent("eval", "run", str(data), *served(fake_server, *steps), "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    (record,) = [json.loads(line) for line in out.read_text().splitlines()]
+    header = read_trace(Path(record["trace"])).header
+    assert header.settings["reader"] == "infmem" and header.settings["temperature"] == 0.0
+    assert fake_server.chat_calls == 0 and fake_server.prompts
+
+    haystack = tmp_path / "hay.txt"
+    haystack.write_text(story(60))
+    niah = ["--haystack", str(haystack), "--lengths", "1K", "--depths", "1", "-o"]
+    out = tmp_path / "niah.jsonl"
+    result = memagent("eval", "niah", *niah, str(out), *served(fake_server, *steps))
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert records and all(
+        read_trace(Path(r["trace"])).header.settings["reader"] == "infmem" for r in records
+    )
+    assert fake_server.chat_calls == 0
