@@ -9,7 +9,14 @@ import signal
 from pathlib import Path
 
 import pytest
-from conftest import FACT_QUESTION, ScriptedBackend, interrupt_after_steps, served, story
+from conftest import (
+    FACT_QUESTION,
+    ScriptedBackend,
+    interrupt_after_steps,
+    served,
+    story,
+    use_hub,
+)
 
 from memagent_cli import readers
 from memagent_cli.chunking import make_chunks
@@ -526,3 +533,44 @@ def test_eval_reads_with_the_reader_it_is_given(memagent, fake_server, tmp_path)
         read_trace(Path(r["trace"])).header.settings["reader"] == "infmem" for r in records
     )
     assert fake_server.chat_calls == 0
+
+
+@pytest.mark.parametrize(
+    ("name", "repo", "qwen3", "reader"),
+    [
+        ("infmem-4b", "ucmp137538/infmem-4B", True, "infmem"),
+        ("rememr1-7b", "yrshi/ReMemR1-7B", False, "rememr1"),
+    ],
+)
+def test_a_reader_s_registry_model_pulls_from_the_hub_as_memagent_7b_does(
+    memagent, env, tmp_path, name, repo, qwen3, reader
+):
+    """`models pull NAME` finds the registry's repository on the Hub (a fake one holding a
+    tiny model of the same architecture), downloads its safetensors and converts them where
+    `-m NAME:F16` finds them (F16: no quantizer run); the model, however named, reads with
+    its reader by default."""
+    from fake_hub import FakeHub, HubFile
+    from hf_model import build
+
+    folder = tmp_path / repo.split("/")[1]
+    build(folder, qwen3=qwen3)
+    files = {
+        p.name: HubFile(p.read_bytes(), lfs=p.suffix == ".safetensors") for p in folder.iterdir()
+    }
+    with FakeHub() as hub:
+        hub.add(repo, files)
+        use_hub(env, hub, tmp_path / "hf")
+        pulled = memagent("models", "pull", f"{name}:F16")
+    assert pulled.returncode == 0, pulled.stderr
+    path = Path(pulled.stdout.strip())
+    assert path.parts[-3:] == (*repo.split("/"), f"{repo.split('/')[1]}.F16.gguf")
+    assert hub.downloads(sorted(n for n in files if n.endswith(".safetensors"))[0])
+    architecture = "qwen3" if qwen3 else "qwen2"
+    info = json.loads(memagent("models", "info", f"{name}:F16", "--json").stdout)
+    assert info["path"] == str(path) and info["architecture"] == architecture
+
+    # The model, named as the registry names it or as its repository, reads with its reader.
+    from memagent_cli.models import registry
+
+    for named in (name, f"{name}:F16", f"hf:{repo}:F16", f"hf:{repo.lower()}"):
+        assert registry.reader_for(named) == reader, named
