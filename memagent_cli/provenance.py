@@ -27,7 +27,8 @@ The rule, on words:
    carried a word is a source of its own, placed where the unit is, after its step's chunk.
 
 `trace_answer` applies the rule to memories alone; `sources` places its steps in the
-document as a `Source` each: the evidence a trace records and every view shows.
+document (its pages or chapters, a `Place`, from the document itself) as a `Source` each:
+the evidence a trace records and every view shows.
 """
 
 from __future__ import annotations
@@ -98,6 +99,18 @@ class Provenance:
 
 
 @dataclass(frozen=True)
+class Place:
+    """Where a range of a document is: its pages or its chapters, as the document labels
+    them (documents/document.py, `Document.place`); neither in a plain text."""
+
+    pages: str | None = None  # "3", or "3–5" (first–last)
+    chapters: str | None = None  # "A", or "A – B"
+
+
+PlaceOf = Callable[[int, int], Place]  # the Place of a document's characters [start, end)
+
+
+@dataclass(frozen=True)
 class Source:
     """One step the answer came from, and what it read: a piece of an answer's evidence.
 
@@ -127,19 +140,19 @@ Shown = tuple[Range, Range]  # a unit a step was shown: its tokens and its chara
 def sources(
     found: Provenance,
     chunks: Sequence[Chunk],
-    span_of: Callable[[int, int], str],
-    unit: str,
+    place_of: PlaceOf,
     shown: Sequence[Sequence[Shown]] = (),
 ) -> list[Source]:
-    """The steps of `found` placed in the document: `chunks[i]` is what step i read,
-    `span_of` labels a character range ("p. 3–5", "Intro – Coda"), and `unit` is the
-    document's ("page", "chapter", or "" when it has neither or a trace does not say).
-    `shown[i]`: the units step i was shown besides its chunk, if any (rule 7)."""
+    """The steps of `found` placed in the document: `chunks[i]` is what step i read and
+    `place_of` the pages or chapters of a character range. `shown[i]`: the units step i
+    was shown besides its chunk, if any (rule 7)."""
     placed = []
 
-    def place(step: int, words: tuple[str, ...], tokens: Range, chars: Range, unit_: bool) -> None:
-        pages, chapters = places(span_of(*chars), unit)
-        placed.append(Source(step, words, tokens, chars, pages, chapters, retrieved=unit_))
+    def place(step: int, words: tuple[str, ...], tokens: Range, chars: Range, unit: bool) -> None:
+        where = place_of(*chars)
+        placed.append(
+            Source(step, words, tokens, chars, where.pages, where.chapters, retrieved=unit)
+        )
 
     for step in found.entered:
         chunk = chunks[step.index]
@@ -175,15 +188,15 @@ def _credited(
     return [tuple(w for w in brought if owner[w] == i) for i in range(len(holds))]
 
 
-def places(span: str, unit: str) -> tuple[str | None, str | None]:
-    """(pages, chapters) of a span label: a page label is "p. " and the pages
-    (documents/document.py writes it so); a trace whose header does not say the unit is
-    told by that prefix; any other label names chapters."""
+def place_of_label(span: str, unit: str = "") -> Place:
+    """The Place a span label names, where only the label is known (the evidence of
+    memagent 0.1, trace/records.py): "p. " and the pages (as `Document.span` writes them),
+    else chapters; `unit` ("page", "chapter"), when known, says which."""
     if not span:
-        return None, None
+        return Place()
     if unit == "page" or (not unit and span.startswith("p. ")):
-        return span.removeprefix("p. "), None
-    return None, span
+        return Place(pages=span.removeprefix("p. "))
+    return Place(chapters=span)
 
 
 def content_words(answer: str, question: str) -> tuple[str, ...]:

@@ -17,7 +17,7 @@ from memagent_cli.backend import Generation
 from memagent_cli.chunking import Chunk
 from memagent_cli.errors import UserError
 from memagent_cli.progress import SpanOf
-from memagent_cli.provenance import Source, places, sources
+from memagent_cli.provenance import PlaceOf, Source, place_of_label, sources
 from memagent_cli.reader import Answer, Step, evidence
 from memagent_cli.text import json_number
 
@@ -323,9 +323,11 @@ class FinalRecord:
         found = values["evidence"]
         if isinstance(found, dict):
             old = _fields(found, cls._OLD_EVIDENCE, f"{where}'s evidence")
-            pages, chapters = places(old["span"], "")
+            where = place_of_label(old["span"])
             values["evidence"] = [
-                Source(old["step"] + 1, (), old["tokens"], old["chars"], pages, chapters)
+                Source(
+                    old["step"] + 1, (), old["tokens"], old["chars"], where.pages, where.chapters
+                )
             ]
         elif found is None:  # 0.1 recorded None when the answer's text was in no memory
             values["evidence"] = None if values["answer"] is None else []
@@ -334,12 +336,12 @@ class FinalRecord:
         return cls(**values)
 
     @classmethod
-    def of(cls, answer: Answer, span_of: SpanOf, unit: str = "") -> FinalRecord:
+    def of(cls, answer: Answer, place_of: PlaceOf) -> FinalRecord:
         final = answer.final
         return cls(
             reply=answer.reply,
             answer=answer.answer,
-            evidence=evidence_of(answer, span_of, unit),
+            evidence=evidence_of(answer, place_of),
             prompt_tokens=final.prompt_tokens,
             completion_tokens=final.completion_tokens,
             finish_reason=final.finish_reason,
@@ -422,15 +424,16 @@ def chunk_sha256(chunk: Chunk) -> str:
     return hashlib.sha256(chunk.text.encode()).hexdigest()
 
 
-def evidence_of(answer: Answer, span_of: SpanOf, unit: str = "") -> list[Source] | None:
-    """The steps the answer came from, placed in the document (provenance.sources; `unit`
-    is the document's: "page", "chapter" or ""); [] when the final memory does not hold the
-    answer's words, None when a reply without a boxed answer has no words to trace."""
+def evidence_of(answer: Answer, place_of: PlaceOf) -> list[Source] | None:
+    """The steps the answer came from, placed in the document (provenance.sources;
+    `place_of`: the document's pages or chapters, `Document.place`); [] when the final
+    memory does not hold the answer's words, None when a reply without a boxed answer has
+    no words to trace."""
     found = evidence(answer)
     if found is None:  # no words to trace; a boxed answer still gets its (empty) list
         return None if answer.answer is None else []
     shown = [tuple(zip(step.found, step.found_chars, strict=False)) for step in answer.steps]
-    return sources(found, [step.chunk for step in answer.steps], span_of, unit, shown)
+    return sources(found, [step.chunk for step in answer.steps], place_of, shown)
 
 
 def evidence_json(found: list[Source] | None) -> list[dict[str, Any]] | None:
