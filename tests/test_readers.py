@@ -574,3 +574,14 @@ def test_a_reader_s_registry_model_pulls_from_the_hub_as_memagent_7b_does(
 
     for named in (name, f"{name}:F16", f"hf:{repo}:F16", f"hf:{repo.lower()}"):
         assert registry.reader_for(named) == reader, named
+
+
+def test_trace_markdown_shows_where_infmem_stopped_and_each_search(memagent, tmp_path):
+    replies = staged(MARKED, "m1", "STOP", "m2", "STOP", "m3", "STOP", ANSWER)
+    _, path = paged_run(tmp_path, INFMEM, replies)
+    shown = memagent("trace", str(path), "--markdown")
+    assert shown.returncode == 0, shown.stderr
+    text = shown.stdout
+    assert "- **Stopped early:** after step 3 of 4: the planner said STOP 3 times in a row" in text
+    assert "- Searched: '\\<i\\>bell\\</i\\> noon' (top\\_k 3)" in text
+    assert "- Units found: p. 1 (tokens 0–40), p. 2 (tokens 40–80)" in text
