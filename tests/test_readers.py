@@ -585,3 +585,15 @@ def test_trace_markdown_shows_where_infmem_stopped_and_each_search(memagent, tmp
     assert "- **Stopped early:** after step 3 of 4: the planner said STOP 3 times in a row" in text
     assert "- Searched: '\\<i\\>bell\\</i\\> noon' (top\\_k 3)" in text
     assert "- Units found: p. 1 (tokens 0–40), p. 2 (tokens 40–80)" in text
+
+
+def test_a_unit_is_placed_in_characters_as_a_chunk_would_be():
+    """A character split between two units counts in the unit where it ends, as
+    chunking.make_chunks counts a character split between two chunks."""
+    tokens = list("abcéxyz".encode())  # é is two bytes: the units of 4 cut it in two
+    (chunk,) = make_chunks(tokens, 8, bytes)
+    found = infmem.units([(0, 8)], size=4)
+    raw = [bytes(tokens[u.token_start : u.token_end]) for u in found]
+    placed = infmem.unit_chars(found, raw, [chunk])
+    as_chunks = make_chunks(tokens, 4, bytes)
+    assert placed == [(c.char_start, c.char_end) for c in as_chunks] == [(0, 3), (3, 7)]

@@ -12,6 +12,7 @@ was nondeterministic or crashed, and what this module does there.
 
 from __future__ import annotations
 
+import codecs
 import json
 import math
 import re
@@ -375,19 +376,22 @@ def units(chunks: Sequence[tuple[int, int]], size: int = UNIT_TOKENS) -> list[Un
 
 
 def unit_chars(
-    found: Sequence[Unit], texts: Sequence[str], chunks: Sequence[Chunk]
+    found: Sequence[Unit], raw: Sequence[bytes], chunks: Sequence[Chunk]
 ) -> list[tuple[int, int]]:
-    """Where each unit sits in the document's characters: from its chunk's first character
-    on, each unit as long as its text (a character split between two units counts, as a
-    replacement, in both; the last unit of a chunk ends where the chunk does)."""
+    """Where each unit sits in the document's characters, given each unit's bytes: from
+    its chunk's first character on, as chunking.make_chunks counts them (a character split
+    between two units is counted in the unit where it ends); the last unit of a chunk ends
+    where the chunk does."""
     placed: list[tuple[int, int]] = []
     offset, chunk = 0, -1
-    for unit, text in zip(found, texts, strict=True):
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    for unit, data in zip(found, raw, strict=True):
         if unit.chunk != chunk:
             chunk, offset = unit.chunk, chunks[unit.chunk].char_start
-        end = min(offset + len(text), chunks[chunk].char_end)
-        if unit.token_end == chunks[chunk].token_end:
-            end = chunks[chunk].char_end
+            decoder.reset()
+        last = unit.token_end == chunks[chunk].token_end
+        end = offset + len(decoder.decode(data, final=last))
+        end = chunks[chunk].char_end if last else min(end, chunks[chunk].char_end)
         placed.append((offset, end))
         offset = end
     return placed
@@ -513,20 +517,10 @@ def reader(tokenizer: Tokenizer, tokens: Sequence[int]) -> Reader:
     ) -> tuple[list[Unit], list[str], list[tuple[int, int]], BM25 | None]:
         if not built:
             found = units([(c.token_start, c.token_end) for c in chunks])
-            texts = [
-                tokenizer.detokenize(tokens[u.token_start : u.token_end]).decode(
-                    "utf-8", errors="replace"
-                )
-                for u in found
-            ]
-            built.append(
-                (
-                    found,
-                    texts,
-                    unit_chars(found, texts, chunks),
-                    BM25.build(texts) if texts else None,
-                )
-            )
+            raw = [tokenizer.detokenize(tokens[u.token_start : u.token_end]) for u in found]
+            texts = [data.decode("utf-8", errors="replace") for data in raw]
+            chars = unit_chars(found, raw, chunks)
+            built.append((found, texts, chars, BM25.build(texts) if texts else None))
         return built[0]
 
     def infmem(
