@@ -1,11 +1,15 @@
 """memagent's converter against llama.cpp's own `convert_hf_to_gguf.py`, on a real folder.
 
 Run `python bench/against_llama_convert.py --llama-python PY --converter convert_hf_to_gguf.py
-[FOLDER]`. The test suite checks memagent's output against the GGUF that llama.cpp wrote
-for the test material (tests/test_convert_real.py); this runs llama.cpp's converter itself,
+[FOLDER | --random-qwen3]`. The test suite checks memagent's output against the GGUF that
+llama.cpp wrote for the test material (tests/test_convert_real.py); this runs llama.cpp's converter itself,
 which needs torch and transformers, so it runs in another Python (PY: a virtual environment
 with `pip install torch transformers sentencepiece`) and never in the suite. FOLDER defaults
 to the test material's rebuilt Qwen2.5-Coder-0.5B-Instruct (tests/qwen_material.py).
+`--random-qwen3` instead makes a Qwen3 with random weights, as InfMem-4B's base is shaped
+(q/k RMS norms, its own head size, tied embeddings, bf16) but tiny, with `transformers`
+itself in PY (`Qwen3ForCausalLM`, seed 0) and the real Qwen2.5 tokenizer (Qwen3's shares
+its vocabulary), and compares both converters on it.
 
 Both convert FOLDER to BF16 (llama.cpp: `--outtype bf16`; memagent: `memagent models
 convert --quant BF16`). The report says, for every tensor, whether name, type, shape and
@@ -49,6 +53,41 @@ def convert_with_llama(python: str, converter: Path, folder: Path, out: Path) ->
     return time.perf_counter() - start
 
 
+# A tiny Qwen3, written by transformers: the shapes differ from Qwen3-4B's, the layout
+# (q_norm/k_norm, head_dim apart from hidden/heads, no q/k/v biases, tied output) does not.
+RANDOM_QWEN3 = """
+import sys, torch, transformers
+folder, vocab = sys.argv[1], int(sys.argv[2])
+config = transformers.Qwen3Config(
+    vocab_size=vocab, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=4096,
+    rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
+    bos_token_id=151643, eos_token_id=151645, torch_dtype="bfloat16",
+)
+torch.manual_seed(0)
+model = transformers.Qwen3ForCausalLM(config).to(torch.bfloat16)
+with torch.no_grad():  # transformers starts norms at 1: random ones test them too
+    for name, tensor in model.named_parameters():
+        if name.endswith("norm.weight"):
+            tensor.copy_(1 + 0.1 * torch.randn_like(tensor))
+model.save_pretrained(folder, safe_serialization=True)
+"""
+
+
+def random_qwen3(python: str, folder: Path) -> None:
+    """A random Qwen3 in `folder`, made by transformers in `python`, with Qwen's tokenizer."""
+    import json
+
+    import qwen_material
+
+    folder.mkdir(parents=True, exist_ok=True)
+    qwen_material.copy_tokenizer(folder)
+    tokenizer = json.loads((folder / "tokenizer.json").read_text())
+    ids = [*tokenizer["model"]["vocab"].values(), *(t["id"] for t in tokenizer["added_tokens"])]
+    vocab = -(-(max(ids) + 1) // 128) * 128  # padded as Qwen's configs pad it (151,936)
+    subprocess.run([python, "-c", RANDOM_QWEN3, str(folder), str(vocab)], check=True)
+
+
 def convert_with_memagent(folder: Path, out: Path) -> float:
     start = time.perf_counter()
     command = [sys.executable, "-m", "memagent_cli", "models", "convert", str(folder)]
@@ -73,15 +112,25 @@ def main() -> int:
     parser.add_argument("folder", nargs="?", type=Path, help="a Hugging Face model folder")
     parser.add_argument("--llama-python", required=True, help="a Python with torch, transformers")
     parser.add_argument("--converter", required=True, type=Path, help="convert_hf_to_gguf.py")
+    parser.add_argument(
+        "--random-qwen3", action="store_true", help="compare on a random Qwen3 transformers makes"
+    )
     args = parser.parse_args()
-    if args.folder is None:
+    if not args.converter.is_file():
+        sys.exit(f"bench/against_llama_convert.py: no converter at {args.converter}.")
+    made = tempfile.TemporaryDirectory()
+    if args.random_qwen3:
+        args.folder = Path(made.name, "Random-Qwen3")
+        random_qwen3(args.llama_python, args.folder)
+    elif args.folder is None:
         import qwen_material
 
         args.folder = qwen_material.hf_folder()
-    if not args.converter.is_file():
-        sys.exit(f"bench/against_llama_convert.py: no converter at {args.converter}.")
     print(f"folder: {args.folder.name}")
-    print(f"llama.cpp's converter: {args.converter}")
+    if args.random_qwen3:
+        print("  made by transformers.Qwen3ForCausalLM, seed 0, bf16; Qwen2.5's tokenizer")
+    # Where the converter came from, not where this machine keeps it.
+    print(f"llama.cpp's converter: {'/'.join(args.converter.resolve().parts[-4:])}")
     try:  # also the check that PY runs and has torch and transformers
         versions = subprocess.run(
             [

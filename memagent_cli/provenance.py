@@ -21,9 +21,14 @@ The rule, on words:
 6. The sources are those steps, earliest first, each with the words it brought in. The
    first is where the answer's content came into the memory; the last is the earliest step
    after which all of it is in the memory and stays there; any between changed it.
+7. A step that was shown units a search found besides its chunk (readers/infmem.py): a word
+   it brought in is the chunk's when the chunk's text holds it, else the first unit's (in
+   the order shown) that holds it; a word neither holds stays the chunk's. Each unit that
+   carried a word is a source of its own, placed where the unit is, after its step's chunk.
 
 `trace_answer` applies the rule to memories alone; `sources` places its steps in the
-document as a `Source` each: the evidence a trace records and every view shows.
+document (its pages or chapters, a `Place`, from the document itself) as a `Source` each:
+the evidence a trace records and every view shows.
 """
 
 from __future__ import annotations
@@ -94,6 +99,18 @@ class Provenance:
 
 
 @dataclass(frozen=True)
+class Place:
+    """Where a range of a document is: its pages or its chapters, as the document labels
+    them (documents/document.py, `Document.place`); neither in a plain text."""
+
+    pages: str | None = None  # "3", or "3–5" (first–last)
+    chapters: str | None = None  # "A", or "A – B"
+
+
+PlaceOf = Callable[[int, int], Place]  # the Place of a document's characters [start, end)
+
+
+@dataclass(frozen=True)
 class Source:
     """One step the answer came from, and what it read: a piece of an answer's evidence.
 
@@ -107,6 +124,8 @@ class Source:
     chars: tuple[int, int]  # the same in characters of the document's text
     pages: str | None = None  # the page labels it read: "3", or "3–5" (first–last)
     chapters: str | None = None  # the chapter it read, or the first and last: "A – B"
+    # A unit a search found and the step was shown (rule 7), not the chunk the step read.
+    retrieved: bool = False
 
     @property
     def one_page(self) -> bool:
@@ -114,38 +133,70 @@ class Source:
         return self.pages is not None and "–" not in self.pages
 
 
+Range = tuple[int, int]
+Shown = tuple[Range, Range]  # a unit a step was shown: its tokens and its characters
+
+
 def sources(
-    found: Provenance, chunks: Sequence[Chunk], span_of: Callable[[int, int], str], unit: str
+    found: Provenance,
+    chunks: Sequence[Chunk],
+    place_of: PlaceOf,
+    shown: Sequence[Sequence[Shown]] = (),
 ) -> list[Source]:
-    """The steps of `found` placed in the document: `chunks[i]` is what step i read,
-    `span_of` labels a character range ("p. 3–5", "Intro – Coda"), and `unit` is the
-    document's ("page", "chapter", or "" when it has neither or a trace does not say)."""
+    """The steps of `found` placed in the document: `chunks[i]` is what step i read and
+    `place_of` the pages or chapters of a character range. `shown[i]`: the units step i
+    was shown besides its chunk, if any (rule 7)."""
     placed = []
+
+    def place(step: int, words: tuple[str, ...], tokens: Range, chars: Range, unit: bool) -> None:
+        where = place_of(*chars)
+        placed.append(
+            Source(step, words, tokens, chars, where.pages, where.chapters, retrieved=unit)
+        )
+
     for step in found.entered:
         chunk = chunks[step.index]
-        pages, chapters = places(span_of(chunk.char_start, chunk.char_end), unit)
-        placed.append(
-            Source(
-                step=chunk.index + 1,
-                words=step.words,
-                tokens=(chunk.token_start, chunk.token_end),
-                chars=(chunk.char_start, chunk.char_end),
-                pages=pages,
-                chapters=chapters,
-            )
-        )
+        units = shown[step.index] if step.index < len(shown) else ()
+        credited = _credited(step.words, chunk, [_text(chunks, chars) for _, chars in units])
+        if credited[0] or not any(credited[1:]):
+            tokens, chars = (chunk.token_start, chunk.token_end), (chunk.char_start, chunk.char_end)
+            place(chunk.index + 1, credited[0] or step.words, tokens, chars, False)
+        for (tokens, chars), words_ in zip(units, credited[1:], strict=True):
+            if words_:
+                place(chunk.index + 1, words_, tokens, chars, True)
     return placed
 
 
-def places(span: str, unit: str) -> tuple[str | None, str | None]:
-    """(pages, chapters) of a span label: a page label is "p. " and the pages
-    (documents/document.py writes it so); a trace whose header does not say the unit is
-    told by that prefix; any other label names chapters."""
+def _text(chunks: Sequence[Chunk], chars: Range) -> str:
+    """The document's text in `chars`: a unit may lie in a chunk the reading never reached,
+    so from the document the chunks are slices of, else from a chunk that holds it."""
+    for chunk in chunks:
+        if chunk.document:
+            return chunk.document[chars[0] : chars[1]]
+    for chunk in chunks:
+        if chunk.char_start <= chars[0] and chars[1] <= chunk.char_end:
+            return chunk.text[chars[0] - chunk.char_start : chars[1] - chunk.char_start]
+    return ""
+
+
+def _credited(
+    brought: tuple[str, ...], chunk: Chunk, units: Sequence[str]
+) -> list[tuple[str, ...]]:
+    """Rule 7: the words `brought` in that the chunk carried, then those each unit carried."""
+    holds = [set(words(chunk.text)), *(set(words(text)) for text in units)]
+    owner = {w: next((i for i, held in enumerate(holds) if w in held), 0) for w in brought}
+    return [tuple(w for w in brought if owner[w] == i) for i in range(len(holds))]
+
+
+def place_of_label(span: str, unit: str = "") -> Place:
+    """The Place a span label names, where only the label is known (the evidence of
+    memagent 0.1, trace/records.py): "p. " and the pages (as `Document.span` writes them),
+    else chapters; `unit` ("page", "chapter"), when known, says which."""
     if not span:
-        return None, None
+        return Place()
     if unit == "page" or (not unit and span.startswith("p. ")):
-        return span.removeprefix("p. "), None
-    return None, span
+        return Place(pages=span.removeprefix("p. "))
+    return Place(chapters=span)
 
 
 def content_words(answer: str, question: str) -> tuple[str, ...]:

@@ -33,11 +33,12 @@ class Step:
     generation: Generation
     recall: str | None = None  # a reader's query for an earlier memory (readers/rememr1.py)
     # A reader that searches the document (readers/infmem.py): the searches its planner
-    # asked for (query, top_k), its STOPs in a row then, and the token ranges of the units
-    # found that the update was shown.
+    # asked for (query, top_k), its STOPs in a row then, and the token and character ranges
+    # of the units found that the update was shown.
     searches: tuple[tuple[str, str], ...] = ()
     stops: int = 0
     found: tuple[tuple[int, int], ...] = ()
+    found_chars: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)

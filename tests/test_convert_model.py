@@ -27,6 +27,8 @@ SAMPLES = [
     "Emoji: 🚀🦙✅ 👩‍👩‍👧 and numbers 3.14159 2026 1e-6",
     "  leading spaces,\ttabs\n\nnew lines   and trailing  ",
     "<|im_start|>user\nWhat is in the logbook?<|im_end|>\n<|im_start|>assistant\n",
+    # What InfMem's prompts and replies hold (readers/infmem.py): Qwen-Agent's markers.
+    '<think>\nSearch.\n</think>\n\n✿FUNCTION✿: retrievesearch\n✿ARGS✿: {"query": "log"}',
 ]
 
 
@@ -187,6 +189,15 @@ def test_qwen3_logits_equal_a_numpy_forward_pass(tmp_path):
     got = np.asarray(llm.scores[: len(tokens)], dtype=np.float64)
     expected = forward(weights, tokens)
     assert np.abs(got - expected).max() < 1e-4 * np.abs(expected).max()
+    # Qwen3's tokenizer is Qwen2.5's vocabulary: through the Qwen3 GGUF it tokenizes as
+    # the `tokenizers` library does (InfMem-4B is a Qwen3).
+    reference = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    for text in SAMPLES:
+        ids = reference.encode(text).ids
+        assert llm.tokenize(text.encode(), add_bos=False, special=True) == ids, text
+        assert llm.detokenize(ids, special=True).decode() == reference.decode(
+            ids, skip_special_tokens=False
+        )
 
 
 def test_a_registry_model_s_folder_converts_to_where_its_name_finds_it(memagent, env, tmp_path):

@@ -107,7 +107,7 @@ def test_an_answer_the_final_memory_does_not_hold_has_no_source(memories):
     answer, book = run(memories, "\\boxed{PELICAN}")
     found = evidence(answer)
     assert found is not None and found.words == ("pelican",) and found.entered == ()
-    assert evidence_of(answer, book.span, book.unit) == []  # said, never invented
+    assert evidence_of(answer, book.place) == []  # said, never invented
 
 
 def test_the_final_memory_must_hold_half_of_the_answers_content_words():
@@ -141,7 +141,7 @@ def test_trace_answer_with_no_memories_has_no_source():
 def test_the_final_record_places_each_source_on_its_pages():
     memories = ["Nothing.", "The password is PELICAN.", "PELICAN.", "PELICAN, keeper Ada."]
     answer, book = run(memories, "\\boxed{PELICAN and Ada}")
-    record = FinalRecord.of(answer, book.span, book.unit).to_json()
+    record = FinalRecord.of(answer, book.place).to_json()
     # Each 42-byte chunk is one 40-character page and the blank line after it.
     assert record["evidence"] == [
         {"step": 2, "words": ["pelican"], "tokens": [42, 84], "chars": [42, 84], "pages": "2"},
@@ -176,7 +176,7 @@ def test_a_reading_of_a_real_pdf_gives_sources_on_its_labelled_pages(tmp_path):
         (2, ("pelican",)),
         (3, ("ada",)),
     ]
-    sources = evidence_of(answer, book.span, book.unit)
+    sources = evidence_of(answer, book.place)
     assert sources == [
         Source(3, ("pelican",), (66, 99), (66, 99), pages="ii–2"),
         Source(4, ("ada",), (99, 111), (99, 111), pages="2"),
@@ -186,7 +186,7 @@ def test_a_reading_of_a_real_pdf_gives_sources_on_its_labelled_pages(tmp_path):
     assert evidence_line(sources, len(chunks)) == (
         "from pp. ii–2, step 3 of 4 (pelican); p. 2, step 4 of 4 (ada)"
     )
-    record = FinalRecord.of(answer, book.span, book.unit).to_json()
+    record = FinalRecord.of(answer, book.place).to_json()
     assert record["evidence"] == [
         {"step": 3, "words": ["pelican"], "tokens": [66, 99], "chars": [66, 99], "pages": "ii–2"},
         {"step": 4, "words": ["ada"], "tokens": [99, 111], "chars": [99, 111], "pages": "2"},
@@ -225,3 +225,19 @@ def test_a_damaged_evidence_list_is_one_sentence(evidence):
     }  # fmt: skip
     with pytest.raises(TraceError, match="line 9"):
         FinalRecord.parse(record, "t.jsonl, line 9")
+
+
+def test_a_source_is_placed_by_the_document_not_by_its_label():
+    """A chapter whose title reads like a page label ("p. 5 ...") is a chapter: the place
+    comes from the document's sections (Document.place), not from the span's text."""
+    parts = [("p. 5 Reflections", "a" * 40), ("Coda", "b" * 40)]
+    book = assemble(parts, path="b.epub", format="epub", sha256="0" * 64, unit="chapter")
+    chunks = make_chunks(list(book.text.encode()), 42, bytes)
+    memories = ["The password is PELICAN.", "PELICAN."]
+    answer = read(
+        ScriptedBackend([*memories, "\\boxed{PELICAN}"]), QUESTION, chunks, Settings(42, 64)
+    )
+    assert book.span(0, 42) == "p. 5 Reflections"
+    assert evidence_of(answer, book.place) == [
+        Source(1, ("pelican",), (0, 42), (0, 42), chapters="p. 5 Reflections")
+    ]

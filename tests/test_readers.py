@@ -5,12 +5,22 @@ parsing and retrieval are checked byte for byte in test_readers_protocol.py."""
 from __future__ import annotations
 
 import json
+import signal
+from pathlib import Path
 
 import pytest
-from conftest import FACT_QUESTION, ScriptedBackend, interrupt_after_steps, served, story
+from conftest import (
+    FACT_QUESTION,
+    ScriptedBackend,
+    interrupt_after_steps,
+    served,
+    story,
+    use_hub,
+)
 
 from memagent_cli import readers
 from memagent_cli.chunking import make_chunks
+from memagent_cli.provenance import Source
 from memagent_cli.reader import Settings, read
 from memagent_cli.readers import infmem, rememr1
 from memagent_cli.scheduler import Job, read_together
@@ -270,7 +280,7 @@ def test_trace_shows_where_infmem_stopped_and_what_it_searched(memagent, tmp_pat
     first = memagent("trace", str(path), "--step", "1")
     assert first.returncode == 0, first.stderr
     assert "Searched: 'bell noon' (top_k 3)" in first.stdout
-    assert "Units shown: tokens 0-40, 40-80, 80-120, 120-145" in first.stdout
+    assert "Units found: tokens 0–40, tokens 40–80, tokens 80–120, tokens 120–145" in first.stdout
     report = memagent("trace", str(path), "--html", str(tmp_path / "r.html"))
     assert report.returncode == 0, report.stderr
 
@@ -317,3 +327,273 @@ def test_rememr1_resumed_from_its_trace_recalls_what_it_would_have_recalled(tmp_
     assert done == 2
     assert [m for m, _ in resumed.messages] == [m for m, _ in whole.messages][2:]
     assert "<recalled_memory>\n<thinking>t1</thinking>" in resumed.messages[0][0]
+
+
+# Four pages of 38 characters, joined by blank lines: each 40-token chunk (and so each
+# unit, a chunk being shorter than a unit) reads one page.
+PAGES = [
+    ("1", "The tower bell rang at noon today. <b>"),
+    ("2", "The keeper slept until the evening...."),
+    ("3", "Rain fell on the old stone roofs & so."),
+    ("4", "The password to the vault is: PELICAN."),
+]
+MARKED = '✿FUNCTION✿: retrievesearch\n✿ARGS✿: {"query": "<i>bell</i> noon", "top_k": 3}'
+
+
+def paged_run(tmp_path, reader_settings, replies, backend_of=None, question="When?"):
+    """A run over the four pages written to a trace by the real pipeline, and the trace."""
+    from memagent_cli.documents import assemble
+    from memagent_cli.run import ask as run
+    from memagent_cli.run.engine import Engine
+    from memagent_cli.run.session import open_session
+
+    book = assemble(PAGES, path="/books/tower.pdf", format="pdf", sha256="0" * 64, unit="page")
+    backend = (backend_of or CompletingBackend)(list(replies))
+    engine = Engine(backend, reader_settings, 4096)
+    path = tmp_path / f"{reader_settings.reader}.jsonl"
+    result = run.ask(open_session(book, engine), question, run.RunOptions(trace=path))
+    return result, path
+
+
+def test_trace_html_shows_where_infmem_stopped_and_each_search(memagent, tmp_path):
+    """`trace --html` of an InfMem run: where it stopped and why, each step's searches with
+    the units found and their pages, the planner's STOPs; a query is text, never markup."""
+    replies = staged(MARKED, "m1", "STOP", "m2", "STOP", "m3", "STOP", ANSWER)
+    _, path = paged_run(tmp_path, INFMEM, replies)
+    out = tmp_path / "r.html"
+    report = memagent("trace", str(path), "--html", str(out))
+    assert report.returncode == 0, report.stderr
+    page = out.read_text()
+    text = " ".join(page.split())
+    assert "Stopped early after step 3 of 4: the planner said STOP 3 times in a row" in text
+    step1 = text.split('id="run-1-step-1"')[1].split("</article>")[0]
+    assert "Searched: &#x27;&lt;i&gt;bell&lt;/i&gt; noon&#x27; (top_k 3)" in step1
+    assert "<i>bell" not in page
+    # Every search returns 4 units: here each a page of its own.
+    assert "Units found: p. 1 (tokens 0–40), p. 2 (tokens 40–80), p. 3 (tokens 80–120), " in step1
+    assert "p. 4 (tokens 120–158)" in step1
+    step2 = text.split('id="run-1-step-2"')[1].split("</article>")[0]
+    assert "Planner: no search; STOP 1 in a row (3 end the reading)" in step2
+    assert "Searched" not in step2
+    assert "<b>" not in page.split("<body>")[1]  # the document's own text stays text
+
+
+def test_trace_html_shows_a_rememr1_recall_as_text(memagent, tmp_path):
+    settings = Settings(chunk_tokens=40, memory_tokens=64, reader="rememr1")
+    replies = list(REPLIES)
+    replies[1] = "<update>tower</update><recall><script>bell</script></recall>"
+    _, path = paged_run(tmp_path, settings, replies, ScriptedBackend)
+    out = tmp_path / "r.html"
+    report = memagent("trace", str(path), "--html", str(out))
+    assert report.returncode == 0, report.stderr
+    text = " ".join(out.read_text().split())
+    step2 = text.split('id="run-1-step-2"')[1].split("</article>")[0]
+    assert "Asked to recall: &#x27;&lt;script&gt;bell&lt;/script&gt;&#x27;" in step2
+    assert "<script>" not in text
+
+
+def test_a_unit_found_that_carried_the_answer_is_its_source(memagent, tmp_path):
+    """Step 1 searched and was shown page 4, which the reading never reached: the answer's
+    word came from that unit, not from the chunk step 1 read, and the evidence says so in
+    the trace, in `trace` and in `trace --html`."""
+    search = '✿FUNCTION✿: retrievesearch\n✿ARGS✿: {"query": "password"}'
+    kept = "The password is PELICAN."
+    replies = staged(search, kept, "STOP", kept, "STOP", kept, "STOP", ANSWER + " PELICAN.")
+    result, path = paged_run(tmp_path, INFMEM, replies, question="What is the password?")
+    assert len(result.answer.steps) == 3  # page 4 was never read as a chunk
+    assert result.evidence() == [
+        Source(1, ("pelican",), (120, 158), (120, 158), pages="4", retrieved=True)
+    ]
+    final = read_trace(path).final
+    assert final.evidence == result.evidence()
+    shown = memagent("trace", str(path))
+    assert shown.returncode == 0, shown.stderr
+    said = " ".join(shown.stdout.split())
+    assert "Evidence: from p. 4, found by a search at step 1 of 4" in said
+    out = tmp_path / "r.html"
+    assert memagent("trace", str(path), "--html", str(out)).returncode == 0
+    page = " ".join(out.read_text().split())
+    assert "p. 4, found by a search at step 1 of 4" in page
+    step1 = page.split('id="run-1-step-1"')[1].split("</article>")[0]
+    assert "the answer came from a unit this step found: pelican" in step1
+
+
+def test_a_word_the_chunk_read_holds_is_the_chunks_not_a_units(tmp_path):
+    """A step that read the answer's word in its own chunk and was shown it again in a unit:
+    the chunk is the source, as for MemAgent."""
+    search = '✿FUNCTION✿: retrievesearch\n✿ARGS✿: {"query": "bell"}'
+    replies = staged(search, "bell at noon", "STOP", "bell", "STOP", "bell", "STOP", ANSWER)
+    replies[-1] = "Therefore, the answer is bell."
+    result, _ = paged_run(tmp_path, INFMEM, replies, question="What rang?")
+    assert result.evidence() == [Source(1, ("bell",), (0, 40), (0, 40), pages="1")]
+
+
+def test_infmem_resumes_from_the_command_after_ctrl_c(memagent, env, fake_server, tmp_path):
+    """Ctrl-C during step 2 of an InfMem reading through a stand-in server, then `--resume`:
+    the resumed run asks the server what the whole run asked after step 1, and stops where
+    it stopped (step 1's STOP counts towards the three in a row)."""
+    import threading
+
+    import fake_openai
+
+    book = tmp_path / "village.txt"
+    book.write_text(story(120))
+    steps = ["--chunk-tokens", "200", "--memory-tokens", "48", "--temperature", "0"]
+    args = [str(book), FACT_QUESTION, *served(fake_server, *steps), "--reader", "infmem"]
+    whole = memagent("ask", *args, "--json", "--trace", str(tmp_path / "whole.jsonl"))
+    assert whole.returncode == 0, whole.stderr
+    expected, asked = json.loads(whole.stdout), list(fake_server.prompts)
+    assert expected["chunks_read"] == 2 < expected["document"]["chunks"]
+
+    # The stand-in holds step 2's planner until Ctrl-C has been sent.
+    interrupted, answer = threading.Event(), fake_openai.completion_to
+
+    def held(prompt: str) -> str:
+        if "Current retrieval step: 2 " in prompt and not interrupted.is_set():
+            interrupted.wait(timeout=120)
+        return answer(prompt)
+
+    fake_server.prompts.clear()
+    cut = tmp_path / "cut.jsonl"
+    fake_openai.completion_to = held
+    try:
+        process, _, err = interrupt_after_steps(
+            [*args, "--trace", str(cut)],
+            cut,
+            env,
+            1,
+            interrupt=lambda p: (p.send_signal(signal.SIGINT), interrupted.set()),
+        )
+    finally:
+        interrupted.set()
+        fake_openai.completion_to = answer
+    assert process.returncode == 130, err
+    assert len(read_trace(cut).steps) == 1 and not read_trace(cut).finished
+
+    fake_server.prompts.clear()
+    resumed = memagent("ask", *args, "--json", "--resume", str(cut))
+    assert resumed.returncode == 0, resumed.stderr
+    result = json.loads(resumed.stdout)
+    assert fake_server.prompts == asked[4:]  # step 1: a planner and an update, two stages each
+    assert result["reply"] == expected["reply"]
+    assert result["stopped_early"] == expected["stopped_early"]
+    assert [s["memory"] for s in result["steps"]] == [s["memory"] for s in expected["steps"]]
+    assert read_trace(cut).finished
+
+
+def test_a_reader_samples_as_its_authors_unless_told_otherwise(memagent, fake_server, tmp_path):
+    """InfMem's authors sample greedily (ruler_hqa.py: temperature 0, top_p 1): without
+    --temperature and --top-p an InfMem reading does too, says so, and the trace records
+    it; a flag given is kept, the other still the reader's. MemAgent's stays 0.7 and 0.95."""
+    book = tmp_path / "village.txt"
+    book.write_text(story(40))
+    steps = ["--chunk-tokens", "200", "--memory-tokens", "48"]
+
+    def settings(*more: str) -> tuple[dict, str]:
+        args = [str(book), FACT_QUESTION, *served(fake_server, *steps), *more]
+        result = memagent("ask", *args, "--json", "--trace", str(tmp_path / f"{len(more)}.jsonl"))
+        assert result.returncode == 0, result.stderr
+        trace = read_trace(tmp_path / f"{len(more)}.jsonl")
+        assert trace.header.settings == json.loads(result.stdout)["settings"]
+        return trace.header.settings, result.stderr
+
+    greedy, said = settings("--reader", "infmem")
+    assert (greedy["temperature"], greedy["top_p"]) == (0.0, 1.0)
+    assert "samples as its authors did: temperature 0, top_p 1" in " ".join(said.split())
+    warm, said = settings("--reader", "infmem", "--temperature", "0.5")
+    assert (warm["temperature"], warm["top_p"]) == (0.5, 1.0)
+    plain, said = settings()
+    assert (plain["temperature"], plain["top_p"]) == (0.7, 0.95)
+    assert "samples as its authors" not in said
+
+
+def test_eval_reads_with_the_reader_it_is_given(memagent, fake_server, tmp_path):
+    """`eval run --reader infmem` and `eval niah --reader infmem` read every case with
+    InfMem (its prompts whole to /v1/completions, its authors' sampling) and say so."""
+    data = tmp_path / "eval_50.json"
+    cases = [{"_id": "c1", "input": FACT_QUESTION, "context": story(40), "answers": ["x"]}]
+    data.write_text(json.dumps(cases))
+    steps = ["--chunk-tokens", "200", "--memory-tokens", "48", "--reader", "infmem"]
+    out = tmp_path / "run.jsonl"
+    result = memagent("eval", "run", str(data), *served(fake_server, *steps), "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    (record,) = [json.loads(line) for line in out.read_text().splitlines()]
+    header = read_trace(Path(record["trace"])).header
+    assert header.settings["reader"] == "infmem" and header.settings["temperature"] == 0.0
+    assert fake_server.chat_calls == 0 and fake_server.prompts
+
+    haystack = tmp_path / "hay.txt"
+    haystack.write_text(story(60))
+    niah = ["--haystack", str(haystack), "--lengths", "1K", "--depths", "1", "-o"]
+    out = tmp_path / "niah.jsonl"
+    result = memagent("eval", "niah", *niah, str(out), *served(fake_server, *steps))
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert records and all(
+        read_trace(Path(r["trace"])).header.settings["reader"] == "infmem" for r in records
+    )
+    assert fake_server.chat_calls == 0
+
+
+@pytest.mark.parametrize(
+    ("name", "repo", "qwen3", "reader"),
+    [
+        ("infmem-4b", "ucmp137538/infmem-4B", True, "infmem"),
+        ("rememr1-7b", "yrshi/ReMemR1-7B", False, "rememr1"),
+    ],
+)
+def test_a_reader_s_registry_model_pulls_from_the_hub_as_memagent_7b_does(
+    memagent, env, tmp_path, name, repo, qwen3, reader
+):
+    """`models pull NAME` finds the registry's repository on the Hub (a fake one holding a
+    tiny model of the same architecture), downloads its safetensors and converts them where
+    `-m NAME:F16` finds them (F16: no quantizer run); the model, however named, reads with
+    its reader by default."""
+    from fake_hub import FakeHub, HubFile
+    from hf_model import build
+
+    folder = tmp_path / repo.split("/")[1]
+    build(folder, qwen3=qwen3)
+    files = {
+        p.name: HubFile(p.read_bytes(), lfs=p.suffix == ".safetensors") for p in folder.iterdir()
+    }
+    with FakeHub() as hub:
+        hub.add(repo, files)
+        use_hub(env, hub, tmp_path / "hf")
+        pulled = memagent("models", "pull", f"{name}:F16")
+    assert pulled.returncode == 0, pulled.stderr
+    path = Path(pulled.stdout.strip())
+    assert path.parts[-3:] == (*repo.split("/"), f"{repo.split('/')[1]}.F16.gguf")
+    assert hub.downloads(sorted(n for n in files if n.endswith(".safetensors"))[0])
+    architecture = "qwen3" if qwen3 else "qwen2"
+    info = json.loads(memagent("models", "info", f"{name}:F16", "--json").stdout)
+    assert info["path"] == str(path) and info["architecture"] == architecture
+
+    # The model, named as the registry names it or as its repository, reads with its reader.
+    from memagent_cli.models import registry
+
+    for named in (name, f"{name}:F16", f"hf:{repo}:F16", f"hf:{repo.lower()}"):
+        assert registry.reader_for(named) == reader, named
+
+
+def test_trace_markdown_shows_where_infmem_stopped_and_each_search(memagent, tmp_path):
+    replies = staged(MARKED, "m1", "STOP", "m2", "STOP", "m3", "STOP", ANSWER)
+    _, path = paged_run(tmp_path, INFMEM, replies)
+    shown = memagent("trace", str(path), "--markdown")
+    assert shown.returncode == 0, shown.stderr
+    text = shown.stdout
+    assert "- **Stopped early:** after step 3 of 4: the planner said STOP 3 times in a row" in text
+    assert "- Searched: '\\<i\\>bell\\</i\\> noon' (top\\_k 3)" in text
+    assert "- Units found: p. 1 (tokens 0–40), p. 2 (tokens 40–80)" in text
+
+
+def test_a_unit_is_placed_in_characters_as_a_chunk_would_be():
+    """A character split between two units counts in the unit where it ends, as
+    chunking.make_chunks counts a character split between two chunks."""
+    tokens = list("abcéxyz".encode())  # é is two bytes: the units of 4 cut it in two
+    (chunk,) = make_chunks(tokens, 8, bytes)
+    found = infmem.units([(0, 8)], size=4)
+    raw = [bytes(tokens[u.token_start : u.token_end]) for u in found]
+    placed = infmem.unit_chars(found, raw, [chunk])
+    as_chunks = make_chunks(tokens, 4, bytes)
+    assert placed == [(c.char_start, c.char_end) for c in as_chunks] == [(0, 3), (3, 7)]

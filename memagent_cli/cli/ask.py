@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import shlex
 from dataclasses import dataclass, field
 from enum import Enum
@@ -177,7 +176,7 @@ def ask(
             opened = engine.open_backend(read.backend, report.note, progress)
         _say_if_install_check(opened.name)
         how = reader.value if reader else registry.reader_for(opened.name)
-        return api.Model(opened, dataclasses.replace(read.settings, reader=how))
+        return api.Model(opened, options.reader_settings(ctx, read.settings, how, report.note))
 
     batch = api.ask_batch(
         paths, asked, open_model, traces=not no_trace, trace_path=trace, resume=resume,

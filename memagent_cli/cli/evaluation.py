@@ -21,6 +21,7 @@ from memagent_cli.cli.options import (
     OcrLangOpt,
     OcrOpt,
     QuietOpt,
+    ReaderOpt,
     Reading,
     choices,
     reads,
@@ -87,24 +88,31 @@ def _eval_options(
     no_reuse: bool,
     quiet: bool,
     plot: Path | None,
+    ctx: typer.Context | None = None,
+    reader: Any = None,
 ) -> EvalOptions:
-    """The options every eval run shares, checked before any model loads."""
+    """The options every eval run shares, checked before any model loads. `reader`: the
+    --reader given (MemAgent's when none), sampling as its authors did unless told."""
     from memagent_cli.evaluation import plot as plotting
     from memagent_cli.evaluation.evaluate import EvalOptions
 
     if plot is not None:
         plotting.require()  # fails in seconds, before any model loads
     options.stop_on_sigterm()
+    report = reporter(quiet)
+    settings = read.settings
+    if ctx is not None and reader is not None:
+        settings = options.reader_settings(ctx, settings, reader.value, report.note)
     return EvalOptions(
         backend=read.backend,
-        settings=read.settings,
+        settings=settings,
         output=output,
         reuse=not no_reuse,
         # One case at a time unless --parallel says more: in-process read together in one
         # context, with a server in flight (evaluation/evaluate.py).
         parallel=read.parallel or 1,
         write_traces=not no_trace,
-        report=reporter(quiet),
+        report=report,
     )
 
 
@@ -112,6 +120,7 @@ def _eval_options(
 @user_errors
 @reads
 def eval_run(
+    ctx: typer.Context,
     data: Annotated[
         list[str],
         typer.Argument(
@@ -131,6 +140,7 @@ def eval_run(
     output: EvalOutputOpt = None,
     as_json: JsonOpt = False,
     plot: PlotOpt = None,
+    reader: ReaderOpt = None,
     read: Reading = FROM_FLAGS,
     no_trace: NoTraceOpt = False,
     no_reuse: NoReuseOpt = False,
@@ -141,8 +151,9 @@ def eval_run(
     from memagent_cli.views import evaluation as views
 
     how = _eval_options(
-        read, output=output, no_trace=no_trace, no_reuse=no_reuse, quiet=quiet, plot=plot
-    )
+        read, output=output, no_trace=no_trace, no_reuse=no_reuse, quiet=quiet, plot=plot,
+        ctx=ctx, reader=reader,
+    )  # fmt: skip
     try:
         finished = evaluate.eval_files(data, limit, how)
     except evaluate.Stopped as stop:
@@ -154,6 +165,7 @@ def eval_run(
 @user_errors
 @reads
 def eval_niah(
+    ctx: typer.Context,
     haystack: Annotated[
         str,
         typer.Option(
@@ -180,6 +192,7 @@ def eval_niah(
     output: EvalOutputOpt = None,
     as_json: JsonOpt = False,
     plot: PlotOpt = None,
+    reader: ReaderOpt = None,
     read: Reading = FROM_FLAGS,
     no_trace: NoTraceOpt = False,
     no_reuse: NoReuseOpt = False,
@@ -199,8 +212,9 @@ def eval_niah(
             read, settings=dataclasses.replace(read.settings, sampling=sampling)
         )
     how = _eval_options(
-        read, output=output, no_trace=no_trace, no_reuse=no_reuse, quiet=quiet, plot=plot
-    )
+        read, output=output, no_trace=no_trace, no_reuse=no_reuse, quiet=quiet, plot=plot,
+        ctx=ctx, reader=reader,
+    )  # fmt: skip
     try:
         finished = evaluate.eval_niah(
             haystack,

@@ -305,6 +305,27 @@ ReaderOpt = Annotated[
         rich_help_panel=READING,
     ),
 ]
+
+
+def reader_settings(
+    ctx: typer.Context, settings: Settings, reader: str, note: Callable[[str], None]
+) -> Settings:
+    """`settings` read by `reader`, sampling as its authors did (readers.sampling) wherever
+    the command line did not say --temperature or --top-p; `note` says so when that is not
+    what MemAgent's protocol samples with."""
+    authors = readers.sampling(reader)
+    given = settings.sampling
+    sources = {name: ctx.get_parameter_source(name) for name in ("temperature", "top_p")}
+    unsaid = [
+        name for name, source in sources.items() if source is None or source.name == "DEFAULT"
+    ]
+    sampling = dataclasses.replace(given, **{name: getattr(authors, name) for name in unsaid})
+    if unsaid and sampling != given:
+        said = ", ".join(f"{name} {getattr(authors, name):g}" for name in unsaid)
+        note(f"{reader} samples as its authors did: {said} (--temperature, --top-p to change).")
+    return dataclasses.replace(settings, reader=reader, sampling=sampling)
+
+
 TemperatureOpt = Annotated[
     float,
     typer.Option(

@@ -8,6 +8,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from memagent_cli.provenance import Place
+
 SUPPORTED = "text, Markdown, PDF and EPUB"
 
 
@@ -79,15 +81,21 @@ class Document:
         index = max(bisect.bisect_right(self._starts, offset) - 1, 0)
         return self.sections[index]
 
-    def span(self, start: int, end: int) -> str:
-        """A human label for characters [start, end): "p. xii–3", "Intro – Chapter 2", or ""."""
+    def place(self, start: int, end: int) -> Place:
+        """The pages ("xii–3") or chapters ("Intro – Chapter 2") characters [start, end) are
+        on; neither in a document without them."""
         if not self.sections or end <= start:
-            return ""
+            return Place()
         first, last = self.section_at(start), self.section_at(end - 1)
         assert first is not None and last is not None
         if self.unit == "page":
-            return f"p. {first.label}" if first == last else f"p. {first.label}–{last.label}"
-        return first.label if first == last else f"{first.label} – {last.label}"
+            return Place(pages=first.label if first == last else f"{first.label}–{last.label}")
+        return Place(chapters=first.label if first == last else f"{first.label} – {last.label}")
+
+    def span(self, start: int, end: int) -> str:
+        """A human label for characters [start, end): "p. xii–3", "Intro – Chapter 2", or ""."""
+        place = self.place(start, end)
+        return f"p. {place.pages}" if place.pages else place.chapters or ""
 
 
 def assemble(parts: Iterable[tuple[str, str]], **fields: object) -> Document:

@@ -46,9 +46,19 @@ def reader_of(name: str, entry: dict[str, object]) -> str:
 
 def reader_for(name: str) -> str:
     """The reader of the model a user names: its registry entry's, else MemAgent's (a file
-    or a Hub repository the registry does not know)."""
-    entry = registry().get(name)
-    return readers.DEFAULT if entry is None else reader_of(name, entry)
+    or a Hub repository the registry does not know). NAME:QUANT, another quantization of an
+    entry, and hf:OWNER/REPO[:QUANT] of an entry's repository are the entry's model too."""
+    entries = registry()
+    base = name.partition(":")[0]
+    if name in entries or base in entries:
+        key = name if name in entries else base
+        return reader_of(key, entries[key])
+    if name.startswith(hub.PREFIX):
+        repo = hub.parse(name).repo.lower()  # the Hub's names ignore case
+        for key, entry in entries.items():
+            if entry.get("hf") and hub.parse(str(entry["hf"])).repo.lower() == repo:
+                return reader_of(key, entry)
+    return readers.DEFAULT
 
 
 def install_check(name: str) -> bool:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from memagent_cli import reader
-from memagent_cli.backend import Backend
+from memagent_cli.backend import Backend, Sampling
 from memagent_cli.chunking import Tokenizer
 from memagent_cli.errors import UserError
 from memagent_cli.reader import Reader, Settings, memagent
@@ -32,6 +32,21 @@ def make(name: str, tokenizer: Tokenizer, tokens: Sequence[int] = ()) -> Reader:
     if name == DEFAULT:
         return memagent
     raise UserError(f"The {name} reader is not in this memagent yet; use --reader memagent.")
+
+
+def sampling(name: str) -> Sampling:
+    """How the authors of reader `name` sampled for their reported numbers: InfMem's
+    evaluation greedily (ruler_hqa.py: temperature 0, top_p 1), ReMemR1's at 0.7 and 0.95
+    (test_qa.py), MemAgent's as its protocol says (0.7 and 0.95; protocol.md)."""
+    if name == "infmem":
+        from memagent_cli.readers import infmem
+
+        return Sampling(infmem.TEMPERATURE, infmem.TOP_P)
+    if name == "rememr1":
+        from memagent_cli.readers import rememr1
+
+        return Sampling(rememr1.TEMPERATURE, rememr1.TOP_P)
+    return Sampling()
 
 
 def context_needed(backend: Backend, questions: Sequence[str], settings: Settings) -> int:

@@ -12,6 +12,7 @@ was nondeterministic or crashed, and what this module does there.
 
 from __future__ import annotations
 
+import codecs
 import json
 import math
 import re
@@ -374,6 +375,28 @@ def units(chunks: Sequence[tuple[int, int]], size: int = UNIT_TOKENS) -> list[Un
     ]
 
 
+def unit_chars(
+    found: Sequence[Unit], raw: Sequence[bytes], chunks: Sequence[Chunk]
+) -> list[tuple[int, int]]:
+    """Where each unit sits in the document's characters, given each unit's bytes: from
+    its chunk's first character on, as chunking.make_chunks counts them (a character split
+    between two units is counted in the unit where it ends); the last unit of a chunk ends
+    where the chunk does."""
+    placed: list[tuple[int, int]] = []
+    offset, chunk = 0, -1
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    for unit, data in zip(found, raw, strict=True):
+        if unit.chunk != chunk:
+            chunk, offset = unit.chunk, chunks[unit.chunk].char_start
+            decoder.reset()
+        last = unit.token_end == chunks[chunk].token_end
+        end = offset + len(decoder.decode(data, final=last))
+        end = chunks[chunk].char_end if last else min(end, chunks[chunk].char_end)
+        placed.append((offset, end))
+        offset = end
+    return placed
+
+
 def words(text: str) -> list[str]:
     """BM25's terms: the text lowercased, split on whitespace."""
     return text.lower().split()
@@ -487,18 +510,17 @@ def _joined(*calls: Generation) -> Generation:
 def reader(tokenizer: Tokenizer, tokens: Sequence[int]) -> Reader:
     """InfMem's loop over a document of `tokens`; `tokenizer` gives each unit's text. The
     BM25 index over the units is built on first use, once for every question."""
-    built: list[tuple[list[Unit], list[str], BM25 | None]] = []
+    built: list[tuple[list[Unit], list[str], list[tuple[int, int]], BM25 | None]] = []
 
-    def search_index(chunks: Sequence[Chunk]) -> tuple[list[Unit], list[str], BM25 | None]:
+    def search_index(
+        chunks: Sequence[Chunk],
+    ) -> tuple[list[Unit], list[str], list[tuple[int, int]], BM25 | None]:
         if not built:
             found = units([(c.token_start, c.token_end) for c in chunks])
-            texts = [
-                tokenizer.detokenize(tokens[u.token_start : u.token_end]).decode(
-                    "utf-8", errors="replace"
-                )
-                for u in found
-            ]
-            built.append((found, texts, BM25.build(texts) if texts else None))
+            raw = [tokenizer.detokenize(tokens[u.token_start : u.token_end]) for u in found]
+            texts = [data.decode("utf-8", errors="replace") for data in raw]
+            chars = unit_chars(found, raw, chunks)
+            built.append((found, texts, chars, BM25.build(texts) if texts else None))
         return built[0]
 
     def infmem(
@@ -508,7 +530,7 @@ def reader(tokenizer: Tokenizer, tokens: Sequence[int]) -> Reader:
         listener: Listener = lambda event: None,
         done: Sequence[Step] = (),
     ) -> Reading:
-        found, texts, index = search_index(chunks)
+        found, texts, chars, index = search_index(chunks)
         steps, state = list(done), State()
         for step in steps:  # an interrupted run's steps: their searches, STOPs and memory
             searches = tuple(Search(query, top_k) for query, top_k in step.searches)
@@ -536,6 +558,7 @@ def reader(tokenizer: Tokenizer, tokens: Sequence[int]) -> Reader:
                     searches=tuple((search.query, search.top_k) for search in plan.searches),
                     stops=state.stops,
                     found=tuple((found[i].token_start, found[i].token_end) for i in shown),
+                    found_chars=tuple(chars[i] for i in shown),
                 )
             )
             listener(StepFinished(steps[-1], len(chunks)))

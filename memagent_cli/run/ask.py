@@ -60,13 +60,13 @@ class Result:
 
     def _records(self) -> tuple[trace.Header, list[trace.StepRecord], trace.FinalRecord]:
         s, a = self.session, self.answer
-        steps = [trace.StepRecord.of(step, _span(s, step)) for step in a.steps]
-        final = trace.FinalRecord.of(a, s.span_of, s.document.unit)
+        steps = [trace.StepRecord.of(step, _span(s, step), s.span_of) for step in a.steps]
+        final = trace.FinalRecord.of(a, s.document.place)
         return s.header(a.question), steps, final
 
     def evidence(self) -> list[trace.Source] | None:
         """The steps the answer came from, as its trace records them (trace.evidence_of)."""
-        return trace.evidence_of(self.answer, self.session.span_of, self.session.document.unit)
+        return trace.evidence_of(self.answer, self.session.document.place)
 
     def to_trace(self) -> trace.Trace:
         """The run as a trace: its trace file when it holds the finished run, else the
@@ -344,7 +344,11 @@ def _open_trace(opened: _Open, report: Reporter) -> None:
         journal.started(opened.trace_path)
     span_of = opened.run.session.span_of
     opened.writer = trace.TraceWriter(
-        opened.trace_path, opened.header, span_of, resume_from=resume_from
+        opened.trace_path,
+        opened.header,
+        span_of,
+        place_of=opened.run.session.document.place,
+        resume_from=resume_from,
     )
     report.note(
         f"resuming {opened.trace_path} after step {len(opened.done)}"

@@ -27,6 +27,7 @@ from memagent_cli.files import (
     private_folder,
     sync,
 )
+from memagent_cli.provenance import PlaceOf, place_of_label
 from memagent_cli.reader import Event, Finished, StepFinished
 from memagent_cli.text import json_text
 from memagent_cli.trace.records import (
@@ -310,13 +311,16 @@ class TraceWriter:
         header: Header,
         span_of: SpanOf = lambda start, end: "",
         *,
+        place_of: PlaceOf | None = None,
         resume_from: int | None = None,
     ) -> None:
         """A new trace with `header`, or, with `resume_from`, the same trace continued after
-        that many finished steps."""
+        that many finished steps. `span_of` labels a step's chunk; `place_of` gives the
+        pages or chapters its evidence is on (`Document.place`), else read off those labels."""
         self.path = path
         self._span_of = span_of
-        self._unit = str(header.document.get("unit") or "")  # pages or chapters in evidence
+        unit = str(header.document.get("unit") or "")  # pages or chapters in evidence
+        self._place_of = place_of or (lambda start, end: place_of_label(span_of(start, end), unit))
         if resume_from is None:
             self._file: IO[str] = _open_fresh(path)
         else:
@@ -344,12 +348,13 @@ class TraceWriter:
     def __call__(self, event: Event) -> None:
         if isinstance(event, StepFinished):
             chunk = event.step.chunk
-            record = StepRecord.of(event.step, self._span_of(chunk.char_start, chunk.char_end))
+            span = self._span_of(chunk.char_start, chunk.char_end)
+            record = StepRecord.of(event.step, span, self._span_of)
             with _signals_held():  # a Ctrl-C here would leave the record uncounted
                 self._write(record.to_json(self._version))
                 self._steps_done += 1
         elif isinstance(event, Finished):
-            final = FinalRecord.of(event.answer, self._span_of, self._unit)
+            final = FinalRecord.of(event.answer, self._place_of)
             with _signals_held():
                 self._write(final.to_json(self._version))
 

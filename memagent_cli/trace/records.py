@@ -17,7 +17,7 @@ from memagent_cli.backend import Generation
 from memagent_cli.chunking import Chunk
 from memagent_cli.errors import UserError
 from memagent_cli.progress import SpanOf
-from memagent_cli.provenance import Source, places, sources
+from memagent_cli.provenance import PlaceOf, Source, place_of_label, sources
 from memagent_cli.reader import Answer, Step, evidence
 from memagent_cli.text import json_number
 
@@ -150,10 +150,13 @@ class StepRecord:
     drafted: int = 0  # tokens proposed by speculation, and how many the model kept
     accepted: int = 0
     recall: str | None = None  # the step's query for an earlier memory (ReMemR1); kept to resume
-    # InfMem's planner: its searches [query, top_k], its STOPs in a row, the units found.
+    # InfMem's planner: its searches [query, top_k], its STOPs in a row, the units found:
+    # their tokens, their characters and their pages or chapters, as `span` is the chunk's.
     searches: tuple[tuple[str, str], ...] = ()
     stops: int = 0
     found: tuple[tuple[int, int], ...] = ()
+    found_chars: tuple[tuple[int, int], ...] = ()
+    found_spans: tuple[str, ...] = ()
 
     _CHECKS = {
         "step": int,
@@ -173,11 +176,14 @@ class StepRecord:
         "searches": list,
         "stops": int,
         "found": list,
+        "found_chars": list,
+        "found_spans": list,
     }
+    _UNITS = ("found", "found_chars", "found_spans")
 
     @classmethod
     def parse(cls, record: dict[str, Any], where: str, version: int = FORMAT_VERSION) -> StepRecord:
-        optional = frozenset({"drafted", "accepted", "recall", "searches", "stops", "found"})
+        optional = frozenset({"drafted", "accepted", "recall", "searches", "stops", *cls._UNITS})
         if version == 1:  # counted from 0, as "index"
             record = {("step" if k == "index" else k): v for k, v in record.items() if k != "step"}
             if _valid(record.get("step"), int):
@@ -191,15 +197,22 @@ class StepRecord:
             _valid(s, list) and len(s) == 2 and all(_valid(x, str) for x in s) for s in searches
         ):
             raise TraceError(f"{where} has a search that is not [query, top_k].")
-        if not all(_valid(pair, "pair") for pair in values.get("found", [])):
-            raise TraceError(f"{where} has a unit found that is not a token range.")
+        for name in ("found", "found_chars"):
+            if not all(_valid(pair, "pair") for pair in values.get(name, [])):
+                raise TraceError(f"{where} has a unit found that is not a range.")
+            values[name] = tuple(tuple(pair) for pair in values.get(name, []))
+        if not all(isinstance(span, str) for span in values.get("found_spans", [])):
+            raise TraceError(f"{where} has a unit found whose place is not text.")
+        values["found_spans"] = tuple(values.get("found_spans", []))
         values["searches"] = tuple(tuple(s) for s in searches)
-        values["found"] = tuple(tuple(pair) for pair in values.get("found", []))
         return cls(index=number - 1, **values)
 
     @classmethod
-    def of(cls, step: Step, span: str) -> StepRecord:
+    def of(cls, step: Step, span: str, span_of: SpanOf | None = None) -> StepRecord:
+        """The record of `step`, whose chunk `span` labels; `span_of` labels the units it
+        was shown (readers/infmem.py), when there are any."""
         chunk, gen = step.chunk, step.generation
+        spans = tuple(span_of(*chars) for chars in step.found_chars) if span_of else ()
         return cls(
             index=chunk.index,
             tokens=(chunk.token_start, chunk.token_end),
@@ -218,6 +231,8 @@ class StepRecord:
             searches=step.searches,
             stops=step.stops,
             found=step.found,
+            found_chars=step.found_chars,
+            found_spans=spans,
         )
 
     def to_step(self, chunk: Chunk) -> Step:
@@ -240,6 +255,7 @@ class StepRecord:
             searches=self.searches,
             stops=self.stops,
             found=self.found,
+            found_chars=self.found_chars,
         )
 
     def to_json(self, version: int = FORMAT_VERSION) -> dict[str, Any]:
@@ -247,8 +263,9 @@ class StepRecord:
         record["tokens"], record["chars"] = list(self.tokens), list(self.chars)
         # What only some readers' steps have: MemAgent's records stay as they always were.
         record["searches"] = [list(search) for search in self.searches]
-        record["found"] = [list(pair) for pair in self.found]
-        for name in ("recall", "searches", "stops", "found"):
+        for name in ("found", "found_chars", "found_spans"):
+            record[name] = [list(x) if isinstance(x, tuple) else x for x in getattr(self, name)]
+        for name in ("recall", "searches", "stops", *self._UNITS):
             if not record[name]:
                 del record[name]
         index = record.pop("index")
@@ -292,6 +309,7 @@ class FinalRecord:
         "chars": "pair",
         "pages": str,
         "chapters": str,
+        "retrieved": bool,
     }
     # What traces of memagent 0.1 recorded: the one step (from 0) where the answer's text
     # first appeared in the memory, with its span label.
@@ -305,9 +323,11 @@ class FinalRecord:
         found = values["evidence"]
         if isinstance(found, dict):
             old = _fields(found, cls._OLD_EVIDENCE, f"{where}'s evidence")
-            pages, chapters = places(old["span"], "")
+            where = place_of_label(old["span"])
             values["evidence"] = [
-                Source(old["step"] + 1, (), old["tokens"], old["chars"], pages, chapters)
+                Source(
+                    old["step"] + 1, (), old["tokens"], old["chars"], where.pages, where.chapters
+                )
             ]
         elif found is None:  # 0.1 recorded None when the answer's text was in no memory
             values["evidence"] = None if values["answer"] is None else []
@@ -316,12 +336,12 @@ class FinalRecord:
         return cls(**values)
 
     @classmethod
-    def of(cls, answer: Answer, span_of: SpanOf, unit: str = "") -> FinalRecord:
+    def of(cls, answer: Answer, place_of: PlaceOf) -> FinalRecord:
         final = answer.final
         return cls(
             reply=answer.reply,
             answer=answer.answer,
-            evidence=evidence_of(answer, span_of, unit),
+            evidence=evidence_of(answer, place_of),
             prompt_tokens=final.prompt_tokens,
             completion_tokens=final.completion_tokens,
             finish_reason=final.finish_reason,
@@ -404,14 +424,16 @@ def chunk_sha256(chunk: Chunk) -> str:
     return hashlib.sha256(chunk.text.encode()).hexdigest()
 
 
-def evidence_of(answer: Answer, span_of: SpanOf, unit: str = "") -> list[Source] | None:
-    """The steps the answer came from, placed in the document (provenance.sources; `unit`
-    is the document's: "page", "chapter" or ""); [] when the final memory does not hold the
-    answer's words, None when a reply without a boxed answer has no words to trace."""
+def evidence_of(answer: Answer, place_of: PlaceOf) -> list[Source] | None:
+    """The steps the answer came from, placed in the document (provenance.sources;
+    `place_of`: the document's pages or chapters, `Document.place`); [] when the final
+    memory does not hold the answer's words, None when a reply without a boxed answer has
+    no words to trace."""
     found = evidence(answer)
     if found is None:  # no words to trace; a boxed answer still gets its (empty) list
         return None if answer.answer is None else []
-    return sources(found, [step.chunk for step in answer.steps], span_of, unit)
+    shown = [tuple(zip(step.found, step.found_chars, strict=False)) for step in answer.steps]
+    return sources(found, [step.chunk for step in answer.steps], place_of, shown)
 
 
 def evidence_json(found: list[Source] | None) -> list[dict[str, Any]] | None:
@@ -431,6 +453,8 @@ def source_json(source: Source) -> dict[str, Any]:
         entry["pages"] = source.pages
     if source.chapters is not None:
         entry["chapters"] = source.chapters
+    if source.retrieved:  # a unit a search found (provenance.py, rule 7)
+        entry["retrieved"] = True
     return entry
 
 
@@ -438,7 +462,7 @@ def _parse_source(item: Any, where: str) -> Source:
     """One evidence entry of the final record at `where`, checked field by field."""
     if not isinstance(item, dict):
         raise TraceError(f"{where} has an evidence entry that is not an object.")
-    optional = frozenset({"words", "pages", "chapters"})
+    optional = frozenset({"words", "pages", "chapters", "retrieved"})
     checked = _fields(item, FinalRecord._SOURCE, f"{where}'s evidence", optional)
     words = checked.get("words", [])
     if not all(isinstance(w, str) for w in words):
@@ -450,4 +474,5 @@ def _parse_source(item: Any, where: str) -> Source:
         chars=checked["chars"],
         pages=checked.get("pages"),
         chapters=checked.get("chapters"),
+        retrieved=checked.get("retrieved", False),
     )

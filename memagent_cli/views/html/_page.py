@@ -63,6 +63,9 @@ svg .dim { fill: var(--dim); }
 .step.source > header { background: #fff4e0; }
 .step h4 { margin: 0; font-size: 1em; }
 .step .metrics { padding: 6px 12px 0; font-size: 0.9em; color: var(--dim); }
+.step .actions { margin: 4px 0 0; padding: 0 12px 0 32px; font-size: 0.9em;
+  overflow-wrap: anywhere; }
+.answer-box .stopped { margin-top: 4px; }
 .badge { background: var(--source); color: #fff; border-radius: 10px; padding: 0 8px;
   font-size: 0.85em; }
 .meter { display: inline-block; width: 90px; height: 8px; background: var(--soft);

@@ -94,14 +94,19 @@ def _run(number: int, loaded: Trace, runs: int) -> str:
     """One question's run: answer and sources, the document strip, facts, chart, steps."""
     ident = f"run-{number}"
     final = loaded.final
-    sources = {s.step: s for s in (final.evidence or [])} if final else {}
-    held = {w for s in sources.values() for w in s.words}
+    evidence = (final.evidence or []) if final else []
+    sources = {s.step: s for s in evidence if not s.retrieved}  # the chunks the answer came from
+    found: dict[int, list[Source]] = {}  # the units a search found (readers/infmem.py)
+    for s in evidence:
+        if s.retrieved:
+            found.setdefault(s.step, []).append(s)
+    held = {w for s in evidence for w in s.words}
     parts = [f'<section class="run" id="{ident}">']
     tag = f"Question {number}: " if runs > 1 else "Question: "
     parts.append(f"<h2>{escape(tag)}{escape(loaded.header.question)}</h2>")
     parts.append(_answer_box(loaded, ident))
     parts.append("<h3>The document and the steps that read it</h3>")
-    parts.append(_strip(loaded, ident, sources))
+    parts.append(_strip(loaded, ident, sources, [s for s in evidence if s.retrieved]))
     parts.append(_facts(loaded))
     if loaded.steps:
         parts.append("<h3>Memory size and time per step</h3>")
@@ -110,7 +115,7 @@ def _run(number: int, loaded: Trace, runs: int) -> str:
         changes = diffs.changes(loaded)
         before = [protocol.INITIAL_MEMORY, *(s.memory for s in loaded.steps)]
         for record, previous, change in zip(loaded.steps, before, changes, strict=False):
-            parts.append(_step(loaded, record, previous, change, ident, sources, held))
+            parts.append(_step(loaded, record, previous, change, ident, sources, held, found))
     if final is not None:
         parts.append(f'<h3 id="{ident}-reply">Final reply</h3>')
         parts.append(f'<pre class="memory">{escape(final.reply)}</pre>')
@@ -134,6 +139,8 @@ def _answer_box(loaded: Trace, ident: str) -> str:
         note = (note or "A long answer") + f', cut here; <a href="#{ident}-reply">all of it</a>'
     if note:
         note = f'<div class="note">{note}.</div>'
+    if early := wording.stopped(loaded):  # a reader that answered before the last chunk
+        note += f'<div class="stopped">Stopped early {escape(early)}.</div>'
     where = ""
     total = loaded.header.total_steps
     if not final.evidence and (line := wording.evidence(loaded)):
@@ -172,10 +179,13 @@ def _facts(loaded: Trace) -> str:
     return f'<dl class="facts">{cells}</dl>'
 
 
-def _strip(loaded: Trace, ident: str, sources: dict[int, Source]) -> str:
+def _strip(
+    loaded: Trace, ident: str, sources: dict[int, Source], found: Sequence[Source] = ()
+) -> str:
     """The document from its first token to its last, each step's chunk a block on it, a
     tick where each step starts named by its page or chapter (its first token in a text),
-    the source steps marked with the answer above them."""
+    the source steps marked with the answer above them, and so the units a search `found`
+    that the answer came from."""
     width, top, height = 1000.0, 34.0, 30.0
     total = max(int(loaded.header.document.get("tokens") or 0), 1)
     if loaded.steps:
@@ -204,15 +214,17 @@ def _strip(loaded: Trace, ident: str, sources: dict[int, Source]) -> str:
                 f'<text x="{x + w / 2:.1f}" y="{top + height / 2 + 4}" text-anchor="middle">'
                 f"{number}</text>"
             )
-    for number, source in sources.items():
+    marked = [(f"step {n}", s) for n, s in sources.items()]
+    marked += [(f"found at step {s.step}", s) for s in found]
+    for label, source in marked:
         x = (source.tokens[0] + source.tokens[1]) / 2 / total * width
         out.append(
             f'<path d="M{x:.1f} {top - 2} l-6 -9 h12 z" fill="{SOURCE}">'
             f"<title>{escape(wording.source_place(source))}</title></path>"
         )
         out.append(
-            f'<text x="{min(max(x, 30), width - 30):.1f}" y="{top - 14}" text-anchor="middle">'
-            f"step {number}</text>"
+            f'<text x="{min(max(x, 60), width - 60):.1f}" y="{top - 14}" text-anchor="middle">'
+            f"{escape(label)}</text>"
         )
     out.extend(_boundaries(loaded.steps, total, width, top + height))
     out.append(
@@ -369,6 +381,7 @@ def _step(
     ident: str,
     sources: dict[int, Source],
     held: set[str],
+    found: dict[int, list[Source]] | None = None,
 ) -> str:
     number = record.index + 1
     source = sources.get(number)
@@ -376,6 +389,10 @@ def _step(
     if source is not None:
         brought = escape(": " + " ".join(source.words)) if source.words else ""
         badge = f'<span class="badge">the answer came from here{brought}</span>'
+    if units := (found or {}).get(number):
+        brought = escape(": " + " ".join(w for unit in units for w in unit.words))
+        badge += f'<span class="badge">the answer came from a unit this step found{brought}</span>'
+        source = source or units[0]
     span = f"<span>{escape(record.span)}</span>" if record.span else ""
     head = (
         f'<header><h4>Step {number} <span class="sub">of {loaded.header.total_steps}</span>'
@@ -404,9 +421,15 @@ def _step(
     diff = "".join(
         _piece(kind, text, held) for kind, text in diffs.word_diff(previous, record.memory)
     )
+    actions = "".join(
+        f"<li>{escape(label.capitalize())}: {escape(text)}</li>"
+        for label, text in wording.reader_actions(record)
+    )
+    if actions:  # what a reader after MemAgent did besides its update (readers/)
+        actions = f'<ul class="actions">{actions}</ul>'
     cls = "step source" if source is not None else "step"
     return (
-        f'<article class="{cls}" id="{ident}-step-{number}">{head}{metrics}'
+        f'<article class="{cls}" id="{ident}-step-{number}">{head}{metrics}{actions}'
         f'<div class="memory">{diff}</div></article>'
     )
 

@@ -6,7 +6,13 @@ import re
 
 from memagent_cli.trace import Trace
 from memagent_cli.views.traces.diffs import changes
-from memagent_cli.views.traces.wording import about, evidence, step_title
+from memagent_cli.views.traces.wording import (
+    about,
+    evidence,
+    reader_actions,
+    step_title,
+    stopped,
+)
 
 
 def _fence(text: str) -> str:
@@ -34,6 +40,8 @@ def markdown(loaded: Trace) -> str:
         lines.append(f"- **Answer:** {answer}")
         if where := evidence(loaded):
             lines.append(f"- **Evidence:** {_md(where)}")
+        if early := stopped(loaded):  # a reader that answered before the last chunk
+            lines.append(f"- **Stopped early:** {_md(early)}")
     else:
         lines.append(f"- **Status:** {_md(str(loaded.status))}")
     for label, text in about(loaded):
@@ -46,8 +54,10 @@ def markdown(loaded: Trace) -> str:
             "",
             f"{record.completion_tokens} memory tokens, +{added} -{removed} words.",
             "",
-            _block(record.memory),
         ]
+        if actions := reader_actions(record):  # a reader after MemAgent (readers/)
+            lines += [f"- {label.capitalize()}: {_md(text)}" for label, text in actions] + [""]
+        lines.append(_block(record.memory))
     if final is not None:
         lines += ["## Final reply", "", _block(final.reply)]
     return "\n".join(lines)

@@ -18,7 +18,14 @@ from memagent_cli.errors import UserError
 from memagent_cli.trace import StepRecord, Trace
 from memagent_cli.views import console as display
 from memagent_cli.views.traces.diffs import changes, word_change, word_diff
-from memagent_cli.views.traces.wording import about, evidence, presence, step_title
+from memagent_cli.views.traces.wording import (
+    about,
+    evidence,
+    presence,
+    reader_actions,
+    step_title,
+    stopped,
+)
 
 
 def load(path: Path) -> Trace:
@@ -86,9 +93,8 @@ def summary(out: Console, loaded: Trace) -> None:
         _plain(out, final.reply.strip())
     else:
         _labelled(out, "Answer", final.answer, "bold green")
-    if final.stopped:  # a reader that answered before the last chunk
-        read = f"after step {len(loaded.steps)} of {loaded.header.total_steps}"
-        _labelled(out, "Stopped early", f"{read}: {final.stopped}")
+    if early := stopped(loaded):  # a reader that answered before the last chunk
+        _labelled(out, "Stopped early", early)
     if where := evidence(loaded):
         _labelled(out, "Evidence", where)
 
@@ -99,14 +105,8 @@ def step(out: Console, loaded: Trace, number: int) -> None:
     title = f"memory after {step_title(record)} ({record.completion_tokens} tokens)"
     _plain(out, title, "bold")
     _plain(out, record.memory)
-    # What a reader after MemAgent did at this step besides its update (readers/).
-    for query, top_k in record.searches:
-        _labelled(out, "Searched", f"{query!r} (top_k {top_k})")
-    if record.found:
-        ranges = ", ".join(f"{start:,}-{end:,}" for start, end in record.found)
-        _labelled(out, "Units shown", f"tokens {ranges}")
-    if record.recall is not None:
-        _labelled(out, "Asked to recall", repr(record.recall))
+    for label, text in reader_actions(record):  # a reader after MemAgent (readers/)
+        _labelled(out, label.capitalize(), text)
 
 
 def _word_diff(before: str, after: str, colour: bool) -> Text:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from memagent_cli.provenance import Source
+from memagent_cli.readers.infmem import EARLY_STOP
 from memagent_cli.trace import StepRecord, Trace
 from memagent_cli.views.console import home_relative
 
@@ -31,7 +32,8 @@ def evidence_line(found: Sequence[Source] | None, total: int) -> str | None:
 
 def source_text(source: Source, total: int, several: bool = False) -> str:
     """ "pp. 131–150, step 7 of 30", with the words it brought in when there are `several`."""
-    text = f"{source_place(source)}, step {source.step} of {total}"
+    found = "found by a search at " if source.retrieved else ""
+    text = f"{source_place(source)}, {found}step {source.step} of {total}"
     if several and source.words:
         text += f" ({' '.join(source.words)})"
     return text
@@ -77,6 +79,36 @@ def step_title(record: StepRecord) -> str:
     """ "step 3, p. 1–2, tokens 120–180": steps count from 1, as `memagent ask` counts."""
     span = f", {record.span}" if record.span else ""
     return f"step {record.index + 1}{span}, tokens {record.tokens[0]:,}–{record.tokens[1]:,}"
+
+
+def stopped(loaded: Trace) -> str | None:
+    """ "after step 3 of 30: the planner said STOP 3 times in a row" for a reader that
+    answered before the last chunk (readers/); None for a reading of every chunk."""
+    final = loaded.final
+    if final is None or not final.stopped:
+        return None
+    return f"after step {len(loaded.steps)} of {loaded.header.total_steps}: {final.stopped}"
+
+
+def reader_actions(record: StepRecord) -> list[tuple[str, str]]:
+    """What a reader after MemAgent did at a step besides its update, as (label, text):
+    InfMem's searches, the units found that the update was shown (with their pages or
+    chapters) and a planner that searched nothing; ReMemR1's recall query."""
+    actions = [("searched", f"{query!r} (top_k {top_k})") for query, top_k in record.searches]
+    if record.found:
+        spans = record.found_spans or ("",) * len(record.found)
+        units = (
+            f"{span} (tokens {a:,}–{b:,})" if span else f"tokens {a:,}–{b:,}"
+            for span, (a, b) in zip(spans, record.found, strict=False)
+        )
+        actions.append(("units found", ", ".join(units)))
+    if record.stops:
+        actions.append(
+            ("planner", f"no search; STOP {record.stops} in a row ({EARLY_STOP} end the reading)")
+        )
+    if record.recall is not None:
+        actions.append(("asked to recall", repr(record.recall)))
+    return actions
 
 
 def presence(hits: list[int], steps: int, pattern: str) -> str:
