@@ -14,7 +14,7 @@ import functools
 import re
 import struct
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -121,9 +121,9 @@ def _patterns(names: Sequence[str]) -> tuple[str, ...]:
     return tuple(patterns)
 
 
-def gguf_tensors(path: Path) -> list[Tensor]:
-    """The weights of a GGUF file (every part of a split one), read from its header in
-    milliseconds, where gguf's GGUFReader takes seconds to decode a 150K-token vocabulary."""
+def gguf_tensors(path: Path) -> Iterator[Tensor]:
+    """The weights of a GGUF file (every part of a split one), one at a time from its
+    header, where gguf's GGUFReader takes seconds to decode a 150K-token vocabulary."""
     from gguf import GGMLQuantizationType
 
     def type_name(kind: int) -> str:
@@ -133,11 +133,11 @@ def gguf_tensors(path: Path) -> list[Tensor]:
             return str(kind)
 
     try:
-        listed = gguf_header.tensors(path)
+        for t in gguf_header.tensors(path):
+            yield Tensor(t.name, type_name(t.type), t.shape)
     except (OSError, ValueError, struct.error, UnicodeDecodeError):
-        # Missing or damaged: llama.cpp says so when it loads; AMX stays out, nothing repacked.
-        return []
-    return [Tensor(t.name, type_name(t.type), t.shape) for t in listed]
+        # Missing or damaged: llama.cpp says so when it loads; AMX stays out.
+        return
 
 
 def offloads() -> bool:
