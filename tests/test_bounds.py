@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 # -- GGUF headers -----------------------------------------------------------------------------
 
 
@@ -27,6 +29,8 @@ def many_tensors_gguf(path: Path, count: int) -> Path:
 MEASURE = """
 import json, resource, sys, tracemalloc
 from pathlib import Path
+
+import pytest
 import gguf  # noqa: F401  (numpy, imported by any read: not the header's cost)
 from memagent_cli.models import gguf
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -80,3 +84,64 @@ def test_a_model_header_is_parsed_once_per_version_of_the_file(tmp_path, monkeyp
     path.write_bytes(path.read_bytes())  # the same bytes, written again: a new version
     os.utime(path, ns=(0, 0))
     assert gguf.read(path) == first and len(parsed) == 2
+
+
+# -- word diffs -------------------------------------------------------------------------------
+
+# Memories of 1,000 words, few of them distinct: difflib's matcher, autojunk off, took 5 to
+# 15 s for each pair (a 6-step trace: 32 s in `trace`, 63 s in `trace --html`).
+FEW_WORDS = [
+    " ".join(["a"] * 1000),
+    " ".join(["a", "b"] * 500),
+    " ".join(["a", "b", "c"] * 333),
+    " ".join(["a", "c", "b"] * 333),
+    " ".join(["a", "a", "b"] * 333),
+    "\n".join(" ".join(["a", "b", "a"] * 10) for _ in range(33)),
+]
+WORK = 40_000_000  # for the 32 diffs below (14 million here); unbounded, 1.5 billion
+
+
+@pytest.fixture
+def few_words_trace(cli, fake_server, tmp_path) -> Path:
+    """A 6-step trace whose memories are FEW_WORDS."""
+    from conftest import FACT_QUESTION, served, story
+
+    doc = tmp_path / "village.txt"
+    doc.write_text(story(200))
+    trace = tmp_path / "run.jsonl"
+    args = ["--chunk-tokens", "300", "--memory-tokens", "64", "--temperature", "0"]
+    ask = cli("ask", str(doc), FACT_QUESTION, *served(fake_server, *args, "--trace", str(trace)))
+    assert ask.returncode == 0, ask.stderr
+    lines = [json.loads(line) for line in trace.read_text().splitlines()]
+    steps = [r for r in lines if r.get("type") == "step"]
+    assert len(steps) >= 6
+    for record, memory in zip(steps, FEW_WORDS, strict=False):
+        record["memory"] = memory
+    trace.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    return trace
+
+
+def test_word_diffs_of_a_trace_are_bounded_in_work(cli, few_words_trace, monkeypatch) -> None:
+    """Work counted as difflib's matcher does it (each word of one side, and each place its
+    word occurs in the other, at every search), across all the diffs a view makes."""
+    import difflib
+
+    work = 0
+    find = difflib.SequenceMatcher.find_longest_match
+
+    def counted(self, alo=0, ahi=None, blo=0, bhi=None):
+        nonlocal work
+        ahi = len(self.a) if ahi is None else ahi
+        work += ahi - alo + sum(len(self.b2j.get(self.a[i], ())) for i in range(alo, ahi))
+        assert work < WORK, "unbounded"  # fails at once, not after minutes
+        return find(self, alo, ahi, blo, len(self.b) if bhi is None else bhi)
+
+    monkeypatch.setattr(difflib.SequenceMatcher, "find_longest_match", counted)
+    html = few_words_trace.with_suffix(".html")
+    for args in ([], ["--diff", "2"], ["--diff", "6"], ["--html", str(html)]):
+        result = cli("trace", str(few_words_trace), *args)
+        assert result.returncode == 0, result.stderr
+    print(f"matcher work: {work:,}")
+    # The diff is still a diff: step 2 adds the b's and keeps the a's.
+    shown = cli("trace", str(few_words_trace), "--diff", "2").stdout
+    assert "b" in shown and "a" in shown
