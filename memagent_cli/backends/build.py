@@ -231,10 +231,15 @@ def devices() -> list[Device]:
 
 def describe() -> dict[str, object]:
     """This build for `memagent --version --json`: versions, CPU features, devices, and
-    where weights go."""
-    import llama_cpp
+    where weights go; {"llama_cpp": "cannot load: why"} where its library cannot load (a
+    CUDA build without the driver), since --version is what a bug report starts with."""
+    try:
+        import llama_cpp
 
-    ggml = _ggml()
+        ggml = _ggml()
+    except (OSError, RuntimeError, ImportError) as exc:  # llama_cpp wraps OSError in RuntimeError
+        why = " ".join(str(exc).split()) or type(exc).__name__
+        return {"llama_cpp": f"cannot load: {why}"}
     info = llama_cpp.llama_print_system_info().decode(errors="replace").strip()
     features = system_features(info)
     cpu = features.get("CPU", {})
