@@ -145,3 +145,88 @@ def test_word_diffs_of_a_trace_are_bounded_in_work(cli, few_words_trace, monkeyp
     # The diff is still a diff: step 2 adds the b's and keeps the a's.
     shown = cli("trace", str(few_words_trace), "--diff", "2").stdout
     assert "b" in shown and "a" in shown
+
+
+# -- the machine's share ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def one_cpu():
+    """This process pinned to one CPU (as `taskset -c 0` or a container's cpuset would)."""
+    if not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs a system with CPU affinity and two CPUs")
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(before)})
+    yield
+    os.sched_setaffinity(0, before)
+
+
+def test_ocr_and_llama_cpp_use_the_cpus_this_process_may_use(one_cpu, monkeypatch) -> None:
+    """Not the host's cores: a 2-CPU container on a 64-core host started 64 Tesseracts."""
+    import concurrent.futures
+
+    import builders
+
+    from memagent_cli.backends.llama_cpp import physical_cores
+    from memagent_cli.documents import ocr
+    from memagent_cli.run.inspect import ocr_estimate
+
+    started = []
+    pool = concurrent.futures.ThreadPoolExecutor
+    monkeypatch.setattr(
+        concurrent.futures,
+        "ThreadPoolExecutor",
+        lambda workers, **kw: started.append(workers) or pool(workers, **kw),
+    )
+    from PIL import Image
+
+    scan = builders.image_pdf([Image.new("L", (200, 200), 255)], 100)
+    engine = ocr.open_engine(ocr.OcrOptions(), "scan.pdf")
+    assert [p.index for p in ocr.recognize(scan, None, [0], engine)] == [0]
+    assert started == [1]
+    assert ocr_estimate(10)["cores"] == 1
+    assert physical_cores() == 1
+
+
+CGROUP_V2 = "0::/user.slice/run.scope\n"
+CGROUP_V1 = "4:memory:/docker/abc\n3:cpu,cpuacct:/docker/abc\n0::/\n"
+
+
+@pytest.mark.parametrize(
+    "cgroup, files, cpus",
+    [
+        (CGROUP_V2, {"cpu.max": "max 100000\n"}, None),
+        (CGROUP_V2, {"user.slice/run.scope/cpu.max": "200000 100000\n"}, 2),
+        (CGROUP_V2, {"user.slice/run.scope/cpu.max": "150000 100000\n"}, 1),  # 1.5: one
+        (CGROUP_V2, {"user.slice/run.scope/cpu.max": "50000 100000\n"}, 1),  # half: one
+        # The tightest quota on the way up counts: a container in a slice of 3 CPUs.
+        (CGROUP_V2, {"user.slice/cpu.max": "300000 100000", "cpu.max": "max 100000"}, 3),
+        ("0::/\n", {"cpu.max": "400000 100000\n"}, 4),  # a container's own namespace
+        (
+            CGROUP_V1,
+            {
+                "cpu,cpuacct/docker/abc/cpu.cfs_quota_us": "200000\n",
+                "cpu,cpuacct/docker/abc/cpu.cfs_period_us": "100000\n",
+            },
+            2,
+        ),  # fmt: skip
+        (
+            CGROUP_V1,
+            {
+                "cpu,cpuacct/docker/abc/cpu.cfs_quota_us": "-1\n",
+                "cpu,cpuacct/docker/abc/cpu.cfs_period_us": "100000\n",
+            },
+            None,
+        ),  # fmt: skip
+        ("1:cpu:/\n", {"cpu/cpu.cfs_quota_us": "300000", "cpu/cpu.cfs_period_us": "100000"}, 3),
+        (CGROUP_V2, {"user.slice/run.scope/cpu.max": "garbage"}, None),
+        ("", {}, None),
+    ],
+)
+def test_a_cgroup_quota_limits_the_cpus(tmp_path: Path, cgroup: str, files: dict, cpus) -> None:
+    from memagent_cli.cpus import cgroup_cpus
+
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert cgroup_cpus(cgroup, tmp_path) == cpus
