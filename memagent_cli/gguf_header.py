@@ -117,6 +117,8 @@ def walk(data: mmap.mmap, header: Header) -> Iterator[TensorInfo]:
         name = data[at + 8 : at + 8 + length].decode("utf-8")
         at += 8 + length
         (n_dims,) = u32.unpack_from(data, at)
+        if n_dims > _MAX_DIMS:  # `data` is not the file `header` was read from
+            raise ValueError("too many dimensions")
         dims = struct.unpack_from(header.endian + "Q" * n_dims, data, at + 4)
         at += 4 + 8 * n_dims
         kind, offset = struct.unpack_from(header.endian + "IQ", data, at)
