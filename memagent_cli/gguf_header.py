@@ -4,9 +4,11 @@ file's size before it is used, so a damaged or hostile file costs no more than i
 
 from __future__ import annotations
 
+import functools
 import mmap
 import re
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,19 @@ _SCALARS = {
 }
 _STRING, _ARRAY = 8, 9
 _KEPT_ARRAYS = {"tokenizer.ggml.tokens"}  # arrays whose length is reported
+# The pairs memagent reads (models/gguf.py), and those named after the architecture.
+_KEPT = {
+    "general.architecture",
+    "general.name",
+    "general.size_label",
+    "general.file_type",
+    "general.alignment",
+    "tokenizer.chat_template",
+    "split.count",
+    *_KEPT_ARRAYS,
+}
+_PER_ARCH = (".context_length", ".block_count")
+_MAX_PER_ARCH = 64  # kept before general.architecture says which one counts
 SPLIT_NAME = re.compile(r"^(.+)-(\d{5})-of-(\d{5})$", re.IGNORECASE)
 
 
@@ -46,15 +61,6 @@ def part_paths(path: Path) -> list[Path]:
     return [path.with_name(f"{match[1]}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
 
 
-def tensors(path: Path) -> list[TensorInfo]:
-    """The tensor list of the model at `path`, every part of a split one included."""
-    found = []
-    for part in part_paths(path):
-        with part.open("rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            found += parse(data)[1]
-    return found
-
-
 @dataclass(frozen=True)
 class TensorInfo:
     """One tensor as the header lists it: name, ggml type id, and ne (ne[0] first)."""
@@ -65,9 +71,64 @@ class TensorInfo:
     offset: int = 0  # where its data starts in the file, as the header says
 
 
-def parse(data: mmap.mmap) -> tuple[dict[str, Any], list[TensorInfo]]:
-    """Key-value pairs (arrays: their length, for the few reported) and the tensor list.
-    Raises ValueError, struct.error or UnicodeDecodeError on a malformed header."""
+@dataclass(frozen=True)
+class Header:
+    """A GGUF header as far as memagent needs it: the few key-value pairs read (arrays: their
+    length), the tensor count, and where the tensor list and the tensor data start. The
+    tensor list stays in the file: `tensors` walks it one entry at a time."""
+
+    fields: dict[str, Any]
+    tensor_count: int
+    tensor_list: int  # byte offset of the first tensor's description
+    data_start: int  # byte offset of the tensor data, which follows the header, aligned
+    endian: str
+
+
+def read(path: Path) -> Header:
+    """The header of the GGUF file at `path`, parsed once per version of the file (its
+    device, inode, size and mtime). Raises OSError, or ValueError, struct.error or
+    UnicodeDecodeError on a malformed header."""
+    stat = path.stat()
+    return _read(path.resolve(), (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=16)  # small: a header holds a few strings, never the tensors
+def _read(path: Path, version: tuple[int, ...]) -> Header:
+    with path.open("rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        return parse(data)
+
+
+def tensors(path: Path) -> Iterator[TensorInfo]:
+    """The tensor list of the model at `path`, every part of a split one included, one
+    entry at a time: a list of Python objects would take 11 times the header's size."""
+    for part in part_paths(path):
+        header = read(part)
+        with part.open("rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            yield from walk(data, header)
+
+
+def walk(data: mmap.mmap, header: Header) -> Iterator[TensorInfo]:
+    """Each tensor `parse` found in `data`, with where its data starts in the file."""
+    u64 = struct.Struct(header.endian + "Q")
+    u32 = struct.Struct(header.endian + "I")
+    at = header.tensor_list
+    for _ in range(header.tensor_count):
+        (length,) = u64.unpack_from(data, at)
+        name = data[at + 8 : at + 8 + length].decode("utf-8")
+        at += 8 + length
+        (n_dims,) = u32.unpack_from(data, at)
+        if n_dims > _MAX_DIMS:  # `data` is not the file `header` was read from
+            raise ValueError("too many dimensions")
+        dims = struct.unpack_from(header.endian + "Q" * n_dims, data, at + 4)
+        at += 4 + 8 * n_dims
+        kind, offset = struct.unpack_from(header.endian + "IQ", data, at)
+        at += 12
+        yield TensorInfo(name, kind, tuple(dims), header.data_start + offset)
+
+
+def parse(data: mmap.mmap) -> Header:
+    """The header in `data`, its tensor list checked but not kept. Raises ValueError,
+    struct.error or UnicodeDecodeError on a malformed header."""
     version = struct.unpack_from("<I", data, 4)[0]
     endian = "<"
     if version & 0xFFFF == 0:  # written on a big-endian machine
@@ -107,43 +168,48 @@ def parse(data: mmap.mmap) -> tuple[dict[str, Any], list[TensorInfo]]:
             return at
         raise ValueError(f"unknown GGUF value type {kind}")
 
+    # Only the pairs memagent reads are kept: a header of a million one-byte pairs would
+    # otherwise be a dict of a million entries.
     fields: dict[str, Any] = {}
+    per_arch: dict[str, Any] = {}  # `ARCH.context_length` and the like, ARCH not known yet
     for _ in range(n_kv):
         key, offset = string(offset)
         (kind,) = u32.unpack_from(data, offset)
         offset += 4
+        value: Any = None
         if kind in _SCALARS:
             fmt = endian + _SCALARS[kind]
-            fields[key] = struct.unpack_from(fmt, data, offset)[0]
+            value = struct.unpack_from(fmt, data, offset)[0]
             offset += struct.calcsize(fmt)
         elif kind == _STRING:
-            fields[key], offset = string(offset)
+            value, offset = string(offset)
         elif kind == _ARRAY:
             item_kind, length = struct.unpack_from(endian + "IQ", data, offset)
             offset = skip(item_kind, offset + 12, length)
-            if key in _KEPT_ARRAYS:
-                fields[key] = length
+            value = length if key in _KEPT_ARRAYS else None
         else:
             raise ValueError(f"unknown GGUF value type {kind}")
         if offset > len(data):
             raise ValueError("metadata past the end of the file")
-    fields["GGUF.tensor_count"] = n_tensors  # after the pairs: no key may stand for it
+        if key in _KEPT:
+            fields[key] = value
+        elif key.endswith(_PER_ARCH) and len(per_arch) < _MAX_PER_ARCH:
+            per_arch[key] = value
+    arch = fields.get("general.architecture")
+    fields.update({k: v for k, v in per_arch.items() if k.rsplit(".", 1)[0] == arch})
     alignment = fields.get("general.alignment", 32)
     if not isinstance(alignment, int) or alignment < 1 or alignment & (alignment - 1):
         raise ValueError("an alignment that is not a power of two")
 
-    tensors, found = [], []
-    for _ in range(n_tensors):
-        name, offset = string(offset)
+    tensor_list = offset
+    for _ in range(n_tensors):  # walked to find where the data starts; nothing kept
+        (length,) = u64.unpack_from(data, offset)
+        offset += 8 + length
         (n_dims,) = u32.unpack_from(data, offset)
         if n_dims > _MAX_DIMS:
             raise ValueError("too many dimensions")
-        dims = struct.unpack_from(endian + "Q" * n_dims, data, offset + 4)
-        offset += 4 + 8 * n_dims
-        kind, at = struct.unpack_from(endian + "IQ", data, offset)
-        offset += 4 + 8
-        found.append((name, kind, tuple(int(n) for n in dims), at))
+        offset += 4 + 8 * n_dims + 4 + 8
+        if offset > len(data):
+            raise ValueError("tensor list past the end of the file")
     start = -(-offset // alignment) * alignment  # the data follows the header, aligned
-    for name, kind, dims, at in found:
-        tensors.append(TensorInfo(name, kind, dims, start + at))
-    return fields, tensors
+    return Header(fields, n_tensors, tensor_list, start, endian)

@@ -180,7 +180,7 @@ def test_tensors_are_read_from_the_header_as_gguf_reads_them(tmp_path):
         Tensor(t.name, t.tensor_type.name, tuple(int(n) for n in t.shape))
         for t in gguf.GGUFReader(path).tensors
     ]
-    assert gguf_tensors(path) == expected
+    assert list(gguf_tensors(path)) == expected
     assert [t.shape for t in expected] == [(64, 40), (64, 64), (64, 32, 4), (64,)]
 
 

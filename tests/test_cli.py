@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import cli_docs
 import pytest
-from conftest import assert_clean_failure, story, words
+from conftest import MEMAGENT, assert_clean_failure, story, words
 
 
 @pytest.fixture
@@ -266,3 +267,25 @@ def test_the_engine_flags_are_checked_alike_by_every_command(cli, doc, words):
     assert_clean_failure(result, 1, "quantized V cache (q8_0) needs flash attention")
     result = cli(*command, "--parallel", "0")
     assert_clean_failure(result, 2, "Invalid value for '--parallel'", "greater than or equal to 1")
+
+
+def test_version_says_why_a_broken_llama_cpp_cannot_load(env, tmp_path):
+    """A CUDA build of llama.cpp on a machine without the driver: loading its library raises
+    OSError. --version still names memagent's version, and says why in one line."""
+    fake = tmp_path / "site" / "llama_cpp"
+    fake.mkdir(parents=True)
+    why = "libcuda.so.1: cannot open shared object file: No such file or directory"
+    (fake / "__init__.py").write_text(f"raise OSError({why!r})\n")
+    broken = env | {"PYTHONPATH": os.pathsep.join([str(fake.parent), *sys.path])}
+
+    for args in (["--version"], ["--version", "--json"]):
+        result = subprocess.run(
+            [str(MEMAGENT), *args], capture_output=True, text=True, env=broken, timeout=60
+        )
+        assert result.returncode == 0, result.stderr
+        assert "Traceback" not in result.stdout + result.stderr
+        if "--json" in args:
+            assert json.loads(result.stdout)["llama_cpp"] == f"cannot load: {why}"
+        else:
+            assert result.stdout.startswith("memagent 0.")
+            assert result.stdout.splitlines()[1] == f"llama.cpp cannot load: {why}"

@@ -44,6 +44,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "errors",
             "crash",
             "files",
+            "cpus",
             "gguf_header",
             "folders",
             "text",

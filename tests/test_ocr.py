@@ -299,3 +299,71 @@ def test_always_leaves_a_damaged_page_to_the_damage_note(tmp_path: Path) -> None
     assert document.ocr.pages == ["1"] and document.pages_without_text == 0
     assert "Page one has text." in document.text
     assert [n.split(":")[0] for n in document.notes] == [f"{path} is damaged"]
+
+
+@pytest.mark.parametrize("missing", ["the OCR extra", "a language's data"])
+def test_a_pdf_read_without_ocr_is_cached_until_ocr_can_run(
+    source: bytes, tmp_path: Path, monkeypatch, missing: str
+) -> None:
+    """A book with one image-only page (a cover), read where OCR cannot run: its text pages
+    are read with a note, cached, and found in the cache by the next command, until OCR
+    can read that page."""
+    scan = builders.image_pdf(builders.scan(source, [1], dpi=300), 300)
+    path = tmp_path / "covered.pdf"
+    path.write_bytes(builders.mix_pdf([(scan, 0), (source, 0), (source, 2)]))
+    options = OcrOptions(languages="eng+xyz") if missing != "the OCR extra" else OcrOptions()
+    with monkeypatch.context() as unavailable:
+        if missing == "the OCR extra":
+            unavailable.setitem(sys.modules, "tesserocr", None)
+        first = load_document(str(path), ocr=options)
+        second = load_document(str(path), ocr=options)
+
+    assert not first.from_cache and first.ocr.pages == [] and first.pages_without_text == 1
+    assert second.from_cache and second.notes == first.notes and second.text == first.text
+    if missing == "the OCR extra":  # installed since: the cover is read now
+        third = load_document(str(path), ocr=options)
+        assert not third.from_cache and third.ocr.pages == ["1"]
+
+
+def test_a_page_line_cut_by_a_power_loss_is_dropped_before_the_next_page(
+    source: bytes, tmp_path: Path
+) -> None:
+    """A power loss can leave the page cache ending mid-line. The next page recognized is
+    appended after the last whole line, not glued to the cut one (and lost with it)."""
+    import hashlib
+
+    from memagent_cli.documents import cache
+
+    path = tmp_path / "two.pdf"
+    path.write_bytes(builders.image_pdf(builders.scan(source, [0, 1], dpi=200), 200))
+    sha256 = hashlib.sha256(path.read_bytes()).hexdigest()
+    cache.store_page(sha256, "eng", 0, "The first page.", 95.0)
+    pages = next(cache.directory().glob(f"{sha256}.ocr-eng.jsonl"))
+    pages.write_text(pages.read_text() + '[1, "The second pa')  # cut by the power loss
+
+    document = load_document(str(path))
+
+    assert document.ocr.pages == ["1", "2"] and "The first page." in document.text
+    assert sorted(cache.load_pages(sha256, "eng")) == [0, 1]
+    assert all(json.loads(line) for line in pages.read_text().splitlines())
+
+
+def test_pages_whose_labels_repeat_are_told_apart(cli, source: bytes, tmp_path: Path):
+    """Numbering that starts again (a front matter "1", then the body's "1"): the page read
+    by OCR, and the page OCR is unsure of, are named so that only one page fits."""
+    poor = builders.image_pdf(builders.scan(source, [1], dpi=50), 50)
+    path = tmp_path / "restarted.pdf"
+    path.write_bytes(
+        builders.mix_pdf(
+            [(poor, 0), (source, 0), (source, 1)], [(0, "/D", "", 1), (1, "/D", "", 1)]
+        )
+    )
+
+    result = cli("inspect", str(path), "--text", "--json")
+
+    assert result.returncode == 0, result.stderr
+    pages = [(p["label"], p["ocr"]) for p in json.loads(result.stdout)]
+    assert [ocr for _, ocr in pages] == [True, False, False]
+    assert len({label for label, _ in pages}) == 3, pages
+    assert f"OCR is unsure of {pages[0][0]} of " in result.stderr
+    assert pages[1][0] not in result.stderr

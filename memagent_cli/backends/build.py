@@ -14,7 +14,7 @@ import functools
 import re
 import struct
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -121,9 +121,9 @@ def _patterns(names: Sequence[str]) -> tuple[str, ...]:
     return tuple(patterns)
 
 
-def gguf_tensors(path: Path) -> list[Tensor]:
-    """The weights of a GGUF file (every part of a split one), read from its header in
-    milliseconds, where gguf's GGUFReader takes seconds to decode a 150K-token vocabulary."""
+def gguf_tensors(path: Path) -> Iterator[Tensor]:
+    """The weights of a GGUF file (every part of a split one), one at a time from its
+    header, where gguf's GGUFReader takes seconds to decode a 150K-token vocabulary."""
     from gguf import GGMLQuantizationType
 
     def type_name(kind: int) -> str:
@@ -133,11 +133,11 @@ def gguf_tensors(path: Path) -> list[Tensor]:
             return str(kind)
 
     try:
-        listed = gguf_header.tensors(path)
+        for t in gguf_header.tensors(path):
+            yield Tensor(t.name, type_name(t.type), t.shape)
     except (OSError, ValueError, struct.error, UnicodeDecodeError):
-        # Missing or damaged: llama.cpp says so when it loads; AMX stays out, nothing repacked.
-        return []
-    return [Tensor(t.name, type_name(t.type), t.shape) for t in listed]
+        # Missing or damaged: llama.cpp says so when it loads; AMX stays out.
+        return
 
 
 def offloads() -> bool:
@@ -231,10 +231,15 @@ def devices() -> list[Device]:
 
 def describe() -> dict[str, object]:
     """This build for `memagent --version --json`: versions, CPU features, devices, and
-    where weights go."""
-    import llama_cpp
+    where weights go; {"llama_cpp": "cannot load: why"} where its library cannot load (a
+    CUDA build without the driver), since --version is what a bug report starts with."""
+    try:
+        import llama_cpp
 
-    ggml = _ggml()
+        ggml = _ggml()
+    except (OSError, RuntimeError, ImportError) as exc:  # llama_cpp wraps OSError in RuntimeError
+        why = " ".join(str(exc).split()) or type(exc).__name__
+        return {"llama_cpp": f"cannot load: {why}"}
     info = llama_cpp.llama_print_system_info().decode(errors="replace").strip()
     features = system_features(info)
     cpu = features.get("CPU", {})

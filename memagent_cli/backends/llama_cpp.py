@@ -14,7 +14,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from memagent_cli import crash
+from memagent_cli import cpus, crash
 from memagent_cli.backend import Call, Description, Generation, Raw, Sampling
 from memagent_cli.errors import ModelError
 from memagent_cli.files import check_gguf
@@ -57,11 +57,12 @@ _PLACEHOLDER = "\x00memagent-message\x00"
 
 
 def physical_cores() -> int:
-    """Physical cores this process may use: llama.cpp slows down badly on hyperthreads."""
+    """Physical cores this process may use (its affinity and cgroup quota, cpus.py):
+    llama.cpp slows down badly on hyperthreads."""
     import psutil
 
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, min(psutil.cpu_count(logical=False) or usable or 1, usable or 1))
+    usable = cpus.usable()
+    return max(1, min(psutil.cpu_count(logical=False) or usable, usable))
 
 
 def can_offload() -> bool:

@@ -24,10 +24,11 @@ from typing import Any
 
 from memagent_cli.documents.document import Document, OcrRecord, Section
 from memagent_cli.errors import UserError
-from memagent_cli.files import open_private, private_folder
+from memagent_cli.files import drop_partial_line, lock, open_private, private_folder
 from memagent_cli.folders import cache_dir
 
-VERSION = 4  # bump when extraction changes what it produces; 4: pages read by OCR
+VERSION = 5  # bump when extraction changes what it produces; 4: pages read by OCR;
+# 5: repeated page labels told apart, documents read where OCR could not run
 MAX_BYTES = 1_000_000_000  # 1 GB of extracted text: hundreds of books
 LIMIT_VARIABLE = "MEMAGENT_DOCUMENT_CACHE_BYTES"
 _TEMP_PREFIX = ".tmp-"
@@ -58,11 +59,12 @@ def max_bytes() -> int:
     return limit
 
 
-def load(sha256: str, source: str, ocr_key: Callable[[int], str] = lambda _: "") -> Document | None:
+def load(
+    sha256: str, source: str, ocr_fits: Callable[[OcrRecord], bool] = lambda r: not r.key
+) -> Document | None:
     """The cached Document for this content, with `path` set to `source`, or None. A stale
-    entry is deleted; a hit counts as a use, so it is evicted last. `ocr_key(pages without
-    a text layer)` is the OCR the caller asks for (OcrRecord.key): an entry read with other
-    OCR is a miss."""
+    entry is deleted; a hit counts as a use, so it is evicted last. `ocr_fits(how the entry
+    was read by OCR)` says whether that is the OCR the caller asks for: if not, a miss."""
     path = directory() / f"{sha256}.json"
     if max_bytes() == 0:
         return None
@@ -72,7 +74,8 @@ def load(sha256: str, source: str, ocr_key: Callable[[int], str] = lambda _: "")
             # An older version's entry, possibly the text of an encrypted document.
             path.unlink()
             return None
-        if entry["ocr"]["key"] != ocr_key(entry["ocr"]["needed"]):
+        ocr = OcrRecord(**entry["ocr"])
+        if not ocr_fits(ocr):
             return None
         document = Document(
             text=entry["text"],
@@ -86,7 +89,7 @@ def load(sha256: str, source: str, ocr_key: Callable[[int], str] = lambda _: "")
             pages_without_text=entry["pages_without_text"],
             encrypted=False,
             notes=[str(note) for note in entry["notes"]],
-            ocr=OcrRecord(**entry["ocr"]),
+            ocr=ocr,
             from_cache=True,
         )
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
@@ -141,7 +144,8 @@ def _pages_path(sha256: str, key: str) -> Path:
 
 def load_pages(sha256: str, key: str) -> dict[int, tuple[str, float]]:
     """The pages of this content already read by OCR with `key` (the languages): index ->
-    (text, confidence). A line cut short by an interruption is skipped."""
+    (text, confidence). A line cut short by an interruption is skipped (and cut off before
+    the next page is added: store_page)."""
     pages: dict[int, tuple[str, float]] = {}
     if max_bytes() == 0:
         return pages
@@ -168,7 +172,11 @@ def store_page(sha256: str, key: str, index: int, text: str, confidence: float) 
     with contextlib.suppress(OSError, ValueError):
         private_folder(path.parent)
         with open_private(path, "a") as file:
-            file.write(line)
+            # Another memagent reading the same PDF may be writing a line: leave the page
+            # to it. A line a power loss cut goes first, or the new one would be lost with it.
+            if lock(file):
+                drop_partial_line(path)
+                file.write(line)
 
 
 @dataclass(frozen=True)

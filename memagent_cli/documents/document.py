@@ -41,6 +41,8 @@ class OcrRecord:
     key: str = ""
     engine: str = ""  # "Tesseract 5.5.4 (tesserocr 2.13.0), eng"
     needed: int = 0  # pages with no text layer, or an empty one: what --ocr auto reads
+    # OCR was asked for but could not run (no OCR extra, no language data): a note says why.
+    unavailable: bool = False
     pages: list[str] = field(default_factory=list)  # the pages whose text is OCR's
     low_confidence: list[str] = field(default_factory=list)
 

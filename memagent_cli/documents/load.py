@@ -10,8 +10,9 @@ from collections.abc import Callable
 from typing import Any, BinaryIO
 
 from memagent_cli.documents import cache, detect, epub, pdf, text
-from memagent_cli.documents.document import FORMATS, Document
+from memagent_cli.documents.document import FORMATS, Document, OcrRecord
 from memagent_cli.documents.ocr import OcrMode, OcrOptions
+from memagent_cli.documents.ocr import open_engine as open_ocr
 from memagent_cli.documents.pdf import OCR_AUTO
 from memagent_cli.errors import DocumentError, UserError
 from memagent_cli.progress import Progress
@@ -57,8 +58,8 @@ def load_document(
         document = text.parse(data, source)
         document.sha256 = sha256
     else:
-        wanted = _ocr_key(ocr) if kind == "pdf" else _no_ocr
-        document = cache.load(sha256, source, wanted) if use_cache else None
+        fits = _ocr_fits(ocr, where) if kind == "pdf" else _no_ocr
+        document = cache.load(sha256, source, fits) if use_cache else None
         if document is None:
             try:
                 if kind == "pdf":
@@ -98,19 +99,31 @@ def _pdf(
     return pdf.parse(data, source, where, password=password, progress=progress, **pages)
 
 
-def _ocr_key(ocr: OcrOptions) -> Callable[[int], str]:
-    """The OcrRecord.key of a PDF read with `ocr`, from its pages without a text layer."""
+def _ocr_fits(ocr: OcrOptions, where: str) -> Callable[[OcrRecord], bool]:
+    """Whether a PDF read as `record` says was read with `ocr`: the same mode and languages
+    where it had pages without a text layer. One read where OCR could not run fits while it
+    still cannot (checked only then: it imports Tesseract)."""
 
-    def key(needed: int) -> str:
-        if ocr.mode == OcrMode.never or (ocr.mode == OcrMode.auto and not needed):
-            return ""
-        return f"{ocr.mode}:{ocr.key()}"
+    def fits(record: OcrRecord) -> bool:
+        if ocr.mode == OcrMode.never or (ocr.mode == OcrMode.auto and not record.needed):
+            wanted = ""
+        else:
+            wanted = f"{ocr.mode}:{ocr.key()}"
+        if record.key != wanted:
+            return False
+        if record.unavailable:
+            try:
+                open_ocr(ocr, where)
+            except DocumentError:
+                return True
+            return False
+        return True
 
-    return key
+    return fits
 
 
-def _no_ocr(needed: int) -> str:
-    return ""
+def _no_ocr(record: OcrRecord) -> bool:
+    return not record.key
 
 
 def _text_not_pdf(data: bytes, where: str) -> DocumentError:

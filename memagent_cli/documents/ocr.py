@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
+from memagent_cli import cpus
 from memagent_cli.errors import DocumentError, UserError
 
 INSTALL = "pip install 'memagent[ocr]'"
@@ -148,13 +149,14 @@ def recognize(
     pdfium cannot render reads as no text; a PDF it cannot open is a DocumentError.
 
     Pages are rendered one at a time in this thread (pdfium is not thread-safe) and
-    recognized by one Tesseract per core in threads: tesserocr lets go of the GIL while
-    Tesseract works, and threads measured as fast as processes on 2 cores
-    (bench/results/ocr-engines.txt). At most two pages per worker are in memory at once.
+    recognized by one Tesseract per CPU this process may use (cpus.py) in threads:
+    tesserocr lets go of the GIL while Tesseract works, and threads measured as fast as
+    processes on 2 cores (bench/results/ocr-engines.txt). At most two pages per worker are
+    in memory at once.
     """
     import pypdfium2
 
-    workers = workers or os.cpu_count() or 1
+    workers = workers or cpus.usable()
     try:
         document = pypdfium2.PdfDocument(bytes(data), password=password)
     except pypdfium2.PdfiumError as exc:

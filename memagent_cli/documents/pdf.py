@@ -7,6 +7,7 @@ import io
 import logging
 import warnings
 import zlib
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import PurePath
 
@@ -96,6 +97,8 @@ def parse(
             if ocr.mode == OcrMode.always or len(wanted) + len(failed) == total:
                 raise
             notes.append(exc.message)  # the pages that have text are read all the same
+            # Cached as asked for, so the next command finds it (documents/load.py).
+            record.key, record.unavailable = f"{ocr.mode}:{ocr.key()}", True
         else:
             cache_key = None if reader.is_encrypted or sha256 is None else (sha256, ocr.key())
             record = _recognize(
@@ -240,14 +243,22 @@ def open_reader(data: bytes, where: str, password: str | None) -> PdfReader:
 
 
 def _labels(reader: PdfReader, total: int) -> list[str]:
-    """The printed label of each page ("xii", "217"), else its 1-based number."""
+    """The printed label of each page ("xii", "217"), else its 1-based number. A label that
+    numbering started again gives to more than one page (a front matter "1" and the body's)
+    says which page of the file it is too, "1 (page 9 of 300)", so that a page read by OCR,
+    a note and a citation each name one page."""
     try:
         labels = [str(label) for label in reader.page_labels]
     except _DAMAGED:
         labels = []
     if len(labels) != total:
         return [str(number) for number in range(1, total + 1)]
-    return [label or str(number) for number, label in enumerate(labels, 1)]
+    labels = [label or str(number) for number, label in enumerate(labels, 1)]
+    seen = Counter(labels)
+    return [
+        label if seen[label] == 1 else f"{label} (page {number} of {total})"
+        for number, label in enumerate(labels, 1)
+    ]
 
 
 def _title(reader: PdfReader) -> str:

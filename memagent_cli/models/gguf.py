@@ -2,7 +2,8 @@
 context, chat template.
 
 gguf.GGUFReader parses every vocabulary entry into numpy objects (seconds for a 150K-token
-vocabulary), so the key-value section and the tensor list are walked here directly; the
+vocabulary), and a list of Python objects for the tensors takes 11 times the header's size,
+so the key-value section and the tensor list are walked in place (gguf_header.py); the
 weights after them are never touched. The `gguf` package supplies the names of types.
 """
 
@@ -12,6 +13,7 @@ import mmap
 import re
 import struct
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ from memagent_cli.errors import ModelError
 from memagent_cli.files import check_gguf
 
 _TAG = re.compile(r"[-.]([A-Z0-9_]+)$", re.IGNORECASE)
+_MAX_TYPES = 256  # tensor types counted: ggml has about 40, a hostile list could name millions
 
 
 @dataclass(frozen=True)
@@ -68,20 +71,22 @@ def quant_tag(filename: str) -> str:
 
 def read(path: Path) -> GGUFInfo:
     """The header facts of the GGUF file at `path`; ModelError if it is not one. Every count
-    and length in the header is checked against the file's size before it is used, so a
-    damaged or hostile file costs no more memory than its own size."""
+    and length in the header is checked against the file's size before it is used, and the
+    tensor list is walked, not kept, so a damaged or hostile file costs no more memory than
+    its own size. Read once per version of the file (gguf_header.read), so a run that
+    checks a model, then lists or loads it, parses its header once."""
     check_gguf(path)
     try:
-        # mmap only maps: the pages of the header are the only ones read from disk.
+        header = gguf_header.read(path)
         with path.open("rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            fields, tensors = gguf_header.parse(data)
+            elements = _check_tensors(path, gguf_header.walk(data, header), len(data))
     except OSError as exc:
         raise ModelError(f"Cannot read {path}: {exc.strerror or exc}.") from None
     except (struct.error, ValueError, UnicodeDecodeError):
         raise ModelError(
             f"{path} is a damaged GGUF file: its header is cut short or malformed."
         ) from None
-    _check_tensors(path, tensors, path.stat().st_size)
+    fields = header.fields
     arch = _value(path, fields, "general.architecture", str) or ""
     index, count = gguf_header.split_parts(path)
     size = path.stat().st_size
@@ -93,16 +98,14 @@ def read(path: Path) -> GGUFInfo:
         path=path,
         size=size,
         architecture=arch or "?",
-        quantization=_quantization(
-            _value(path, fields, "general.file_type", int), _elements(tensors)
-        ),
+        quantization=_quantization(_value(path, fields, "general.file_type", int), elements),
         context_length=_value(path, fields, f"{arch}.context_length", int),
         chat_template=template or None,
         name=_value(path, fields, "general.name", str) or "",
         size_label=_value(path, fields, "general.size_label", str) or "",
         layers=_value(path, fields, f"{arch}.block_count", int),
         vocabulary=_value(path, fields, "tokenizer.ggml.tokens", int),
-        tensors=fields["GGUF.tensor_count"],
+        tensors=header.tensor_count,
         parts=max(count, _value(path, fields, "split.count", int) or 1),
     )
 
@@ -119,37 +122,32 @@ def _value(path: Path, fields: dict[str, Any], key: str, kind: type) -> Any:
     raise ModelError(f"{path} is a damaged GGUF file: its {key} is not {what}.")
 
 
-def _check_tensors(path: Path, tensors: list[gguf_header.TensorInfo], size: int) -> None:
-    """ModelError unless each tensor lies inside the file (a file cut short, or a hostile
-    offset). A type newer than the gguf package is left to llama.cpp to judge."""
+def _check_tensors(
+    path: Path, tensors: Iterable[gguf_header.TensorInfo], size: int
+) -> Counter[int]:
+    """How many elements each tensor type holds, counting matrices only (1-D norms and
+    biases stay F32 whatever the quantization). ModelError unless each tensor lies inside
+    the file (a file cut short, or a hostile offset). A type newer than the gguf package is
+    left to llama.cpp to judge."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
+    elements: Counter[int] = Counter()
     for tensor in tensors:
+        count = 1
+        for dim in tensor.shape:
+            count *= dim
+        if len(tensor.shape) > 1 and (tensor.type in elements or len(elements) < _MAX_TYPES):
+            elements[tensor.type] += count
         try:
             block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(tensor.type)]
         except (ValueError, KeyError):
             continue
-        elements = 1
-        for dim in tensor.shape:
-            elements *= dim
-        end = tensor.offset + elements // block * block_bytes
-        if elements % block or end > size:
+        end = tensor.offset + count // block * block_bytes
+        if count % block or end > size:
             raise ModelError(
                 f"{path} is a damaged GGUF file (cut short?): tensor {tensor.name} would end "
                 f"at byte {end:,}, and the file has {size:,}."
             )
-
-
-def _elements(tensors: list[gguf_header.TensorInfo]) -> Counter[int]:
-    """How many elements each tensor type holds, counting matrices only: 1-D norms and
-    biases stay F32 whatever the quantization."""
-    elements: Counter[int] = Counter()
-    for tensor in tensors:
-        if len(tensor.shape) > 1:
-            count = 1
-            for dim in tensor.shape:
-                count *= dim
-            elements[tensor.type] += count
     return elements
 
 

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-from memagent_cli import protocol
+from memagent_cli import cpus, protocol
 from memagent_cli.backend import Sampling
 from memagent_cli.backends.llama_cpp import LlamaCppBackend
 from memagent_cli.backends.tokenizers import DEFAULT_ENCODING, TiktokenTokenizer
@@ -65,7 +64,7 @@ def ocr_estimate(pages: int) -> dict[str, Any] | None:
     bench/ocr.py (documents/ocr.py's SECONDS_PER_PAGE); None for no pages."""
     if not pages:
         return None
-    cores = os.cpu_count() or 1
+    cores = cpus.usable()
     return {
         "pages": pages,
         "seconds": round(pages * ocr.SECONDS_PER_PAGE / cores, 1),

@@ -19,6 +19,8 @@ def show(info: dict[str, Any], *, as_json: bool) -> None:
 
 def lines(info: dict[str, Any]) -> list[str]:
     """The build in a few lines, as llama-cli --version and its system info say it."""
+    if "llama_cpp" in info:  # its library cannot load: why, in one line
+        return [f"memagent {__version__}", f"llama.cpp {info['llama_cpp']}"]
     features = [name for name, on in info["cpu_features"].items() if on]
     if info["repack"]:
         features.append("REPACK")

@@ -11,7 +11,6 @@ src/llama-quant.cpp), and memagent does not compute one.
 from __future__ import annotations
 
 import collections
-import os
 import re
 import shutil
 import signal
@@ -23,6 +22,7 @@ from pathlib import Path
 import gguf
 from rich.filesize import decimal
 
+from memagent_cli import cpus
 from memagent_cli.errors import Interrupted, ModelError
 from memagent_cli.progress import Note, Progress, silent
 
@@ -243,6 +243,4 @@ def _stop(child: subprocess.Popen[bytes]) -> None:
 
 
 def _threads() -> int:
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return os.cpu_count() or 1
+    return cpus.usable()
