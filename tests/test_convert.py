@@ -567,6 +567,12 @@ def test_delete_shards_pulls_onto_a_disk_with_room_for_its_lower_peak_only(env, 
         refused = on_a_small_disk(env, small, size, *pull[1:])
         assert_clean_failure(refused, 1, "Not enough disk space")
         assert disk_needed(refused.stderr) > size
+        # The refusal names the way out: the flag, and the lower peak it would need.
+        lower = re.search(
+            r"--delete-shards needs ([\d.]+ (?:bytes|kB|MB|GB))", words(refused.stderr)
+        )
+        assert lower, refused.stderr
+        assert lower[1] == re.search(r"([\d.]+ (?:bytes|kB|MB|GB)) of disk needed", roomy.stderr)[1]
         shard = "model-00001-of-00002.safetensors"
         assert len(hub.downloads(shard)) == 1  # the first pull's: refused before downloading
         kept = tmp_path / "kept"

@@ -1,11 +1,14 @@
 """The README and docs/ stay true: every relative link and anchor resolves, the README stays
-a front door (at most 250 lines) that links every page, and its table of environment
-variables names every variable memagent reads."""
+a front door (at most 250 lines) that links every page, the configuration page's table of
+environment variables names every variable memagent reads, a figure quoted on several pages
+is the same figure on each, and user pages keep the bench's lab notebook out."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -104,11 +107,87 @@ def test_the_readme_is_a_front_door_that_links_every_page():
     assert (ROOT / "LICENSE").read_text().split()[:3] == ["Apache", "License", "Version"]
 
 
-def test_the_readme_names_every_environment_variable_memagent_reads():
+def test_the_configuration_page_names_every_environment_variable_memagent_reads():
     source = "\n".join(p.read_text() for p in (ROOT / "memagent_cli").rglob("*.py"))
     named = set(re.findall(r"\b(?:MEMAGENT|OPENAI|HF|TIKTOKEN|XDG)_[A-Z_]+\b", source))
     assert {"MEMAGENT_MODEL", "MEMAGENT_HOME", "OPENAI_API_KEY", "HF_TOKEN"} <= named
-    text = README.read_text()
+    text = (ROOT / "docs" / "configuration.md").read_text()
     table = text[text.index("| variable |") :].split("\n\n", 1)[0]
     missing = sorted(named - NOT_READ - set(re.findall(r"`([A-Z][A-Z_]+)`", table)))
-    assert not missing, f"README.md's table of environment variables lacks {missing}"
+    assert not missing, f"docs/configuration.md's table of environment variables lacks {missing}"
+
+
+# A figure that several pages quote has one value: each fact, the words that quote it (the
+# figure is the pattern's group) and that value. Change a figure in every page at once.
+FACTS = {
+    "make test's time on 2 cores": (r"make test(?![-\w])`?.{0,80}?(?:about|under) (\d+) min", "5"),
+    "llama.cpp's first build": (r"llama\.cpp.{0,100}? takes (?:about )?([\d-]+) minutes", "5"),
+    "a 7B's prefill on 2 cores": (r"7B-shaped model.{0,200}?[Pp]refill(?:ed|s)? ([\d.]+)", "19"),
+    "a 7B's decode on 2 cores": (r"7B-shaped model.{0,250}?decod(?:ed|e) ([\d.-]+)", "2.4-2.7"),
+    "memagent-7b's download": (r"([\d.]+) GB (?:to )?download(?! ?\w)", "15.2"),
+    "the default model's download": (r"SmolLM2-135M-Instruct \([^)]{0,20}?([\d.]+) MB\)", "98"),
+}
+
+
+def quotes(pattern: str, pages: list[Path]) -> list[tuple[str, str]]:
+    """(page, figure) for each place the pages quote a fact, code blocks included."""
+    return [
+        (page.name, found.group(1))
+        for page in pages
+        for found in re.finditer(pattern, " ".join(page.read_text().split()))
+    ]
+
+
+@pytest.mark.parametrize("fact", sorted(FACTS))
+def test_a_figure_quoted_on_several_pages_is_one_figure(fact):
+    pattern, value = FACTS[fact]
+    found = quotes(pattern, PAGES)
+    assert found, f"no page quotes {fact} any more: update FACTS"
+    wrong = [(page, figure) for page, figure in found if figure != value]
+    assert not wrong, f"{fact} is {value}, but these pages say otherwise: {wrong}"
+
+
+def test_two_pages_that_disagree_on_a_figure_fail(tmp_path):
+    (tmp_path / "a.md").write_text("`make test` takes about 5 minutes on 2 cores.\n")
+    (tmp_path / "b.md").write_text("make test   # every test (about\n8 minutes on 2 cores)\n")
+    found = quotes(FACTS["make test's time on 2 cores"][0], sorted(tmp_path.glob("*.md")))
+    assert found == [("a.md", "5"), ("b.md", "8")]
+
+
+# The bench's own aims and how its figures were carried between machines belong to
+# bench/README.md and docs/development.md, not to the pages a user reads.
+LAB_NOTEBOOK = ["raw output not kept", "raw outputs not kept", "the 1.1 goal", "aim: 0.95",
+                "machine lent", "lent to some sessions", "the bench aims"]  # fmt: skip
+NOT_FOR_USERS_ONLY = {"development.md"}
+
+
+def test_user_pages_keep_the_lab_notebook_out():
+    found = [
+        (page.name, phrase)
+        for page in PAGES
+        if page.name not in NOT_FOR_USERS_ONLY
+        for phrase in LAB_NOTEBOOK
+        if phrase in " ".join(page.read_text().split())
+    ]
+    assert not found, found
+
+
+# Terms the glossary defines: a page that uses one links to the glossary.
+GLOSSARY = ROOT / "docs" / "glossary.md"
+TERMS = ["prefill", "decode", "sub_em", "greedy", "depth", "floor", "round"]
+
+
+def test_the_glossary_defines_its_terms_and_pages_that_use_them_link_it():
+    defined = " ".join(GLOSSARY.read_text().split())
+    assert all(f"**{term}**" in defined for term in TERMS), "docs/glossary.md lacks a term"
+    unlinked = []
+    for page in PAGES:
+        # cli.md is --help, made by a tool; readers.md quotes the readers' code, where
+        # "greedy" is a regular expression's and "floor" an IDF weight's.
+        if page == GLOSSARY or page.name in ("cli.md", "readers.md"):
+            continue
+        words = prose(page.read_text()).lower()
+        used = [t for t in TERMS if re.search(rf"\b{t}(?:s|ed|ing)?\b", words)]
+        if used and "glossary.md" not in page.read_text():
+            unlinked.append((page.name, used))
+    assert not unlinked, f"pages that use the glossary's terms without linking it: {unlinked}"

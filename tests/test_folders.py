@@ -10,7 +10,7 @@ import builders
 from conftest import served, story
 
 STEPS = ["--chunk-tokens", "300", "--memory-tokens", "64", "--temperature", "0"]
-FOLDERS = ["data", "models", "traces", "evals", "cache", "documents", "tiktoken"]
+FOLDERS = ["data", "models", "traces", "batches", "evals", "cache", "documents", "tiktoken"]
 
 
 def test_paths_follow_the_platform_folders_by_default(cli, env):
@@ -22,6 +22,7 @@ def test_paths_follow_the_platform_folders_by_default(cli, env):
     data, cache = Path(env["XDG_DATA_HOME"]) / "memagent", Path(env["XDG_CACHE_HOME"]) / "memagent"
     assert found["data"] == data and found["cache"] == cache
     assert found["traces"] == data / "traces" and found["documents"] == cache / "documents"
+    assert found["batches"] == data / "batches"  # the journals of `ask library/` and eval
     table = cli("paths")
     assert table.returncode == 0 and "MEMAGENT_HOME is not set" in table.stderr
     assert [line.split()[0] for line in table.stdout.splitlines()] == FOLDERS
@@ -33,6 +34,7 @@ def test_memagent_home_holds_everything_a_run_writes(cli, env, fake_server, tmp_
     shown = json.loads(cli("paths", "--json").stdout)
     assert all(Path(path).is_relative_to(home) for path in shown.values()), shown
     assert shown["models"] == str(home / "models") and shown["cache"] == str(home / "cache")
+    assert shown["batches"] == str(home / "batches")
     one = cli("paths", "traces")
     assert one.returncode == 0 and one.stdout == f"{home / 'traces'}\n"
 

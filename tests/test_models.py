@@ -45,6 +45,9 @@ def test_the_registry_names_the_memagent_models_on_the_hub():
     assert registry["memagent-7b"]["hf"] == "BytedTsinghua-SIA/RL-MemoryAgent-7B:Q4_K_M"
     # The small model that boxes the needle: Qwen's own GGUF, by name (docs/development.md's table).
     assert registry["qwen2.5-coder-1.5b"]["hf"] == "Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF:Q4_K_M"
+    # Qwen publishes its Qwen3-1.7B GGUF as Q8_0 (docs/choosing-a-model.md).
+    assert registry["qwen3-1.7b"]["hf"] == "Qwen/Qwen3-1.7B-GGUF:Q8_0"
+    assert "not measured here" in str(registry["qwen3-1.7b"]["summary"])
 
 
 def test_the_registry_names_each_models_reader():

@@ -18,6 +18,7 @@ class Folder(StrEnum):
     data = "data"
     models = "models"
     traces = "traces"
+    batches = "batches"
     evals = "evals"
     cache = "cache"
     documents = "documents"
@@ -31,12 +32,14 @@ def folders() -> dict[str, Path]:
     from memagent_cli.documents import cache
     from memagent_cli.evaluation import results
     from memagent_cli.models.hub import models_dir
+    from memagent_cli.run.journal import journal_dir
     from memagent_cli.trace import default_dir
 
     return {
         Folder.data: home.data_dir(),
         Folder.models: models_dir(),
         Folder.traces: default_dir(),
+        Folder.batches: journal_dir(),
         Folder.evals: results.default_dir(),
         Folder.cache: home.cache_dir(),
         Folder.documents: cache.directory(),
@@ -52,7 +55,7 @@ def paths(
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Where memagent keeps models, traces, eval results and its cache.
+    """Where memagent keeps models, traces, batch journals, eval results and its cache.
 
     $MEMAGENT_HOME moves them all (the cache to $MEMAGENT_HOME/cache); without it they follow
     the platform's folders (XDG_DATA_HOME and XDG_CACHE_HOME on Linux)."""

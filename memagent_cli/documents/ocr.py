@@ -21,7 +21,7 @@ from pathlib import Path
 from memagent_cli import cpus
 from memagent_cli.errors import DocumentError, UserError
 
-INSTALL = "pip install 'memagent[ocr]'"
+INSTALL = "`make install-ocr` in memagent's checkout"  # memagent is not on PyPI
 # Tesseract reads body text best at 300 dpi; the pixel cap keeps a poster-sized page (and
 # the memory one page takes) bounded.
 DPI = 300
@@ -113,8 +113,7 @@ def open_engine(options: OcrOptions, where: str) -> Engine:
         import tesserocr
     except ImportError:
         raise DocumentError(
-            f"Reading {where} by OCR needs memagent's OCR extra: {INSTALL} (or `make "
-            "install` in a checkout)."
+            f"Reading {where} by OCR needs memagent's OCR extra: {INSTALL} adds it (docs/ocr.md)."
         ) from None
     _quiet_leptonica(tesserocr)
     codes = options.codes()

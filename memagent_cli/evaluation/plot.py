@@ -1,7 +1,7 @@
 """Pictures of results: accuracy versus length (one line per run, the paper's models for
 reference) and the depth x length heatmap of needle runs.
 
-matplotlib is an optional extra (`pip install 'memagent[plot]'`); it draws with Agg, so no
+matplotlib is an optional extra (`.venv/bin/pip install matplotlib`); it draws with Agg, so no
 display is needed.
 """
 
@@ -96,7 +96,8 @@ def _figure() -> Any:
         from matplotlib.figure import Figure
     except ImportError:
         raise PlotError(
-            "--plot needs matplotlib, which is not installed: pip install 'memagent[plot]'."
+            "--plot needs matplotlib, which is not installed: .venv/bin/pip install matplotlib "
+            "in memagent's checkout."
         ) from None
     # A bare Figure draws with Agg when saved: no display, no global pyplot state.
     return Figure(figsize=(8, 5), layout="constrained")

@@ -130,17 +130,22 @@ def pull_and_convert(
         written = converted + final
         memory = quantize.memory_needed(_largest_tensor(arch.config), quant)
     needed = to_download + written
-    if delete_shards and not reused:  # each shard goes once its tensors are written
+    hint = ""
+    if not reused:  # with --delete-shards each shard goes once its tensors are written
         largest = max((files[p].size or 0 for p in shards), default=0)
         here = weights - sum(missing_bytes(folder / p, files[p]) for p in shards)
-        needed = peak_releasing_sources(converted, written, largest, weights, here, to_download)
+        lower = peak_releasing_sources(converted, written, largest, weights, here, to_download)
+        if delete_shards:
+            needed = lower
+        elif lower < needed:
+            hint = f"--delete-shards needs {decimal(lower)}"
     note(
         f"{spec.repo} is published as Hugging Face weights ({arch.hf_name}, about "
         f"{parameters / 1e9:.1f}B parameters): "
         + (writing if reused else f"downloading {decimal(to_download)}, {writing}")
         + ("; each shard deleted once converted" if delete_shards and not reused else "")
     )
-    check_room(folder.parent, needed, memory, f"pulling {spec.repo}", note)
+    check_room(folder.parent, needed, memory, f"pulling {spec.repo}", note, disk_hint=hint)
     for path in wanted:
         hub.download(spec.repo, commit, files[path], folder / path, note=note, progress=progress)
     name = spec.repo.split("/")[1]
@@ -234,9 +239,12 @@ def _largest_tensor(config: dict[str, object]) -> int:
     return width * max(number("vocab_size"), number("intermediate_size"))
 
 
-def check_room(folder: Path, disk: int, memory: int, what: str, note: Note = silent) -> None:
+def check_room(
+    folder: Path, disk: int, memory: int, what: str, note: Note = silent, disk_hint: str = ""
+) -> None:
     """Say what `what` needs of disk in `folder` and of memory (0: none to speak of), and
-    refuse with one sentence, before anything is written, when either is short."""
+    refuse with one sentence, before anything is written, when either is short;
+    `disk_hint` (the way to need less disk) ends it when the disk is."""
     free = shutil.disk_usage(_existing(folder)).free
     available = quantize.available_memory()
     said = f"{decimal(disk)} of disk needed in {folder} ({decimal(free)} free)"
@@ -252,7 +260,8 @@ def check_room(folder: Path, disk: int, memory: int, what: str, note: Note = sil
             f"tensor as float32; {decimal(available)} available)"
         )
     if short:
-        raise ModelError(f"Not enough {' nor '.join(short)} for {what}.")
+        hint = f"; {disk_hint}" if disk_hint and disk > free else ""
+        raise ModelError(f"Not enough {' nor '.join(short)} for {what}{hint}.")
 
 
 def _existing(folder: Path) -> Path:
