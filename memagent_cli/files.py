@@ -18,7 +18,8 @@ import os
 import stat
 import sys
 import tempfile
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any, BinaryIO
 
@@ -219,6 +220,38 @@ def open_regular(
         return path.open("rb")
     except OSError as exc:
         raise error(f"Cannot read {what} {path}: {exc.strerror}.") from None
+
+
+def lines(
+    file: BinaryIO, *, limit: int = MAX_LINE_BYTES, follow: bool = False, poll: float = 0.2
+) -> Iterator[tuple[bytes, str] | None]:
+    """(line, state) for each line of `file`, read a bounded piece at a time: state "" for a
+    whole line, "cut" for a last line without its newline, "long" for one over `limit`
+    bytes (its first 64 bytes; the rest is read past, never held whole). With
+    `follow`, a last line waits for the rest, and None marks each poll in which nothing
+    arrived."""
+    pending, dropping = b"", False
+    while True:
+        data = file.readline(limit + 1 - len(pending))
+        if not data and follow:
+            time.sleep(poll)
+            data = file.readline(limit + 1 - len(pending))
+            if not data:
+                yield None
+                continue
+        if not data:
+            if pending and not dropping:
+                yield pending, "cut"
+            return
+        pending += data
+        if pending.endswith(b"\n"):
+            if not dropping:
+                yield pending, ""
+            pending, dropping = b"", False
+        elif len(pending) > limit:
+            if not dropping:
+                yield pending[:64], "long"
+            pending, dropping = b"", True
 
 
 def drop_partial_line(path: Path) -> None:
