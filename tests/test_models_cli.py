@@ -4,6 +4,7 @@ default model is needed only by the test of its own metadata)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -312,6 +313,61 @@ def test_a_pull_stopped_by_a_signal_keeps_only_its_partial_download_and_resumes(
     again = cli("models", "pull", f"{REPO}:Q4_1")
     assert again.returncode == 0 and "resuming" in again.stderr
     assert Path(again.stdout.strip()).read_bytes() == real_gguf
+
+
+def test_sigterm_while_the_hub_has_not_answered_stops_the_pull_at_once(env, tmp_path):
+    """A Hub that takes connections and never answers: SIGTERM during huggingface_hub's first
+    calls (its agent registry, then the model's metadata) ends the pull with 143 at once.
+    huggingface_hub catches every Exception there, and took SIGTERM's for a network error:
+    the pull went on until the Hub's own timeout, then said it could not reach the Hub."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):  # the listener closed
+            while True:
+                held.append(listener.accept()[0])
+
+    threading.Thread(target=accept, daemon=True).start()
+    use_hub(env, _Url(f"http://127.0.0.1:{listener.getsockname()[1]}"), tmp_path / "hf")
+    # A user's default: huggingface_hub then first asks the Hub for its agent registry.
+    del env["HF_HUB_DISABLE_TELEMETRY"]
+    process = subprocess.Popen(
+        [str(MEMAGENT), "models", "pull", f"{REPO}:Q4_1"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not held and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # in the call, waiting for the answer
+        process.send_signal(signal.SIGTERM)
+        stopped = time.monotonic()
+        stdout, stderr = process.communicate(timeout=30)
+        took = time.monotonic() - stopped
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        listener.close()
+        for connection in held:
+            connection.close()
+
+    assert process.returncode == 143, stderr
+    assert took < 5, took
+    assert "Traceback" not in stderr and "Cannot reach" not in stderr, stderr
+    assert not pulled_dir(env).exists()
+
+
+class _Url:
+    def __init__(self, url: str) -> None:
+        self.url = url
 
 
 def test_a_dropped_connection_is_resumed_within_one_pull(cli, env, fake_hub, real_gguf):
