@@ -118,15 +118,16 @@ def _unsupported(exc: OSError) -> bool:
     return exc.errno in (errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS)
 
 
-def lock(file: IO[str] | BinaryIO) -> bool:
+def lock(file: IO[str] | BinaryIO, *, wait: bool = False) -> bool:
     """Take the lock of an open file for this process, without waiting: False when another
     process (or, on Windows, another open file) holds it, as when it is writing the file.
-    Closing the file lets the lock go."""
+    With `wait`, for a lock held only while a small file is rewritten, wait for it (False
+    only where Windows gave up after its 10 s). Closing the file lets the lock go."""
     fd = file.fileno()
     if fcntl is None:
-        return _lock_windows(fd) if msvcrt is not None else True
+        return _lock_windows(fd, wait) if msvcrt is not None else True
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
     except BlockingIOError:
         return False
     except OSError as exc:  # a file system without locks (some network mounts): no lock
@@ -136,13 +137,13 @@ def lock(file: IO[str] | BinaryIO) -> bool:
     return True
 
 
-def _lock_windows(fd: int) -> bool:
+def _lock_windows(fd: int, wait: bool) -> bool:
     """msvcrt's lock of one byte past the end of any file memagent writes: locking takes
-    the byte range at the file's position, which is put back."""
+    the byte range at the file's position, which is put back. LK_LOCK tries for 10 s."""
     where = os.lseek(fd, 0, os.SEEK_CUR)
     os.lseek(fd, _LOCKED_BYTE, os.SEEK_SET)
     try:
-        msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+        msvcrt.locking(fd, msvcrt.LK_LOCK if wait else msvcrt.LK_NBLCK, 1)
     except OSError:  # held by another: EACCES or EDEADLOCK, as Windows says it
         return False
     finally:

@@ -790,3 +790,31 @@ def test_a_download_stops_at_its_declared_size(cli, env, fake_hub, tmp_path):
     assert result.returncode == 0, result.stderr
     pulled = Path(result.stdout.strip())
     assert pulled.read_bytes() == model
+
+
+def test_two_pulls_recording_files_at_once_lose_no_record(env, tmp_path):
+    """Two processes, as two `memagent models pull` of different models, each recording 40
+    files checked whole in models/verified.json: every record is there after, none lost to
+    the other's write (each reads the records, adds its own and writes them all back)."""
+    models = Path(env["XDG_DATA_HOME"]) / "memagent" / "models"
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from memagent_cli.models.hub import RemoteFile, verified\n"
+        "folder = Path(sys.argv[1]) / sys.argv[2]\n"
+        "folder.mkdir(parents=True)\n"
+        "for i in range(40):\n"
+        "    path = folder / f'part{i}.gguf'\n"
+        "    path.write_bytes(b'GGUF' + bytes(i))\n"
+        "    verified.mark_verified(path, RemoteFile(path.name, i + 4, 'ab' * 32, None))\n"
+    )
+    pulls = [
+        subprocess.Popen([sys.executable, "-c", code, str(models), name], env=env)
+        for name in ("first", "second")
+    ]
+    assert [pull.wait(timeout=120) for pull in pulls] == [0, 0]
+
+    recorded = json.loads((models / hub.VERIFIED_FILE).read_text())
+    assert sorted(recorded) == sorted(
+        f"{n}/part{i}.gguf" for n in ("first", "second") for i in range(40)
+    )
