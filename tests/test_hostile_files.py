@@ -315,6 +315,13 @@ SAFETENSORS_EDITS = {
     "a thousand dimensions": lambda entry: entry.update(shape=[1] * 1000),
     "a list as the dtype": lambda entry: entry.update(dtype=["BF16"]),
     "a list for the entry": None,
+    # No bytes: a weight with no elements, which no model has (the converter divided by it).
+    "a last dimension of 0": lambda entry: entry.update(
+        shape=[entry["shape"][0], 0], data_offsets=[entry["data_offsets"][0]] * 2
+    ),
+    "a first dimension of 0": lambda entry: entry.update(
+        shape=[0, *entry["shape"][1:]], data_offsets=[entry["data_offsets"][0]] * 2
+    ),
 }
 
 

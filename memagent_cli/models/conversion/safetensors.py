@@ -124,6 +124,8 @@ def _read_header(file: Path) -> dict[str, Tensor]:
         valid = isinstance(dtype, str) and len(shape) <= _MAX_DIMS
         if not (valid and all(map(_count, (*shape, begin, end)))):
             raise ModelError(f"{damaged}: tensor {name} is described wrongly.")
+        if 0 in shape:  # no weight has no values; a row of none would divide by zero
+            raise ModelError(f"{damaged}: tensor {name} has a dimension of 0, so no values.")
         if dtype not in _DTYPES:
             kinds = ", ".join(_DTYPES)
             raise ModelError(f"Tensor {name} in {file} is {dtype}; memagent converts {kinds}.")
