@@ -3,6 +3,7 @@ questions (arguments or a file), found and read with bounds, before any model is
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path, PurePath
 
@@ -48,7 +49,8 @@ def document_paths(argument: str | None, listing: Path | None, pattern: str | No
         named += read_list(listing, "documents")
     paths: list[str] = []
     for name in named:
-        if name != "-" and Path(name).is_dir():
+        # os.path: False where it cannot look (another user's home); reading names why.
+        if name != "-" and os.path.isdir(name):
             paths += _in_folder(Path(name), pattern)
         else:
             paths.append(name)

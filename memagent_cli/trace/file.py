@@ -202,7 +202,9 @@ def read_trace(path: Path) -> Trace:
 def check_new(path: Path) -> None:
     """Fail with a sentence unless a fresh run can write its trace at `path`: it must not hold
     another run, and a file must be creatable there."""
-    if path.exists():
+    # os.path.exists, not Path.exists: in a folder this user cannot enter (another user's
+    # home) the latter raises PermissionError; the probe below names the reason.
+    if os.path.exists(path):
         if path.is_file() and path.stat().st_size == 0:
             return
         raise TraceError(_exists(path))
