@@ -185,6 +185,26 @@ def test_a_language_without_data_is_one_sentence(scanned: Path) -> None:
         load_document(str(scanned), ocr=OcrOptions(languages="eng+xyz"))
 
 
+@pytest.mark.parametrize("damage", ["cut", "noise"])
+def test_damaged_language_data_is_one_sentence(memagent, env, scanned, tmp_path, damage):
+    """An eng.traineddata cut short by a failed copy, or not one at all: Tesseract refuses to
+    start, in each OCR thread, and that was a traceback from the thread."""
+    from memagent_cli.documents.ocr import tessdata_folders
+
+    folders = [f for f in tessdata_folders() if (f / "eng.traineddata").is_file()]
+    good = folders[0] / "eng.traineddata"
+    folder = tmp_path / "tessdata"
+    folder.mkdir()
+    data = good.read_bytes()[:100_000] if damage == "cut" else bytes(range(256)) * 40
+    (folder / "eng.traineddata").write_bytes(data)
+    env["TESSDATA_PREFIX"] = str(folder)
+
+    result = memagent("inspect", str(scanned), "--text", timeout=60)
+
+    assert_clean_failure(result, 1, f"{folder / 'eng.traineddata'}", "cannot be loaded")
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
 def test_an_encrypted_scan_is_read_and_nothing_of_it_is_cached(
     source: bytes, tmp_path: Path, private_cache: Path
 ) -> None:
