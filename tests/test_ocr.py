@@ -254,8 +254,6 @@ def test_inspect_text_prints_each_page_under_its_label(cli, source: bytes, tmp_p
 
 
 def test_inspect_counts_the_pages_for_ocr_and_estimates_the_time(cli, scanned: Path):
-    result = cli("inspect", str(scanned), "--tokenizer", "tiktoken", "--ocr", "never", "--json")
-    assert result.returncode == 1  # never: nothing to read, and it says why
     report = json.loads(cli("inspect", str(scanned), "--tokenizer", "tiktoken", "--json").stdout)
 
     document = report["document"]
@@ -266,6 +264,23 @@ def test_inspect_counts_the_pages_for_ocr_and_estimates_the_time(cli, scanned: P
     assert estimate["pages"] == 3 and estimate["seconds"] > 0
     table = cli("inspect", str(scanned), "--tokenizer", "tiktoken").stdout
     assert "3 read by OCR" in table and "of OCR on" in table
+
+
+def test_inspect_with_ocr_never_counts_and_estimates_without_reading(cli, scanned: Path):
+    """docs/ocr.md: `--ocr never` gives the count and the estimate without reading the pages,
+    so a scan's cost is known before any OCR; `ask` still refuses it, naming --ocr auto."""
+    result = cli("inspect", str(scanned), "--tokenizer", "tiktoken", "--ocr", "never", "--json")
+
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["document"]["pages_needing_ocr"] == 3
+    assert report["document"]["ocr"] is None and report["tokens"] == 0  # none read
+    assert report["ocr_estimate"]["pages"] == 3 and report["ocr_estimate"]["seconds"] > 0
+    assert "3 of 3 pages have no text layer" in result.stderr and "--ocr auto" in result.stderr
+    table = cli("inspect", str(scanned), "--tokenizer", "tiktoken", "--ocr", "never")
+    assert table.returncode == 0 and "of OCR on" in table.stdout, table.stderr
+    asked = cli("ask", str(scanned), "Who?", "-m", "nope.gguf", "--ocr", "never")
+    assert_clean_failure(asked, 1, "no text layer on any of its 3 pages", "--ocr auto")
 
 
 def test_a_low_confidence_page_is_named_on_stderr(source: bytes, cli, tmp_path: Path):

@@ -83,10 +83,11 @@ def read_document(
     use_cache: bool = True,
     ask_password: Callable[[str], str] | None = None,
     ocr: OcrOptions = OCR_AUTO,
+    scanned_ok: bool = False,
 ) -> Document:
     """Load a document (as `format`, when given, whatever its content looks like), telling
     `report` of extraction progress and of what the reader had to work around. `use_cache`,
-    `ask_password` and `ocr`: as `load_document` takes them."""
+    `ask_password`, `ocr` and `scanned_ok`: as `load_document` takes them."""
     with report.progress("pages") as progress:
         document = load_document(
             path,
@@ -96,6 +97,7 @@ def read_document(
             use_cache=use_cache,
             ask_password=ask_password,
             ocr=ocr,
+            scanned_ok=scanned_ok,
         )
     for note in document.notes:
         report.warn(note)
