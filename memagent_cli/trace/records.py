@@ -52,7 +52,7 @@ def _valid(value: Any, check: _Check) -> bool:
         return (
             isinstance(value, list)
             and len(value) == 2
-            and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+            and all(type(v) is int for v in value)  # range: _in_range (bool is no int here)
         )
     assert not isinstance(check, str)
     if isinstance(value, bool) and check in (int, _NUMBER):
