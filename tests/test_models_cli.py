@@ -283,18 +283,20 @@ def test_an_interrupted_pull_resumes_where_it_stopped(cli, env, fake_hub, real_g
     assert not list(pulled_dir(env).glob("*.incomplete"))
 
 
+def start_pull(env) -> subprocess.Popen:
+    """`memagent models pull` of the test repository as a process, to send signals to."""
+    command = [str(MEMAGENT), "models", "pull", f"{REPO}:Q4_1"]
+    return subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_pull_stopped_by_a_signal_keeps_only_its_partial_download_and_resumes(
     cli, env, fake_hub, real_gguf, sig
 ):
     fake_hub.repos[REPO][MODEL_FILE].pace = 0.05  # about 1.3 MB/s: seconds to stop it in
-    process = subprocess.Popen(
-        [str(MEMAGENT), "models", "pull", f"{REPO}:Q4_1"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    process = start_pull(env)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and process.poll() is None:
         partial = list(pulled_dir(env).glob("*.incomplete")) if pulled_dir(env).is_dir() else []
@@ -335,13 +337,7 @@ def test_sigterm_while_the_hub_has_not_answered_stops_the_pull_at_once(env, tmp_
     use_hub(env, _Url(f"http://127.0.0.1:{listener.getsockname()[1]}"), tmp_path / "hf")
     # A user's default: huggingface_hub then first asks the Hub for its agent registry.
     del env["HF_HUB_DISABLE_TELEMETRY"]
-    process = subprocess.Popen(
-        [str(MEMAGENT), "models", "pull", f"{REPO}:Q4_1"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    process = start_pull(env)
     try:
         deadline = time.monotonic() + 60
         while not held and time.monotonic() < deadline:

@@ -283,6 +283,18 @@ def test_inspect_with_ocr_never_counts_and_estimates_without_reading(cli, scanne
     assert_clean_failure(asked, 1, "no text layer on any of its 3 pages", "--ocr auto")
 
 
+@pytest.mark.model
+def test_inspect_with_ocr_never_counts_with_the_models_tokenizer(cli, scanned: Path):
+    """The same with the model's tokenizer: no chunk to time, so no warm-up (it took the
+    first chunk's text, and there is none)."""
+    result = cli("inspect", str(scanned), "--ocr", "never", "--json")
+
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["tokenizer"]["kind"] == "model" and report["tokens"] == 0
+    assert report["estimate"] is None and report["ocr_estimate"]["pages"] == 3
+
+
 def test_a_low_confidence_page_is_named_on_stderr(source: bytes, cli, tmp_path: Path):
     """A page scanned at 50 dpi: Tesseract reads it with 12-17% of its characters wrong,
     and says it is unsure (confidence about 62); the clean page is not named."""
