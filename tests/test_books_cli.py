@@ -80,23 +80,29 @@ def bad_books(tmp_path: Path) -> dict[str, tuple[Path, list[str], str]]:
         "no password": (locked, [], "is encrypted; pass --password"),
         "wrong password": (locked, ["--password", "nope"], "password"),
         "epub without opf": (builders.rewrite_zip(epub, drop=["EPUB/content.opf"]), [], "EPUB"),
-        "scanned": (
-            builders.pdf(tmp_path / "scan.pdf", [None, None]),
-            ["--ocr", "never"],
-            "--ocr auto",
-        ),
     }
 
 
 @pytest.mark.parametrize(
     "case",
-    ["truncated", "random bytes", "no password", "wrong password", "epub without opf", "scanned"],
+    ["truncated", "random bytes", "no password", "wrong password", "epub without opf"],
 )
 def test_bad_books_get_one_sentence(memagent, tmp_path, case):
     path, extra, phrase = bad_books(tmp_path)[case]
     result = memagent("inspect", str(path), *TIKTOKEN, *extra)
     assert_clean_failure(result, 1, phrase)
     assert len(result.stderr.strip().splitlines()) <= 2
+
+
+def test_a_scan_with_ocr_never_is_counted_by_inspect_and_refused_by_ask(memagent, tmp_path):
+    """docs/ocr.md: `inspect --ocr never` gives the count (and the estimate) of a scan; `ask`
+    has nothing to read in it and says which --ocr reads it."""
+    path = builders.pdf(tmp_path / "scan.pdf", [None, None])
+    counted = memagent("inspect", str(path), *TIKTOKEN, "--ocr", "never", "--json")
+    assert counted.returncode == 0, counted.stderr
+    assert json.loads(counted.stdout)["document"]["pages_needing_ocr"] == 2
+    asked = memagent("ask", str(path), "Who?", "-m", "nope.gguf", "--ocr", "never")
+    assert_clean_failure(asked, 1, "--ocr auto")
 
 
 def test_the_right_password_opens_an_encrypted_pdf(memagent, tmp_path):

@@ -36,3 +36,38 @@ def test_pypdf_is_a_release_that_bounds_what_a_pdf_inflates_to():
     assert {name: getattr(pypdf.filters, name) for name in limits} == dict.fromkeys(
         limits, 75_000_000
     )  # as docs/reliability.md says
+
+
+def test_the_http_client_is_used_through_its_public_names_only():
+    """The deadline transport (backends/openai/deadline.py) stands on httpx2 and httpcore2,
+    allowed up to their next major release (<3): so memagent names only what each exports
+    in `__all__`, imports none of their modules, and reads no `_` attribute anywhere."""
+    import ast
+    import importlib
+
+    packages = {name: importlib.import_module(name) for name in ("httpx2", "httpcore2")}
+    used: set[tuple[str, str]] = set()
+    private: list[str] = []
+    for path in sorted((PYPROJECT.parent / "memagent_cli").rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in packages:
+                private.append(f"{path.name}: from {node.module} import ...")
+            elif isinstance(node, ast.Import):
+                private += [
+                    f"{path.name}: import {a.name}"
+                    for a in node.names
+                    if "." in a.name and a.name.split(".")[0] in packages
+                ]
+            elif (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in packages
+            ):
+                used.add((node.value.id, node.attr))
+
+    assert not private
+    assert ("httpcore2", "ConnectionPool") in used  # the check sees the transport
+    assert [f"{p}.{a}" for p, a in sorted(used) if a not in packages[p].__all__] == []
+    deadline = (PYPROJECT.parent / "memagent_cli/backends/openai/deadline.py").read_text()
+    assert "._" not in deadline.replace("self._", "")

@@ -319,3 +319,20 @@ def test_manifest_items_outside_the_spine_are_never_read(book: Path) -> None:
     builders.write_zip(book, members)
 
     assert "The mast broke." in load_document(str(book)).text
+
+
+def test_each_chapter_is_decoded_once(book: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chapter's encoding is found once and the chapter decoded once: its declaration was
+    read for the note on encodings memagent does not decode, then again to decode it."""
+    looked: list[bytes] = []
+    encoding = xhtml.encoding
+
+    def counted(content: bytes) -> tuple[str, str]:
+        looked.append(content)
+        return encoding(content)
+
+    monkeypatch.setattr(xhtml, "encoding", counted)
+    load_document(str(book), use_cache=False)
+
+    chapters = [content for content in looked if b"<body" in content and b"<nav" not in content]
+    assert len(chapters) == len(CHAPTERS) and len(set(chapters)) == len(CHAPTERS)

@@ -161,3 +161,33 @@ def test_a_missing_matplotlib_is_one_sentence(monkeypatch, tmp_path):
     with pytest.raises(plot.PlotError, match=r"\.venv/bin/pip install matplotlib") as refused:
         plot.plot_accuracy([], tmp_path / "acc.png")
     assert "memagent[plot]" not in str(refused.value)
+
+
+def test_a_line_longer_than_a_record_is_skipped_without_holding_it(tmp_path):
+    """A results file of 900 MB on one line (a hole of NUL bytes, so no disk) before a
+    record: the reader skips the line a bounded piece at a time, so it reads the record
+    after it in 1.2 GB of address space (Python and its imports take about 0.4 GB)."""
+    import resource
+    import subprocess
+
+    path = tmp_path / "run.jsonl"
+    with path.open("wb") as file:
+        file.truncate(900 << 20)
+        file.seek(0, 2)
+        file.write(b"\n" + json.dumps(record("g", 1, 1.0)).encode() + b"\n")
+    limit = 1200 << 20
+    code = (
+        "import sys; from pathlib import Path; from memagent_cli.evaluation import results; "
+        "run = results.read(Path(sys.argv[1])); print(len(run.records), run.skipped)"
+    )
+
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)),
+    )
+
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["1", "1"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import time
@@ -208,3 +209,45 @@ def test_two_evals_on_one_results_file_are_refused(env, cli, tmp_path):
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert sorted(r["id"] for r in records) == ["c0", "c1", "c2"]
     assert "Traceback" not in words(stderr)
+
+
+@pytest.fixture
+def others_home(tmp_path) -> tuple[Path, list[str]]:
+    """(a folder this user cannot enter, as another user's home is, the command prefix that
+    runs memagent as this user there). Root enters any folder, so as root memagent runs
+    without the capabilities that let it (setpriv), in a folder of another user's."""
+    folder = tmp_path / "home-of-another"
+    folder.mkdir()
+    if not ROOT:
+        folder.chmod(0o000)
+        yield folder, []
+        folder.chmod(0o700)
+        return
+    prefix = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
+    if shutil.which("setpriv") is None or subprocess.run([*prefix, "true"]).returncode != 0:
+        pytest.skip("root enters any folder, and setpriv cannot run memagent as a user here")
+    os.chown(folder, 65534, 65534)
+    folder.chmod(0o700)
+    yield folder, prefix
+
+
+def test_a_trace_in_a_folder_the_user_cannot_enter_is_one_sentence(env, doc, others_home):
+    folder, prefix = others_home
+    trace = folder / "run.jsonl"
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        command = [*prefix, str(MEMAGENT), *args]
+        return subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+
+    written = run("ask", str(doc), "Who?", "-m", "nope.gguf", "--trace", str(trace))
+    assert_clean_failure(written, 1, f"Cannot write the trace {trace}: Permission denied")
+    resumed = run("ask", str(doc), "Who?", "-m", "nope.gguf", "--resume", str(trace))
+    assert_clean_failure(resumed, 1, f"{trace}: Permission denied")
+    for args in ([], ["--json"], ["--html", str(doc.with_suffix(".html"))]):
+        shown = run("trace", str(trace), *args)
+        assert_clean_failure(shown, 1, f"Cannot read trace {trace}: Permission denied")
+    report = folder / "r.html"
+    html = run("ask", str(doc), "Who?", "-m", "nope.gguf", "--html", str(report))
+    assert_clean_failure(html, 1, f"Cannot write the report {report}: Permission denied")
+    read = run("ask", str(folder / "book.pdf"), "Who?", "-m", "nope.gguf")
+    assert_clean_failure(read, 1, f"Cannot read {folder / 'book.pdf'}: Permission denied")

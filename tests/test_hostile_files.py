@@ -53,6 +53,7 @@ def interrupted(cli, fake_server, tmp_path) -> tuple[Path, Path]:
 # Numbers JSON can spell that no trace holds: past 1e308 an int is no float (a view that
 # divides it raised OverflowError), NaN and infinity, negative counts.
 HUGE = "1" + "0" * 400
+TEMPLATES = "'templates_sha256' field that is not the sha256 of each prompt template"
 TRACE_EDITS = {
     "a 400-digit token offset": (2, "tokens", f"[0, {HUGE}]", "'tokens' field out of range"),
     "a 400-digit memory budget": (1, "settings", None, "setting 'memory_tokens'"),
@@ -63,6 +64,13 @@ TRACE_EDITS = {
     "negative tokens": (3, "completion_tokens", "-5", "'completion_tokens' field out of range"),
     "a list for the memory": (2, "memory", '["a"]', "'memory' field of the wrong type"),
     "an object for the step": (3, "step", '{"n": 2}', "'step' field of the wrong type"),
+    "text for the templates' hashes": (1, "templates_sha256", '"abc"', TEMPLATES),
+    "a template's hash that is not one": (
+        1,
+        "templates_sha256",
+        '{"update": "not a hash", "final": 7}',
+        TEMPLATES,
+    ),
 }
 
 
@@ -315,6 +323,13 @@ SAFETENSORS_EDITS = {
     "a thousand dimensions": lambda entry: entry.update(shape=[1] * 1000),
     "a list as the dtype": lambda entry: entry.update(dtype=["BF16"]),
     "a list for the entry": None,
+    # No bytes: a weight with no elements, which no model has (the converter divided by it).
+    "a last dimension of 0": lambda entry: entry.update(
+        shape=[entry["shape"][0], 0], data_offsets=[entry["data_offsets"][0]] * 2
+    ),
+    "a first dimension of 0": lambda entry: entry.update(
+        shape=[0, *entry["shape"][1:]], data_offsets=[entry["data_offsets"][0]] * 2
+    ),
 }
 
 

@@ -97,3 +97,28 @@ def test_an_ocr_step_that_fails_warns_and_the_install_goes_on(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "warning: OCR (the ocr extra) could not be installed" in result.stderr
     assert not list(tmp_path.glob("*.whl"))
+
+
+def test_the_test_material_installs_only_the_wheels_whose_hashes_are_pinned(tmp_path):
+    """The test material's packages are no project's own, and a wheel runs code at every
+    Python start through a .pth file: pip installs them in hash-checking mode, wheels only,
+    from tests/material.txt, and no other step names them."""
+    import tomllib
+
+    import qwen_material
+
+    lines = make("-n", f"VENV={tmp_path / 'venv'}", f"{tmp_path / 'venv'}/.dev").stdout.splitlines()
+    hashed = [line for line in lines if "tests/material.txt" in line]
+    assert len(hashed) == 1, lines
+    for flag in ("--require-hashes", "--no-deps", "--only-binary :all:"):
+        assert flag in hashed[0], hashed[0]
+    assert not any("pandas-sns" in line for line in lines)
+
+    text = (ROOT / "tests" / "material.txt").read_text()
+    pinned = dict(
+        re.findall(r"^([a-z0-9-]+)==([0-9.]+) \\\n\s+--hash=sha256:[0-9a-f]{64}$", text, re.M)
+    )
+    assert pinned == {name: qwen_material.VERSION for name in qwen_material.PACKAGES}
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    listed = [r for group in extras["optional-dependencies"].values() for r in group]
+    assert not [r for r in listed if r.startswith("pandas-sns")]

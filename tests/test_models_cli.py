@@ -4,6 +4,7 @@ default model is needed only by the test of its own metadata)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -282,18 +283,20 @@ def test_an_interrupted_pull_resumes_where_it_stopped(cli, env, fake_hub, real_g
     assert not list(pulled_dir(env).glob("*.incomplete"))
 
 
+def start_pull(env) -> subprocess.Popen:
+    """`memagent models pull` of the test repository as a process, to send signals to."""
+    command = [str(MEMAGENT), "models", "pull", f"{REPO}:Q4_1"]
+    return subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_pull_stopped_by_a_signal_keeps_only_its_partial_download_and_resumes(
     cli, env, fake_hub, real_gguf, sig
 ):
     fake_hub.repos[REPO][MODEL_FILE].pace = 0.05  # about 1.3 MB/s: seconds to stop it in
-    process = subprocess.Popen(
-        [str(MEMAGENT), "models", "pull", f"{REPO}:Q4_1"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    process = start_pull(env)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and process.poll() is None:
         partial = list(pulled_dir(env).glob("*.incomplete")) if pulled_dir(env).is_dir() else []
@@ -312,6 +315,55 @@ def test_a_pull_stopped_by_a_signal_keeps_only_its_partial_download_and_resumes(
     again = cli("models", "pull", f"{REPO}:Q4_1")
     assert again.returncode == 0 and "resuming" in again.stderr
     assert Path(again.stdout.strip()).read_bytes() == real_gguf
+
+
+def test_sigterm_while_the_hub_has_not_answered_stops_the_pull_at_once(env, tmp_path):
+    """A Hub that takes connections and never answers: SIGTERM during huggingface_hub's first
+    calls (its agent registry, then the model's metadata) ends the pull with 143 at once.
+    huggingface_hub catches every Exception there, and took SIGTERM's for a network error:
+    the pull went on until the Hub's own timeout, then said it could not reach the Hub."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):  # the listener closed
+            while True:
+                held.append(listener.accept()[0])
+
+    threading.Thread(target=accept, daemon=True).start()
+    use_hub(env, _Url(f"http://127.0.0.1:{listener.getsockname()[1]}"), tmp_path / "hf")
+    # A user's default: huggingface_hub then first asks the Hub for its agent registry.
+    del env["HF_HUB_DISABLE_TELEMETRY"]
+    process = start_pull(env)
+    try:
+        deadline = time.monotonic() + 60
+        while not held and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # in the call, waiting for the answer
+        process.send_signal(signal.SIGTERM)
+        stopped = time.monotonic()
+        stdout, stderr = process.communicate(timeout=30)
+        took = time.monotonic() - stopped
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        listener.close()
+        for connection in held:
+            connection.close()
+
+    assert process.returncode == 143, stderr
+    assert took < 5, took
+    assert "Traceback" not in stderr and "Cannot reach" not in stderr, stderr
+    assert not pulled_dir(env).exists()
+
+
+class _Url:
+    def __init__(self, url: str) -> None:
+        self.url = url
 
 
 def test_a_dropped_connection_is_resumed_within_one_pull(cli, env, fake_hub, real_gguf):
@@ -734,3 +786,31 @@ def test_a_download_stops_at_its_declared_size(cli, env, fake_hub, tmp_path):
     assert result.returncode == 0, result.stderr
     pulled = Path(result.stdout.strip())
     assert pulled.read_bytes() == model
+
+
+def test_two_pulls_recording_files_at_once_lose_no_record(env, tmp_path):
+    """Two processes, as two `memagent models pull` of different models, each recording 40
+    files checked whole in models/verified.json: every record is there after, none lost to
+    the other's write (each reads the records, adds its own and writes them all back)."""
+    models = Path(env["XDG_DATA_HOME"]) / "memagent" / "models"
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from memagent_cli.models.hub import RemoteFile, verified\n"
+        "folder = Path(sys.argv[1]) / sys.argv[2]\n"
+        "folder.mkdir(parents=True)\n"
+        "for i in range(40):\n"
+        "    path = folder / f'part{i}.gguf'\n"
+        "    path.write_bytes(b'GGUF' + bytes(i))\n"
+        "    verified.mark_verified(path, RemoteFile(path.name, i + 4, 'ab' * 32, None))\n"
+    )
+    pulls = [
+        subprocess.Popen([sys.executable, "-c", code, str(models), name], env=env)
+        for name in ("first", "second")
+    ]
+    assert [pull.wait(timeout=120) for pull in pulls] == [0, 0]
+
+    recorded = json.loads((models / hub.VERIFIED_FILE).read_text())
+    assert sorted(recorded) == sorted(
+        f"{n}/part{i}.gguf" for n in ("first", "second") for i in range(40)
+    )

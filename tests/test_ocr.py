@@ -185,6 +185,26 @@ def test_a_language_without_data_is_one_sentence(scanned: Path) -> None:
         load_document(str(scanned), ocr=OcrOptions(languages="eng+xyz"))
 
 
+@pytest.mark.parametrize("damage", ["cut", "noise"])
+def test_damaged_language_data_is_one_sentence(memagent, env, scanned, tmp_path, damage):
+    """An eng.traineddata cut short by a failed copy, or not one at all: Tesseract refuses to
+    start, in each OCR thread, and that was a traceback from the thread."""
+    from memagent_cli.documents.ocr import tessdata_folders
+
+    folders = [f for f in tessdata_folders() if (f / "eng.traineddata").is_file()]
+    good = folders[0] / "eng.traineddata"
+    folder = tmp_path / "tessdata"
+    folder.mkdir()
+    data = good.read_bytes()[:100_000] if damage == "cut" else bytes(range(256)) * 40
+    (folder / "eng.traineddata").write_bytes(data)
+    env["TESSDATA_PREFIX"] = str(folder)
+
+    result = memagent("inspect", str(scanned), "--text", timeout=60)
+
+    assert_clean_failure(result, 1, f"{folder / 'eng.traineddata'}", "cannot be loaded")
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
 def test_an_encrypted_scan_is_read_and_nothing_of_it_is_cached(
     source: bytes, tmp_path: Path, private_cache: Path
 ) -> None:
@@ -234,8 +254,6 @@ def test_inspect_text_prints_each_page_under_its_label(cli, source: bytes, tmp_p
 
 
 def test_inspect_counts_the_pages_for_ocr_and_estimates_the_time(cli, scanned: Path):
-    result = cli("inspect", str(scanned), "--tokenizer", "tiktoken", "--ocr", "never", "--json")
-    assert result.returncode == 1  # never: nothing to read, and it says why
     report = json.loads(cli("inspect", str(scanned), "--tokenizer", "tiktoken", "--json").stdout)
 
     document = report["document"]
@@ -246,6 +264,35 @@ def test_inspect_counts_the_pages_for_ocr_and_estimates_the_time(cli, scanned: P
     assert estimate["pages"] == 3 and estimate["seconds"] > 0
     table = cli("inspect", str(scanned), "--tokenizer", "tiktoken").stdout
     assert "3 read by OCR" in table and "of OCR on" in table
+
+
+def test_inspect_with_ocr_never_counts_and_estimates_without_reading(cli, scanned: Path):
+    """docs/ocr.md: `--ocr never` gives the count and the estimate without reading the pages,
+    so a scan's cost is known before any OCR; `ask` still refuses it, naming --ocr auto."""
+    result = cli("inspect", str(scanned), "--tokenizer", "tiktoken", "--ocr", "never", "--json")
+
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["document"]["pages_needing_ocr"] == 3
+    assert report["document"]["ocr"] is None and report["tokens"] == 0  # none read
+    assert report["ocr_estimate"]["pages"] == 3 and report["ocr_estimate"]["seconds"] > 0
+    assert "3 of 3 pages have no text layer" in result.stderr and "--ocr auto" in result.stderr
+    table = cli("inspect", str(scanned), "--tokenizer", "tiktoken", "--ocr", "never")
+    assert table.returncode == 0 and "of OCR on" in table.stdout, table.stderr
+    asked = cli("ask", str(scanned), "Who?", "-m", "nope.gguf", "--ocr", "never")
+    assert_clean_failure(asked, 1, "no text layer on any of its 3 pages", "--ocr auto")
+
+
+@pytest.mark.model
+def test_inspect_with_ocr_never_counts_with_the_models_tokenizer(cli, scanned: Path):
+    """The same with the model's tokenizer: no chunk to time, so no warm-up (it took the
+    first chunk's text, and there is none)."""
+    result = cli("inspect", str(scanned), "--ocr", "never", "--json")
+
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["tokenizer"]["kind"] == "model" and report["tokens"] == 0
+    assert report["estimate"] is None and report["ocr_estimate"]["pages"] == 3
 
 
 def test_a_low_confidence_page_is_named_on_stderr(source: bytes, cli, tmp_path: Path):

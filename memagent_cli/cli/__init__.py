@@ -11,7 +11,7 @@ import typer
 from memagent_cli import crash
 from memagent_cli.cli import ask, cache, evaluation, inspect, models, paths, trace
 from memagent_cli.cli.options import CONTEXT, Command, Group
-from memagent_cli.errors import Interrupted
+from memagent_cli.errors import STOPS, stop_code
 
 app = typer.Typer(
     cls=Group,
@@ -63,7 +63,5 @@ def main() -> None:
     crash.install()
     try:
         app()
-    except KeyboardInterrupt:
-        sys.exit(130)
-    except Interrupted as exc:  # SIGTERM before a run began (loading a document or model)
-        sys.exit(exc.exit_code)
+    except STOPS as exc:  # SIGTERM too, before a run began (loading a document or model)
+        sys.exit(stop_code(exc))

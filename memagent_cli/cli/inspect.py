@@ -83,6 +83,7 @@ def inspect(
         use_cache=not no_document_cache,
         ask_password=options.ask_password(),
         ocr=OcrOptions(ocr, ocr_lang),
+        scanned_ok=True,  # --ocr never: the pages OCR would read are counted and estimated
     )
     if text:
         pages = inspection.document_pages(loaded)

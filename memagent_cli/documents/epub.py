@@ -53,11 +53,10 @@ def parse(
         member = archive.find(name)
         if member is None:
             raise DocumentError(f"{where} is damaged: {name}, listed in its manifest, is missing.")
-        content = archive.read(member)
-        declared = xhtml.encoding(content)[1]
+        decoded, declared = xhtml.decode(archive.read(member))
         if declared:
             undecoded.append(f"{name} ({declared!r})")
-        text, heading = xhtml.to_text(content)
+        text, heading = xhtml.to_text(decoded)
         parts.append((titles.get(name) or heading or PurePosixPath(name).name, text))
         if progress is not None:
             progress(f"extracting {PurePath(where).name}", done, len(files))

@@ -3,6 +3,7 @@ questions (arguments or a file), found and read with bounds, before any model is
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path, PurePath
 
@@ -48,7 +49,8 @@ def document_paths(argument: str | None, listing: Path | None, pattern: str | No
         named += read_list(listing, "documents")
     paths: list[str] = []
     for name in named:
-        if name != "-" and Path(name).is_dir():
+        # os.path: False where it cannot look (another user's home); reading names why.
+        if name != "-" and os.path.isdir(name):
             paths += _in_folder(Path(name), pattern)
         else:
             paths.append(name)
@@ -81,10 +83,11 @@ def read_document(
     use_cache: bool = True,
     ask_password: Callable[[str], str] | None = None,
     ocr: OcrOptions = OCR_AUTO,
+    scanned_ok: bool = False,
 ) -> Document:
     """Load a document (as `format`, when given, whatever its content looks like), telling
     `report` of extraction progress and of what the reader had to work around. `use_cache`,
-    `ask_password` and `ocr`: as `load_document` takes them."""
+    `ask_password`, `ocr` and `scanned_ok`: as `load_document` takes them."""
     with report.progress("pages") as progress:
         document = load_document(
             path,
@@ -94,6 +97,7 @@ def read_document(
             use_cache=use_cache,
             ask_password=ask_password,
             ocr=ocr,
+            scanned_ok=scanned_ok,
         )
     for note in document.notes:
         report.warn(note)

@@ -34,6 +34,7 @@ def load_document(
     use_cache: bool = True,
     ask_password: Callable[[str], str] | None = None,
     ocr: OcrOptions = OCR_AUTO,
+    scanned_ok: bool = False,
 ) -> Document:
     """Read the document at `path` (`-` is stdin), detecting its format from its content.
 
@@ -41,7 +42,8 @@ def load_document(
     cached per file content unless `use_cache` is off, so a second load skips extraction
     (`Document.from_cache`); an encrypted document's text never is. `password` opens
     encrypted PDFs; without one, `ask_password(where)` is asked for it when given. `ocr`
-    says which PDF pages are read by OCR, in which languages.
+    says which PDF pages are read by OCR, in which languages; with `scanned_ok`, a PDF whose
+    pages have no text layer and were not read by OCR is an empty Document (pdf.parse).
     `progress(what, done, total)` is called as pages or chapters are extracted. At most
     `max_document_bytes()` are read.
     """
@@ -63,7 +65,11 @@ def load_document(
         if document is None:
             try:
                 if kind == "pdf":
-                    pages = {"ocr": ocr, "sha256": sha256 if use_cache else None}
+                    pages = {
+                        "ocr": ocr,
+                        "sha256": sha256 if use_cache else None,
+                        "scanned_ok": scanned_ok,
+                    }
                     document = _pdf(data, source, where, password, progress, ask_password, pages)
                 else:
                     document = epub.parse(data, source, where, progress=progress, limit=limit)
@@ -72,9 +78,9 @@ def load_document(
                     raise _text_not_pdf(data, where) from exc
                 raise
             document.sha256 = sha256
-            if use_cache:
+            if use_cache and document.text:  # an empty scan is refused, not cached, for `ask`
                 cache.store(document)
-    if not document.text:
+    if not document.text and not (scanned_ok and document.pages_without_text):
         raise DocumentError(f"The document is empty: {where} has no text to read.")
     return document
 

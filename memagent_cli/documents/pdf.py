@@ -50,13 +50,16 @@ def parse(
     progress: Progress | None = None,
     ocr: OcrOptions = OCR_AUTO,
     sha256: str | None = None,
+    scanned_ok: bool = False,
 ) -> Document:
     """A page-labelled Document from the bytes of a PDF.
 
     Pages without a text layer (or an empty one) are read by OCR under `ocr` (every page
     with `--ocr always`); each recognized page is cached as it is done, under `sha256` when
     given, unless the PDF is encrypted. Pages left without text are counted in
-    `pages_without_text`; a PDF with no text at all is refused, saying why.
+    `pages_without_text`; a PDF with no text at all is refused, saying why, except one
+    with `scanned_ok` whose pages have no text layer (not read by OCR, not damaged): that
+    is an empty Document, whose OCR record counts them (what `inspect --ocr never` reports).
     """
     reader = open_reader(data, where, password)
     with _quiet() as logged:
@@ -106,7 +109,7 @@ def parse(
             )
             record.key, record.needed = f"{ocr.mode}:{ocr.key()}", len(without_layer)
     empty = [index for index in range(total) if not texts[index].strip()]
-    if len(empty) == total:
+    if len(empty) == total and not (scanned_ok and not failed and not record.engine):
         raise _no_text(where, total, failed, record, ocr)
     document = assemble(
         zip(labels, texts, strict=True),

@@ -38,17 +38,19 @@ _NOT_CHARSETS = frozenset(
 _PARSER = html.HTMLParser(no_network=True, remove_comments=True, remove_pis=True)
 
 
-def parse(content: bytes) -> Any:
-    """The root element of an XHTML (or HTML) file, or None when it has no elements."""
+def parse(content: bytes | str) -> Any:
+    """The root element of an XHTML (or HTML) file, its bytes or its text as `decode` gives
+    it, or None when it has no elements."""
+    text = decode(content)[0] if isinstance(content, bytes) else content
     try:
-        return html.document_fromstring(_decode(content), parser=_PARSER)
+        return html.document_fromstring(text, parser=_PARSER)
     except (etree.ParserError, ValueError):
         return None
 
 
-def to_text(content: bytes) -> tuple[str, str]:
-    """The text of one XHTML file, blocks separated by blank lines, and its first h1-h3
-    outside navigation."""
+def to_text(content: bytes | str) -> tuple[str, str]:
+    """The text of one XHTML file (its bytes, or its text as `decode` gives it), blocks
+    separated by blank lines, and its first h1-h3 outside navigation."""
     root = parse(content)
     if root is None:
         return "", ""
@@ -126,10 +128,12 @@ def encoding(content: bytes) -> tuple[str, str]:
     return codec.name, ""
 
 
-def _decode(content: bytes) -> str:
-    """XHTML bytes as text, without the XML declaration (lxml refuses it in a str)."""
+def decode(content: bytes) -> tuple[str, str]:
+    """XHTML bytes as text, without the XML declaration (lxml refuses it in a str), and the
+    encoding it declares that memagent read as UTF-8 instead ("" when none: `encoding`)."""
+    codec, undecoded = encoding(content)
     try:
-        text = content.decode(encoding(content)[0], errors="replace")
+        text = content.decode(codec, errors="replace")
     except UnicodeError:  # a codec that fails whatever `errors` says
         text = content.decode("utf-8-sig", errors="replace")
-    return re.sub(r"^\s*<\?xml[^>]*\?>", "", text.lstrip("\ufeff"), count=1)
+    return re.sub(r"^\s*<\?xml[^>]*\?>", "", text.lstrip("\ufeff"), count=1), undecoded

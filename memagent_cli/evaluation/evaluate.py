@@ -22,7 +22,7 @@ from memagent_cli.documents.document import Document
 from memagent_cli.documents.inputs import read_document
 from memagent_cli.documents.ocr import OcrOptions
 from memagent_cli.documents.pdf import OCR_AUTO
-from memagent_cli.errors import Interrupted, UserError
+from memagent_cli.errors import STOPS, Interrupted, UserError, stop_code
 from memagent_cli.evaluation import data, niah, results
 from memagent_cli.evaluation.data import Case
 from memagent_cli.evaluation.runner import Answered, check_resumable, evaluate
@@ -191,10 +191,9 @@ def _run(
                 )
             except run.Stopped as stop:
                 raise Stopped(stop.message, stop.exit_code, output) from None
-            except KeyboardInterrupt:
-                raise Stopped("Interrupted (SIGINT).", 130, output) from None
-            except Interrupted as exc:  # SIGTERM between two cases
-                raise Stopped(f"Interrupted ({exc}).", exc.exit_code, output) from None
+            except STOPS as exc:  # between two cases
+                name = exc if isinstance(exc, Interrupted) else "SIGINT"
+                raise Stopped(f"Interrupted ({name}).", stop_code(exc), output) from None
         ended = True
     finally:
         if cases_journal is not None:

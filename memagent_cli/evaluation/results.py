@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -16,10 +17,10 @@ from typing import Any
 
 from memagent_cli.errors import UserError
 from memagent_cli.files import (
-    MAX_LINE_BYTES,
     cannot_write,
     close_and_remove,
     drop_partial_line,
+    lines,
     lock,
     open_private,
     open_regular,
@@ -77,12 +78,12 @@ def read(path: Path, *, missing_ok: bool = False) -> Results:
     """The records of `path`; a missing file is an empty run when `missing_ok`."""
     if missing_ok and not path.exists():
         return Results(path, [])
-    open_regular(path, "results file", limit=MAX_RESULTS_BYTES, error=ResultsError).close()
     records, skipped = [], 0
-    try:
-        with path.open("rb") as file:
-            for number, line in enumerate(file, 1):
-                record = _record(line)
+    # Read through the handle that was checked: a path opened again could be another file.
+    with open_regular(path, "results file", limit=MAX_RESULTS_BYTES, error=ResultsError) as file:
+        try:
+            for number, (line, state) in enumerate(_whole(lines(file)), 1):
+                record = _record(line) if state != "long" else None
                 if record is None:
                     skipped += line.strip() != b""
                     continue
@@ -92,16 +93,19 @@ def read(path: Path, *, missing_ok: bool = False) -> Results:
                         "out of range."
                     )
                 records.append(record)
-    except OSError as exc:
-        raise ResultsError(f"Cannot read results file {path}: {exc.strerror}.") from None
+        except OSError as exc:
+            raise ResultsError(f"Cannot read results file {path}: {exc.strerror}.") from None
     if skipped and not records:
         raise ResultsError(f"{path} holds no eval results (JSON Lines from `memagent eval`).")
     return Results(path, records, skipped)
 
 
+def _whole(items: Iterator[tuple[bytes, str] | None]) -> Iterator[tuple[bytes, str]]:
+    """files.lines without its polls (it is not following)."""
+    return (item for item in items if item is not None)
+
+
 def _record(line: bytes) -> dict[str, Any] | None:
-    if len(line) > MAX_LINE_BYTES:
-        return None
     try:
         record = json.loads(line)
     except (ValueError, RecursionError):  # also bad UTF-8, deep nesting and huge numbers

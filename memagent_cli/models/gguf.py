@@ -21,6 +21,7 @@ from typing import Any
 from memagent_cli import gguf_header
 from memagent_cli.errors import ModelError
 from memagent_cli.files import check_gguf
+from memagent_cli.text import json_count
 
 _TAG = re.compile(r"[-.]([A-Z0-9_]+)$", re.IGNORECASE)
 _MAX_TYPES = 256  # tensor types counted: ggml has about 40, a hostile list could name millions
@@ -116,7 +117,7 @@ def _value(path: Path, fields: dict[str, Any], key: str, kind: type) -> Any:
     value = fields.get(key)
     if value is None:
         return None
-    if isinstance(value, kind) and not isinstance(value, bool) and (kind is str or value >= 0):
+    if isinstance(value, str) if kind is str else json_count(value):
         return value
     what = "text" if kind is str else "a count" if key != "tokenizer.ggml.tokens" else "a list"
     raise ModelError(f"{path} is a damaged GGUF file: its {key} is not {what}.")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from rich.filesize import decimal
 
-from memagent_cli.errors import Interrupted, ModelError
+from memagent_cli.errors import STOPS, ModelError
 from memagent_cli.models import gguf, hub, registry
 from memagent_cli.models.conversion import architecture, quantize, vocabulary
 from memagent_cli.models.conversion.convert import (
@@ -171,7 +171,7 @@ def pull_and_convert(
             )
     except ModelError as exc:
         raise ModelError(f"{exc.message} {_downloads_left(folder, spec.repo)}") from None
-    except (KeyboardInterrupt, Interrupted):  # Ctrl-C, SIGTERM
+    except STOPS:  # Ctrl-C, SIGTERM
         note(_downloads_left(folder, spec.repo))
         raise
     left = _bytes_in(folder)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from memagent_cli import trace
-from memagent_cli.errors import Interrupted, UserError
+from memagent_cli.errors import STOPS, Interrupted, UserError, stop_code
 from memagent_cli.progress import SILENT, Layout, Listener, ReadingId, ReadingView, Reporter
 from memagent_cli.reader import Answer, Event, Step, StepFinished, StepStarted
 from memagent_cli.run.engine import Engine
@@ -269,7 +269,7 @@ def ask_runs(
                     session = opened.run.session
                     ready[opened.number] = Result(answer, session, seconds, opened.trace_path)
                 yield from passing()
-        except (KeyboardInterrupt, Interrupted, UserError) as exc:
+        except (*STOPS, UserError) as exc:
             if not reading:  # no run to stop and tell it by: the caller hears of it
                 held = exc
             for opened in reading.values():
@@ -369,7 +369,7 @@ def _close(opened: _Open, view: ReadingView) -> None:
 def _stop(opened: _Open, exc: BaseException) -> Stopped:
     """The run stopped by `exc` (Ctrl-C, SIGTERM, a failing backend), its trace saying so."""
     reason = exc.message if isinstance(exc, UserError) else (str(exc) or "SIGINT")
-    code = 130 if isinstance(exc, KeyboardInterrupt) else exc.exit_code  # type: ignore[attr-defined]
+    code = exc.exit_code if isinstance(exc, UserError) else stop_code(exc)
     if opened.writer is not None:
         opened.writer.interrupted(reason)
     session = opened.run.session

@@ -21,7 +21,7 @@ from memagent_cli import trace
 from memagent_cli.documents import Document
 from memagent_cli.documents.inputs import read_document
 from memagent_cli.documents.ocr import OcrOptions
-from memagent_cli.errors import DocumentError, Interrupted
+from memagent_cli.errors import STOPS, DocumentError, stop_code
 from memagent_cli.progress import SILENT, Layout, Reporter
 from memagent_cli.run import ask as run
 from memagent_cli.run import journal, pool
@@ -74,10 +74,8 @@ class Batch:
             if first is not None:
                 yield from self._outcomes(first, runs, first.session.engine.threaded)
             ended = True
-        except KeyboardInterrupt:
-            self._failed(130)
-        except Interrupted as exc:  # SIGTERM while runs were in flight in other threads
-            self._failed(exc.exit_code)
+        except STOPS as exc:  # SIGTERM too, while runs were in flight in other threads
+            self._failed(stop_code(exc))
         finally:
             if self._journal is not None:  # kept unless every reading was answered
                 self._journal.close(finished=ended and self.exit_code == 0)

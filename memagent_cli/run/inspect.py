@@ -54,7 +54,7 @@ def inspect_document(
         "ocr_estimate": ocr_estimate(document.ocr.needed),
         "estimate": None,
     }
-    if estimate and isinstance(backend, LlamaCppBackend):
+    if estimate and chunks and isinstance(backend, LlamaCppBackend):  # none: a scan unread
         found["estimate"] = estimate_seconds(backend, chunks, chunk_tokens, memory_tokens, report)
     return found
 

@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -21,6 +20,7 @@ from memagent_cli.files import (
     cannot_write,
     close_and_remove,
     drop_partial_line,
+    lines,
     lock,
     open_private,
     open_regular,
@@ -48,34 +48,6 @@ MAX_TRACE_BYTES = 1 << 30  # a 3.5M-token run writes a few MB; anything near thi
 POLL_SECONDS = 0.2
 
 
-def _lines(file: IO[bytes], follow: bool, poll: float) -> Iterator[tuple[bytes, str] | None]:
-    """(line, state) for each line, state "" for a whole line, "cut" for a last line without
-    its newline, "long" for one over MAX_LINE_BYTES (its rest is dropped). With `follow`, a
-    last line waits for the rest, and None marks each poll in which nothing arrived."""
-    pending, dropping = b"", False
-    while True:
-        data = file.readline(MAX_LINE_BYTES + 1 - len(pending))
-        if not data and follow:
-            time.sleep(poll)
-            data = file.readline(MAX_LINE_BYTES + 1 - len(pending))
-            if not data:
-                yield None
-                continue
-        if not data:
-            if pending and not dropping:
-                yield pending, "cut"
-            return
-        pending += data
-        if pending.endswith(b"\n"):
-            if not dropping:
-                yield pending, ""
-            pending, dropping = b"", False
-        elif len(pending) > MAX_LINE_BYTES:
-            if not dropping:
-                yield pending[:64], "long"
-            pending, dropping = b"", True
-
-
 def _parse(line: bytes, number: int, where: str, version: int) -> Record | Skipped | None:
     """The record on a line of a trace of format `version`, typed and checked."""
     if not line.strip():
@@ -98,7 +70,7 @@ def records(
     each poll in which nothing arrived, and never ends."""
     number, version = 0, FORMAT_VERSION
     with open_regular(path, "trace", limit=MAX_TRACE_BYTES, error=TraceError) as file:
-        for item in _lines(file, follow, poll):
+        for item in lines(file, limit=MAX_LINE_BYTES, follow=follow, poll=poll):
             if item is None:
                 yield None
                 continue
@@ -230,7 +202,9 @@ def read_trace(path: Path) -> Trace:
 def check_new(path: Path) -> None:
     """Fail with a sentence unless a fresh run can write its trace at `path`: it must not hold
     another run, and a file must be creatable there."""
-    if path.exists():
+    # os.path.exists, not Path.exists: in a folder this user cannot enter (another user's
+    # home) the latter raises PermissionError; the probe below names the reason.
+    if os.path.exists(path):
         if path.is_file() and path.stat().st_size == 0:
             return
         raise TraceError(_exists(path))

@@ -214,7 +214,9 @@ def locate(name: Path | None) -> Path:
             )
         return found[0]
     folder = default_dir()
-    if not name.exists() and len(name.parts) == 1 and (folder / name).exists():
+    # os.path.exists: False where it cannot look (a folder it cannot enter, as another
+    # user's home), and reading the trace then names why.
+    if not os.path.exists(name) and len(name.parts) == 1 and os.path.exists(folder / name):
         return folder / name
     return name
 

@@ -10,6 +10,7 @@ In Python a step record keeps `index`, counting from 0 as `Chunk.index` does.
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -33,6 +34,7 @@ class TraceError(UserError):
 _Check = type | tuple[type, ...] | str
 _NUMBER = (int, float)
 _SCALARS = (str, int, float, bool, type(None))
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 # No count, offset or duration memagent writes comes near this; past it a float loses whole
@@ -50,7 +52,7 @@ def _valid(value: Any, check: _Check) -> bool:
         return (
             isinstance(value, list)
             and len(value) == 2
-            and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+            and all(type(v) is int for v in value)  # range: _in_range (bool is no int here)
         )
     assert not isinstance(check, str)
     if isinstance(value, bool) and check in (int, _NUMBER):
@@ -75,6 +77,19 @@ def _fields(
             raise TraceError(f"{where} has a {name!r} field out of range.")
         out[name] = tuple(value) if check == "pair" else value
     return out
+
+
+def _hashes(value: Any) -> bool:
+    """Whether `value` is what a header's templates_sha256 holds: each template's name and
+    its sha256 in hex (protocol.templates_sha256)."""
+    return (
+        isinstance(value, dict)
+        and 0 < len(value) <= 16
+        and all(
+            isinstance(name, str) and isinstance(digest, str) and _SHA256.fullmatch(digest)
+            for name, digest in value.items()
+        )
+    )
 
 
 @dataclass(frozen=True)
@@ -110,6 +125,11 @@ class Header:
             "created": str,
             "memagent": str,
         }
+        if "templates_sha256" in record and not _hashes(record["templates_sha256"]):
+            raise TraceError(
+                f"{where} has a 'templates_sha256' field that is not the sha256 of each prompt "
+                'template ({"update": "<64 hex digits>", "final": ...}).'
+            )
         values = _fields(record, checks, where)
         values["format"] = version
         _fields(values["document"], cls._DOCUMENT, f"{where}'s document")

@@ -16,15 +16,13 @@ from memagent_cli.backends.openai.client import (
     SHORT_REPLY_BYTES,
     BackendError,
     Client,
-    is_count,
-    is_number,
-    is_whole,
 )
 from memagent_cli.backends.openai.tokens import find_tokenizer
 from memagent_cli.backends.openai.urls import without_credentials
 from memagent_cli.backends.tokenizers import DEFAULT_ENCODING, TiktokenTokenizer
 from memagent_cli.errors import UserError
 from memagent_cli.progress import Note, Progress, silent
+from memagent_cli.text import json_count, json_number
 
 _UNKNOWN_CONTEXT = 10**9
 # How chat control tokens are spelled: ChatML's <|im_end|>, Llama's <|eot_id|>, and the like.
@@ -98,7 +96,7 @@ class OpenAIBackend(InTurn):
         """The served context when the server tells it (vLLM's max_model_len, llama-server's
         n_ctx); otherwise unknown, and the server itself reports a step too long."""
         for model in served:
-            if model["id"] == self.served_model and is_whole(model.get("max_model_len")):
+            if model["id"] == self.served_model and _positive(model.get("max_model_len")):
                 return model["max_model_len"]
         try:
             props = self._client.request("/props", retry=False, seconds=DISCOVERY_SECONDS)
@@ -106,7 +104,7 @@ class OpenAIBackend(InTurn):
             return _UNKNOWN_CONTEXT
         settings = props.get("default_generation_settings")
         n_ctx = settings.get("n_ctx") if isinstance(settings, dict) else None
-        return n_ctx if is_whole(n_ctx) else _UNKNOWN_CONTEXT
+        return n_ctx if _positive(n_ctx) else _UNKNOWN_CONTEXT
 
     # -- tokens -----------------------------------------------------------------------
     def tokenize(self, text: str) -> list[int]:
@@ -204,9 +202,9 @@ class OpenAIBackend(InTurn):
             completion_tokens = usage.get("completion_tokens") or 0
             prompt_ms = timings.get("prompt_ms") or 0
         if not (
-            is_count(prompt_tokens)
-            and is_count(completion_tokens)
-            and is_number(prompt_ms)
+            json_count(prompt_tokens)
+            and json_count(completion_tokens)
+            and json_number(prompt_ms)
             and isinstance(finish_reason, str)
         ):
             raise BackendError(
@@ -269,3 +267,8 @@ class OpenAIBackend(InTurn):
                 "is smaller than one step; give it a larger context (Ollama: num_ctx, or "
                 "OLLAMA_CONTEXT_LENGTH) or lower --chunk-tokens."
             )
+
+
+def _positive(value: object) -> bool:
+    """Whether a server's context length is one: a whole number above 0."""
+    return json_count(value) and value > 0  # type: ignore[operator]

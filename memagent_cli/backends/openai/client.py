@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import email.utils
 import json
-import math
 import random
 import time
 from dataclasses import dataclass
@@ -270,18 +269,3 @@ def _shortened(text: str) -> str:
 def _size(count: int) -> str:
     """A byte count as people read it: 8 MiB, 1.03 MiB."""
     return f"{count / (1 << 20):.3g} MiB" if count >= 1 << 20 else f"{count:,} bytes"
-
-
-def is_count(value: object) -> bool:
-    """Whether `value` is a whole number >= 0 as JSON gives one (not a bool)."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def is_whole(value: object) -> bool:
-    """Whether `value` is a whole number > 0 as JSON gives one."""
-    return is_count(value) and value > 0  # type: ignore[operator]
-
-
-def is_number(value: object) -> bool:
-    """Whether `value` is a count or a duration as JSON gives one: a finite number >= 0."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < math.inf

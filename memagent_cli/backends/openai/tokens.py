@@ -11,11 +11,11 @@ from memagent_cli.backends.openai.client import (
     SHORT_REPLY_BYTES,
     BackendError,
     Client,
-    is_count,
 )
 from memagent_cli.backends.tokenizers import TiktokenTokenizer
 from memagent_cli.chunking import Tokenizer
 from memagent_cli.progress import Note
+from memagent_cli.text import json_count
 
 # A tokenize endpoint may answer a long text at length: up to this many bytes per byte of
 # the text sent (a token per byte, as JSON), and a detokenize endpoint per token sent (a
@@ -83,7 +83,7 @@ class _ServerTokenizer:
             if isinstance(raw, list)
             else []
         )
-        if not isinstance(raw, list) or not all(is_count(i) for i in ids):
+        if not isinstance(raw, list) or not all(json_count(i) for i in ids):
             raise BackendError(
                 f"The server at {self._client.server} answered {self.tokenize_path} without "
                 "a list of token ids."

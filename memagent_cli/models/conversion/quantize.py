@@ -23,7 +23,7 @@ import gguf
 from rich.filesize import decimal
 
 from memagent_cli import cpus
-from memagent_cli.errors import Interrupted, ModelError
+from memagent_cli.errors import STOPS, ModelError
 from memagent_cli.progress import Note, Progress, silent
 
 
@@ -174,7 +174,7 @@ def quantize(
     except BaseException as exc:
         _stop(child)
         dest.unlink(missing_ok=True)
-        if isinstance(exc, (KeyboardInterrupt, Interrupted)):  # Ctrl-C, SIGTERM
+        if isinstance(exc, STOPS):  # Ctrl-C, SIGTERM
             note(f"interrupted while quantizing; {_left(source, dest)}")
         raise
     finally:

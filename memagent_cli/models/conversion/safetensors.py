@@ -16,6 +16,7 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 
 from memagent_cli.errors import ModelError
+from memagent_cli.text import json_count
 
 # safetensors dtype -> (numpy storage dtype, bytes per element); BF16 is read as uint16.
 _DTYPES = {"F32": (np.float32, 4), "F16": (np.float16, 2), "BF16": (np.uint16, 2)}
@@ -122,8 +123,10 @@ def _read_header(file: Path) -> dict[str, Tensor]:
         except (KeyError, TypeError, ValueError):
             raise ModelError(f"{damaged}: tensor {name} is described wrongly.") from None
         valid = isinstance(dtype, str) and len(shape) <= _MAX_DIMS
-        if not (valid and all(map(_count, (*shape, begin, end)))):
+        if not (valid and all(map(json_count, (*shape, begin, end)))):
             raise ModelError(f"{damaged}: tensor {name} is described wrongly.")
+        if 0 in shape:  # no weight has no values; a row of none would divide by zero
+            raise ModelError(f"{damaged}: tensor {name} has a dimension of 0, so no values.")
         if dtype not in _DTYPES:
             kinds = ", ".join(_DTYPES)
             raise ModelError(f"Tensor {name} in {file} is {dtype}; memagent converts {kinds}.")
@@ -135,11 +138,6 @@ def _read_header(file: Path) -> dict[str, Tensor]:
             )
         tensors[name] = tensor
     return tensors
-
-
-def _count(value: object) -> bool:
-    """Whether a shape's dimension or a data offset is one: a whole number, not negative."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _inside(name: str) -> bool:

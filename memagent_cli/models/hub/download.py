@@ -16,7 +16,7 @@ from typing import BinaryIO
 
 from rich.filesize import decimal
 
-from memagent_cli.errors import Interrupted, ModelError
+from memagent_cli.errors import STOPS, ModelError
 from memagent_cli.files import check_folder
 from memagent_cli.models.disk import check_space, durable_rename
 from memagent_cli.models.hub.listing import RemoteFile, endpoint_url, hub_error
@@ -70,7 +70,7 @@ def download(
     url = hf_hub_url(repo, remote.path, revision=commit, endpoint=endpoint)
     try:
         _fetch(url, partial, remote.size, progress, remote.path)
-    except (KeyboardInterrupt, Interrupted):
+    except STOPS:
         note(f"interrupted; {_kept(partial, total)} Run the same pull again to resume.")
         raise
     except Exception as exc:

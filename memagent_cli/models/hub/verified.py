@@ -13,6 +13,7 @@ from typing import Any
 from rich.filesize import decimal
 
 from memagent_cli.errors import ModelError
+from memagent_cli.files import lock, open_private
 from memagent_cli.models import gguf
 from memagent_cli.models.hub.listing import RemoteFile
 from memagent_cli.models.hub.specs import models_dir
@@ -56,13 +57,18 @@ def mark_verified(dest: Path, remote: RemoteFile) -> None:
     after the file's bytes reached the disk, so a record never vouches for lost ones; the
     records of files no longer there are dropped."""
     root = models_dir()
-    recorded = {k: v for k, v in _verified().items() if (root / k).is_file()}
-    recorded[_key(dest)] = _stamp(dest, remote)
     path = _verified_path()
     temp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:  # without the record, the next pull reads the file again: no harm
-        temp.write_text(json.dumps(recorded, indent=1), encoding="utf-8")
-        os.replace(temp, path)
+        # Read, add, write back under a lock: two pulls at once each keep the other's records.
+        # The lock is a file of its own, as the records' file is replaced whole.
+        with open_private(path.with_name(f"{path.name}.lock"), "a") as held:
+            if not lock(held, wait=True):
+                return
+            recorded = {k: v for k, v in _verified().items() if (root / k).is_file()}
+            recorded[_key(dest)] = _stamp(dest, remote)
+            temp.write_text(json.dumps(recorded, indent=1), encoding="utf-8")
+            os.replace(temp, path)
     except OSError:
         temp.unlink(missing_ok=True)
 

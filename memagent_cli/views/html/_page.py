@@ -5,6 +5,7 @@ and evaluation.py."""
 from __future__ import annotations
 
 import html
+import os
 from pathlib import Path
 
 from memagent_cli import __version__
@@ -120,7 +121,7 @@ def write(path: Path, page: str) -> None:
 
 def check_writable(path: Path) -> None:
     """Fail before a long run, not after it, when its report could not be written."""
-    existed = path.exists()
+    existed = os.path.exists(path)  # False, not PermissionError, in a folder it cannot enter
     try:
         with open_private(path, "a"):
             pass

@@ -12,6 +12,7 @@ from typing import Any
 
 from memagent_cli import protocol
 from memagent_cli.provenance import Source
+from memagent_cli.text import json_count
 from memagent_cli.trace import StepRecord, Trace
 from memagent_cli.views.console import home_relative
 from memagent_cli.views.html._page import (
@@ -302,7 +303,7 @@ def _chart(loaded: Trace, sources: dict[int, Source]) -> str:
     """Two panels over the steps: memory tokens (bars, against the budget), then seconds."""
     steps = loaded.steps
     budget = loaded.header.settings.get("memory_tokens")
-    budget = budget if isinstance(budget, int) and not isinstance(budget, bool) else None
+    budget = budget if json_count(budget) else None
     x0, x1 = 70.0, 960.0
     band = (x1 - x0) / len(steps)
     top_tokens = max([budget or 0, *(s.completion_tokens for s in steps), 1])

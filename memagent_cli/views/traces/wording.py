@@ -72,7 +72,7 @@ def about(loaded: Trace) -> list[tuple[str, str]]:
 def _value(value: object) -> str:
     if value is None:
         return "none"
-    return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
+    return f"{value:,}" if type(value) is int else str(value)  # not a bool
 
 
 def step_title(record: StepRecord) -> str:
