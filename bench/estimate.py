@@ -66,7 +66,7 @@ def summary(inspected: dict[str, Any], asked: dict[str, Any], times: dict[str, f
         f"inspect: {times['inspect']:.1f} s in all, of which measuring the speed "
         f"{est['measure_seconds']:.1f} s (to depth {est['measured_depth']:,} of "
         f"{est['depth']:,})",
-        f"estimate: {est['seconds_per_question']:.1f} s for {est['calls']} calls, "
+        f"estimate: {est['seconds_per_question']:.1f} s for {len(est['calls'])} calls, "
         f"{est['prompt_tokens']:,} prompt and {est['reply_tokens']:,} reply tokens "
         f"(prefill {est['prompt_tokens_per_second']:.1f} tok/s, decode "
         f"{est['generation_tokens_per_second']:.1f} tok/s at a step's depth)",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -214,7 +215,9 @@ def estimate_reading(
     stops = _STOPS_EARLY.get(settings.reader)
     return {
         "seconds_per_question": round(seconds, 1),
-        "calls": len(calls),
+        # Each call's prompt and longest reply in tokens, and the lines the rates lie on.
+        "calls": [[call.prompt, call.reply] for call in calls],
+        "speed": dataclasses.asdict(speed),
         "prompt_tokens": sum(call.prompt for call in calls),
         "reply_tokens": sum(call.reply for call in calls),
         "depth": deepest.prompt,

@@ -62,7 +62,7 @@ def print_report(report: dict[str, Any]) -> None:
             summary,
             "estimate",
             f"about {_duration(est['seconds_per_question'])} per question on this machine, "
-            f"reading every chunk{sooner} (an estimate: {est['calls']:,} calls; at a step's "
+            f"reading every chunk{sooner} (an estimate: {len(est['calls']):,} calls; at a step's "
             f"depth of {est['depth']:,} tokens the prompt reads at "
             f"{est['prompt_tokens_per_second']:,.0f} tok/s and the reply decodes at "
             f"{est['generation_tokens_per_second']:,.1f} tok/s, measured in "
