@@ -100,6 +100,8 @@ def main() -> None:
         inspect, inspect_seconds = run(
             [memagent, "inspect", "village.txt", "--json", *model, *args.flags], here
         )
+        keep(args, "inspect.json", inspect.stdout)
+        keep(args, "inspect.stderr", inspect.stderr)
         estimated = json.loads(inspect.stdout)["estimate"]["seconds_per_question"]
         print(f"estimate: {estimated:.0f} s", file=sys.stderr, flush=True)
         if args.limit is not None and estimated > args.limit:
@@ -118,16 +120,16 @@ def main() -> None:
     )
     text = head + summary(inspected, asked, times)
     print(scrubbed(text), end="")
+    for suffix, content in (("ask.json", ask.stdout), ("ask.stderr", ask.stderr)):
+        keep(args, suffix, content)
+    keep(args, "summary.txt", text)
+
+
+def keep(args: argparse.Namespace, suffix: str, content: str) -> None:
+    """Write `content` to --out as NAME-SUFFIX, without this machine's paths."""
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        for suffix, content in (
-            ("inspect.json", inspect.stdout),
-            ("inspect.stderr", inspect.stderr),
-            ("ask.json", ask.stdout),
-            ("ask.stderr", ask.stderr),
-            ("summary.txt", text),
-        ):
-            (args.out / f"{args.name}-{suffix}").write_text(scrubbed(content))
+        (args.out / f"{args.name}-{suffix}").write_text(scrubbed(content))
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ def measure(
     depth: int,
     *,
     budget: float = 60.0,
-    decodes: int = 8,
+    decodes: int = 12,
 ) -> Speed:
     """Prefill `tokens` (repeated as needed) up to `depth` in the engine's batches, timing
     each batch, and time `decodes` single decodes half way and at the end; fit the lines.
@@ -131,12 +131,28 @@ def measure(
 
 
 def _line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
-    """Least squares (base, slope) through (depth, seconds per token); a slope the noise of a
-    shared machine made negative counts as flat."""
-    mean_x = statistics.fmean(x for x, _ in points)
-    mean_y = statistics.fmean(y for _, y in points)
-    spread = sum((x - mean_x) ** 2 for x, _ in points)
-    slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / spread if spread else 0.0
-    if slope <= 0:
-        return mean_y, 0.0
-    return mean_y - slope * mean_x, slope
+    """(base, slope) of seconds per token against depth, through two points robust to a
+    shared machine: the shallower and the deeper half of `points`, each as the medians of
+    its faster half. The line is kept to what the hardware allows: never falling with the depth,
+    and at depth 0 at least half what the shallower half measured (the weights' cost
+    stays; noise must not push it below zero)."""
+    ordered = sorted(points)
+    if len(ordered) < 2:
+        return (ordered[0][1], 0.0) if ordered else (0.0, 0.0)
+    half = len(ordered) // 2
+    (x1, y1), (x2, y2) = _typical(ordered[:half]), _typical(ordered[half:])
+    # Each half as its faster half: another process stalls some batches, never speeds one.
+    if y2 <= y1 or x2 <= x1:
+        return (y1 + y2) / 2, 0.0
+    slope = (y2 - y1) / (x2 - x1)
+    base = y1 - slope * x1
+    if base < y1 / 2:
+        base = y1 / 2
+        slope = (y2 - base) / x2
+    return base, slope
+
+
+def _typical(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """The median depth and seconds of the faster half of `points`."""
+    faster = sorted(points, key=lambda point: point[1])[: max(len(points) // 2, 1)]
+    return statistics.median(x for x, _ in faster), statistics.median(y for _, y in faster)
