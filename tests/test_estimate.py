@@ -46,6 +46,8 @@ def test_the_lines_go_through_the_faster_points_and_stay_physical():
     # Noise can make a deeper point faster: then the line is flat.
     assert _line([(512, 0.4), (1024, 0.35)]) == (pytest.approx(0.375), 0.0)
     assert _line([(512, 0.4)]) == (0.4, 0.0)
+    # Measured short of half a step's depth, the lines are flat: the faster half's median.
+    assert _line([(256, 0.07), (768, 0.083)], flat=True) == (0.07, 0.0)
     # Never below half the shallow cost at depth 0, where noise would take it below zero
     # (seen: -0.3 s a decode on a loaded machine); the deep point is kept.
     base, slope = _line([(2304, 0.05), (4608, 0.4)])

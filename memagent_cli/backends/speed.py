@@ -57,7 +57,8 @@ def measure(
     """Prefill `tokens` (repeated as needed) up to `depth` in the engine's batches, timing
     each batch, and time `decodes` single decodes half way and at the end; fit the lines.
     Past `budget` seconds the prefill stops early (after two batches at least): the lines
-    then carry on beyond what was measured. Sequence 0 is emptied before and after."""
+    then carry on beyond what was measured, flat when it stopped short of half the depth.
+    Sequence 0 is emptied before and after."""
     import llama_cpp
 
     from memagent_cli.backends.llama_parts import Batch
@@ -118,8 +119,12 @@ def measure(
     finally:
         decoder.forget(0)
         batch.close()
-    prefill_base, prefill_slope = _line(segments)
-    decode_base, decode_slope = _line([(float(d), s) for d, s in singles])
+    # A slope measured over less than half the depth would be carried on twice as far or
+    # more: the noise of two batches on a loaded machine once priced a 7B's prefill at a
+    # fifth of its rate that way. Short of half the depth, the lines are flat.
+    flat = pos < depth / 2
+    prefill_base, prefill_slope = _line(segments, flat=flat)
+    decode_base, decode_slope = _line([(float(d), s) for d, s in singles], flat=flat)
     return Speed(
         prefill_base,
         prefill_slope,
@@ -130,15 +135,15 @@ def measure(
     )
 
 
-def _line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
+def _line(points: Sequence[tuple[float, float]], *, flat: bool = False) -> tuple[float, float]:
     """(base, slope) of seconds per token against depth, through two points robust to a
     shared machine: the shallower and the deeper half of `points`, each as the medians of
     its faster half. The line is kept to what the hardware allows: never falling with the depth,
     and at depth 0 at least half what the shallower half measured (the weights' cost
-    stays; noise must not push it below zero)."""
+    stays; noise must not push it below zero). `flat`: no slope, the faster half's median."""
     ordered = sorted(points)
-    if len(ordered) < 2:
-        return (ordered[0][1], 0.0) if ordered else (0.0, 0.0)
+    if flat or len(ordered) < 2:
+        return (_typical(ordered)[1], 0.0) if ordered else (0.0, 0.0)
     half = len(ordered) // 2
     (x1, y1), (x2, y2) = _typical(ordered[:half]), _typical(ordered[half:])
     # Each half as its faster half: another process stalls some batches, never speeds one.

@@ -233,6 +233,17 @@ def estimate_reading(
         "assumes": "every chunk is read and every reply is as long as allowed "
         f"({settings.memory_tokens} tokens a memory, {protocol.FINAL_MAX_TOKENS} the answer); "
         "one token per decode (drafts that copy the document make replies faster); rates "
-        f"measured to depth {speed.measured_to:,}"
-        + (", carried on beyond" if speed.measured_to < deepest.prompt else ""),
+        f"measured to depth {speed.measured_to:,}" + _beyond(speed, deepest.prompt),
     }
+
+
+def _beyond(speed: Speed, depth: int) -> str:
+    """What the estimate assumes past the depth measured."""
+    if speed.measured_to >= depth:
+        return ""
+    if speed.prefill_slope or speed.decode_slope:
+        return f" of {depth:,}, the rates' fall with depth carried on beyond"
+    return (
+        f" of {depth:,} within {MEASURE_BUDGET:.0f} s, and taken as the same deeper (attention "
+        "costs more with depth: deeper calls may be slower)"
+    )
