@@ -27,7 +27,11 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
+sys.path.insert(0, str(ROOT))
 from village import story  # noqa: E402
+
+from memagent_cli.backends.speed import Speed  # noqa: E402
+from memagent_cli.run.inspect import CallSize, call_seconds  # noqa: E402
 
 QUESTION = "What is the secret password for the vault?"
 
@@ -59,6 +63,15 @@ def summary(inspected: dict[str, Any], asked: dict[str, Any], times: dict[str, f
     replies = [s["completion_tokens"] for s in steps] + [asked["final"]["completion_tokens"]]
     prompts = [s["prompt_tokens"] for s in steps] + [asked["final"]["prompt_tokens"]]
     reading = asked["seconds"]
+    calls = [s for s in steps] + [asked["final"]]
+    # The estimate's own pricing of the calls the reading made: what its rates get right
+    # apart from the reply sizes it assumes.
+    speed = Speed(**est["speed"])
+    priced = [
+        call_seconds(CallSize(c["prompt_tokens"], c["completion_tokens"]), speed) for c in calls
+    ]
+    drafted = sum(c.get("drafted") or 0 for c in calls)
+    accepted = sum(c.get("accepted") or 0 for c in calls)
     lines = [
         f"model: {inspected['tokenizer']['model']}",
         f"document: {inspected['tokens']:,} tokens, {len(inspected['chunks'])} chunks of "
@@ -74,6 +87,10 @@ def summary(inspected: dict[str, Any], asked: dict[str, Any], times: dict[str, f
         f"{sum(replies):,} reply tokens (replies {', '.join(map(str, replies))}); "
         f"`ask` took {times['ask']:.1f} s in all, model loading included",
         f"ratio estimate / reading: {est['seconds_per_question'] / reading:.3f}",
+        f"the estimate's rates on the reading's own calls: {sum(priced):.1f} s, ratio "
+        f"{sum(priced) / reading:.3f}; per call priced / took: "
+        + ", ".join(f"{p:.1f}/{c['seconds']:.1f}" for p, c in zip(priced, calls, strict=True))
+        + f"; drafts accepted {accepted} of {drafted}",
         f"ratio estimate / whole ask: {est['seconds_per_question'] / times['ask']:.3f}",
     ]
     return "\n".join(lines) + "\n"
@@ -88,8 +105,22 @@ def main() -> None:
     parser.add_argument(
         "--limit", type=float, help="skip the reading when the estimate is over this many seconds"
     )
+    parser.add_argument(
+        "--summarize", action="store_true", help="only summarize NAME's kept files in --out"
+    )
     parser.add_argument("flags", nargs="*", help="more flags for both commands")
     args = parser.parse_args()
+    if args.summarize:
+        kept = {
+            s: (args.out / f"{args.name}-{s}").read_text() for s in ("inspect.json", "ask.json")
+        }
+        head = (args.out / f"{args.name}-summary.txt").read_text().splitlines()[0] + "\n"
+        text = head + summary(
+            json.loads(kept["inspect.json"]), json.loads(kept["ask.json"]), _kept_times(args)
+        )
+        print(text, end="")
+        keep(args, "summary.txt", text)
+        return
     memagent = str(Path(sys.executable).with_name("memagent"))
     model = ["--model", str(Path(args.model).resolve())] if args.model else []
     if args.model and not Path(args.model).exists():
@@ -123,6 +154,17 @@ def main() -> None:
     for suffix, content in (("ask.json", ask.stdout), ("ask.stderr", ask.stderr)):
         keep(args, suffix, content)
     keep(args, "summary.txt", text)
+
+
+def _kept_times(args: argparse.Namespace) -> dict[str, float]:
+    """The commands' wall-clock seconds as a kept summary says them."""
+    import re
+
+    text = (args.out / f"{args.name}-summary.txt").read_text()
+    return {
+        "inspect": float(re.search(r"inspect: ([\d.]+) s in all", text)[1]),
+        "ask": float(re.search(r"`ask` took ([\d.]+) s in all", text)[1]),
+    }
 
 
 def keep(args: argparse.Namespace, suffix: str, content: str) -> None:
