@@ -91,8 +91,9 @@ def share_of_ask(documents: list) -> None:
     """How much of a typical `ask` (default model and settings) extraction takes."""
     from memagent_cli import protocol
     from memagent_cli.chunking import make_chunks, tokenize_in_pieces
+    from memagent_cli.reader import Settings
     from memagent_cli.run.engine import BackendOptions, open_backend
-    from memagent_cli.run.inspect import estimate_seconds
+    from memagent_cli.run.inspect import estimate_reading
 
     backend = open_backend(BackendOptions())
     print()
@@ -105,12 +106,7 @@ def share_of_ask(documents: list) -> None:
         tokens = tokenize_in_pieces(document.text, backend.tokenize)
         chunks = make_chunks(tokens, protocol.DEFAULT_CHUNK_TOKENS, backend.detokenize)
         tokenize_seconds = time.perf_counter() - start
-        guess = estimate_seconds(
-            backend,
-            chunks,
-            protocol.DEFAULT_CHUNK_TOKENS,
-            protocol.DEFAULT_MEMORY_TOKENS,
-        )
+        guess = estimate_reading(backend, chunks, Settings())
         ask = guess["seconds_per_question"]
         share = 100 * extract_seconds / (extract_seconds + tokenize_seconds + ask)
         print(
@@ -119,7 +115,7 @@ def share_of_ask(documents: list) -> None:
         )
     print(
         "(ask est.: one question with the default model, chunks of 5000 and memory of 1024 "
-        "tokens, estimated from a measured warm-up)"
+        "tokens, estimated from the model's speed measured at a step's depth)"
     )
 
 

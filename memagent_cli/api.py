@@ -72,6 +72,8 @@ __all__ = [
     "ask",
     "ask_batch",
     "ask_many",
+    "document_pages",
+    "inspect",
     "load_document",
     "open_model",
 ]
@@ -296,6 +298,48 @@ def ask_batch(
     )
     paths = [str(path) for path in documents]
     return Batch(run_batch.Batch(paths, asked, open_engine, options))
+
+
+# --- inspect: what a document is and what reading it takes, before asking -------------
+
+
+def inspect(
+    document: Document | str | Path,
+    model: Model | None = None,
+    *,
+    windows: Settings | None = None,
+    encoding: str | None = None,
+    estimate: bool = True,
+    report: Reporter = SILENT,
+) -> dict[str, Any]:
+    """What `memagent inspect` reports, as plain data (its JSON): the document, its tokens
+    and chunks, the OCR it needs, and with `estimate` the seconds one question takes on this
+    machine (run/inspect.py's estimate_reading says what it assumes). Tokens are counted
+    with `model`'s tokenizer and cut by its settings; without a model, with tiktoken's
+    `encoding` and the `windows` of `Settings`, and nothing is estimated."""
+    from memagent_cli.run import inspect as inspection
+
+    if not isinstance(document, Document):
+        document = load_document(document)
+    settings = model.settings if model is not None else windows or Settings()
+    return inspection.inspect_document(
+        document,
+        backend=model.backend if model is not None else None,
+        encoding=encoding,
+        chunk_tokens=settings.chunk_tokens,
+        memory_tokens=settings.memory_tokens,
+        estimate=estimate,
+        reader=settings.reader,
+        report=report,
+    )
+
+
+def document_pages(document: Document) -> list[dict[str, Any]]:
+    """The text memagent reads from `document`, page by page (chapter by chapter), each with
+    its label and whether OCR read it: what `memagent inspect --text` prints."""
+    from memagent_cli.run import inspect as inspection
+
+    return inspection.document_pages(document)
 
 
 class _Callbacks:

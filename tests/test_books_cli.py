@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import builders
@@ -110,33 +109,6 @@ def test_the_right_password_opens_an_encrypted_pdf(memagent, tmp_path):
     result = memagent("inspect", str(path), *TIKTOKEN, "--password", "pw", "--json")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["document"]["characters"] == len("secret text")
-
-
-@pytest.mark.model
-def test_inspect_estimates_from_a_warm_up(memagent, tmp_path):
-    """The estimate is the step formula over the document's chunks at the measured rates:
-    each chunk's prompt (template, question, memory and chunk) and a full memory update,
-    then the answer; and the text says the same seconds."""
-    from memagent_cli.run.inspect import _WARMUP_PROMPT_TOKENS
-
-    path = tmp_path / "a.txt"
-    path.write_text(story(400))
-    sizes = ["--chunk-tokens", "2000", "--memory-tokens", "128"]
-    result = memagent("inspect", str(path), *sizes)
-    assert result.returncode == 0, result.stderr
-    assert "per question on this machine" in result.stdout and "an estimate" in result.stdout
-    report = json.loads(memagent("inspect", str(path), *sizes, "--json").stdout)
-    estimate = report["estimate"]
-    prompt, gen = estimate["prompt_tokens_per_second"], estimate["generation_tokens_per_second"]
-    assert prompt > 0 and gen > 0
-    warm_up = int(re.search(r"from a (\d+)-token warm-up", estimate["assumes"]).group(1))
-    fixed = warm_up - _WARMUP_PROMPT_TOKENS  # chat template and question
-    assert 0 < fixed < 1000
-    chunks = [c["tokens"][1] - c["tokens"][0] for c in report["chunks"]]
-    assert sum(chunks) == report["tokens"] and len(chunks) == -(-report["tokens"] // 2000)
-    step = sum((fixed + 128 + tokens) / prompt + 128 / gen for tokens in chunks)
-    expected = step + (fixed + 128) / prompt + 128 / gen
-    assert estimate["seconds_per_question"] == pytest.approx(expected, rel=0.01, abs=0.1)
 
 
 @pytest.mark.model

@@ -21,6 +21,7 @@ from memagent_cli.cli.options import (
     OcrOpt,
     PasswordOpt,
     QuietOpt,
+    ReaderOpt,
     choices,
     reads,
     user_errors,
@@ -50,8 +51,12 @@ def inspect(
         ),
     ] = Tokenizer.model,
     estimate: Annotated[
-        bool, typer.Option(help="Estimate a question's time from a short model warm-up.")
+        bool,
+        typer.Option(
+            help="Estimate a question's time from the model's speed measured at a step's depth."
+        ),
     ] = True,
+    reader: ReaderOpt = None,
     password: PasswordOpt = None,
     format: FormatOpt = None,
     no_document_cache: NoDocumentCacheOpt = False,
@@ -70,8 +75,11 @@ def inspect(
     quiet: QuietOpt = False,
 ) -> None:
     """Show DOCUMENT's format, pages, tokens and chunks without asking the model anything."""
+    import dataclasses
+
+    from memagent_cli import api
     from memagent_cli.documents import inputs
-    from memagent_cli.run import inspect as inspection
+    from memagent_cli.models import registry
     from memagent_cli.views import inspect as views
 
     report = reporter(quiet)
@@ -86,19 +94,30 @@ def inspect(
         scanned_ok=True,  # --ocr never: the pages OCR would read are counted and estimated
     )
     if text:
-        pages = inspection.document_pages(loaded)
+        pages = api.document_pages(loaded)
         if as_json:
             console.result_json(pages, indent=2)
         else:
             views.print_pages(pages)
         return
-    found = inspection.inspect_document(
+    model = None
+    if tokenizer == "model":
+        settings = read.settings
+        model = api.open_model(
+            read.backend.model,
+            chunk_tokens=settings.chunk_tokens,
+            memory_tokens=settings.memory_tokens,
+            llama=read.backend.llama,
+            note=report.note,
+        )
+        how = reader.value if reader else registry.reader_for(model.backend.name)
+        model.settings = dataclasses.replace(model.settings, reader=how)
+    found = api.inspect(
         loaded,
-        model=read.backend if tokenizer == "model" else None,
+        model,
+        windows=read.settings,
         encoding=read.backend.server.encoding,
-        chunk_tokens=read.settings.chunk_tokens,
-        memory_tokens=read.settings.memory_tokens,
-        estimate=estimate and tokenizer == "model",
+        estimate=estimate,
         report=report,
     )
     if as_json:

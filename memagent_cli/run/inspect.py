@@ -2,45 +2,56 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from memagent_cli import cpus, protocol
-from memagent_cli.backend import Sampling
+from memagent_cli.backend import Backend
+from memagent_cli.backends import speed as speeds
 from memagent_cli.backends.llama_cpp import LlamaCppBackend
+from memagent_cli.backends.speed import Speed
 from memagent_cli.backends.tokenizers import DEFAULT_ENCODING, TiktokenTokenizer
-from memagent_cli.chunking import Chunk
+from memagent_cli.chunking import Chunk, Tokenizer
 from memagent_cli.documents import ocr
 from memagent_cli.documents.document import Document
 from memagent_cli.errors import BudgetError
 from memagent_cli.progress import SILENT, Reporter
-from memagent_cli.reader import Settings, context_needed
-from memagent_cli.run.engine import BackendOptions, open_backend
+from memagent_cli.reader import Settings
+from memagent_cli.readers import context_needed, infmem, rememr1
 from memagent_cli.run.session import cut, describe_document
 
-_WARMUP_QUESTION = "What is this document about?"
-_WARMUP_PROMPT_TOKENS = 256
-_WARMUP_REPLY_TOKENS = 32
+# A question of a usual length, for the prompts priced before any question is asked.
+_QUESTION = "What is this document about?"
+# Seconds the measurement may take before it stops short of a step's depth (speed.measure):
+# on the default model it reaches the depth well before, on a 7B it does not.
+MEASURE_BUDGET = 60.0
+# Readers that may answer before the last chunk, and why (readers/infmem.py's EARLY_STOP).
+_STOPS_EARLY = {"infmem": f"its planner may say STOP {infmem.EARLY_STOP} times in a row"}
 
 
 def inspect_document(
     document: Document,
     *,
-    model: BackendOptions | None,
+    backend: Backend | None,
     encoding: str | None,
     chunk_tokens: int,
     memory_tokens: int,
     estimate: bool,
+    reader: str = "memagent",
     report: Reporter = SILENT,
 ) -> dict[str, Any]:
     """Everything `inspect` reports on a document read by documents.inputs.read_document, as
-    plain data (the JSON output). Tokens are counted with the `model`'s tokenizer, or with
-    tiktoken's `encoding` when no model is given."""
-    backend = None
-    if model is None:
+    plain data (the JSON output). Tokens are counted with `backend`'s tokenizer, or with
+    tiktoken's `encoding` when no backend is given; a model in this process (llama.cpp)
+    estimates a question's time for `reader` (estimate_reading)."""
+    tokenizer: Tokenizer
+    if backend is None:
         tokenizer = TiktokenTokenizer(encoding or DEFAULT_ENCODING)
         about = {"kind": "tiktoken", "encoding": tokenizer.name, "exact": False}
     else:
-        tokenizer = backend = open_backend(model, report.note)
+        tokenizer = backend
         described = backend.describe().model
         about = {"kind": "model", "model": described["name"], "path": described["path"]}
         about["exact"] = True
@@ -55,7 +66,8 @@ def inspect_document(
         "estimate": None,
     }
     if estimate and chunks and isinstance(backend, LlamaCppBackend):  # none: a scan unread
-        found["estimate"] = estimate_seconds(backend, chunks, chunk_tokens, memory_tokens, report)
+        settings = Settings(chunk_tokens, memory_tokens, reader=reader)
+        found["estimate"] = estimate_reading(backend, chunks, settings, report)
     return found
 
 
@@ -92,38 +104,146 @@ def document_pages(document: Document) -> list[dict[str, Any]]:
     ]
 
 
-def estimate_seconds(
+@dataclass(frozen=True)
+class CallSize:
+    """One call of a reading as the estimate prices it: its prompt and reply in tokens."""
+
+    prompt: int
+    reply: int
+
+
+@dataclass(frozen=True)
+class Templates:
+    """Prompt tokens of a reader's calls before any memory, chunk or units are put in: chat
+    markup, template and question. `planner`: InfMem's planner call (0 for other readers)."""
+
+    update: int
+    final: int
+    planner: int = 0
+
+
+def reading_calls(
+    reader: str,
+    chunks: Sequence[int],
+    templates: Templates,
+    memory_tokens: int,
+    first_memory: int,
+) -> list[CallSize]:
+    """Every call of a reading of chunks of `chunks` tokens by `reader`, each reply as long as
+    the protocol allows (the memory's budget, the final answer's) and every memory after
+    the first (`first_memory` tokens) full: what reading everything costs at most."""
+    calls, memory = [], first_memory
+    if reader == "infmem":
+        # Each call thinks first (at most THINKING_TOKENS), then replies; the second stage
+        # continues the first's prompt, which stays in the cache.
+        reply = infmem.THINKING_TOKENS + memory_tokens
+        for tokens in chunks:
+            units = infmem.RESULTS * min(infmem.UNIT_TOKENS, tokens)  # a search every step
+            calls.append(CallSize(templates.planner + memory, reply))
+            calls.append(CallSize(templates.update + memory + units + tokens, reply))
+            memory = memory_tokens
+        return [*calls, CallSize(templates.final + memory, reply)]
+    recalled = 0  # ReMemR1 shows an earlier memory beside the last once one exists
+    for tokens in chunks:
+        calls.append(CallSize(templates.update + memory + recalled + tokens, memory_tokens))
+        memory = memory_tokens
+        recalled = memory_tokens if reader == "rememr1" else 0
+    return [*calls, CallSize(templates.final + memory + recalled, protocol.FINAL_MAX_TOKENS)]
+
+
+def call_seconds(call: CallSize, speed: Speed) -> float:
+    """Seconds of one call: its prompt read from an empty context, then its reply decoded
+    one token at a time (the first comes with the prompt)."""
+    return speed.prefill_seconds(call.prompt) + speed.decode_seconds(
+        max(call.reply - 1, 0), call.prompt + 1
+    )
+
+
+def reader_templates(backend: Backend, reader: str, steps: int) -> Templates:
+    """The tokens of `reader`'s calls with nothing filled in, with a usual question."""
+    question = len(backend.tokenize(_QUESTION))
+    if reader == "infmem":
+
+        def sized(text: str) -> int:
+            return len(backend.tokenize(text)) + question
+
+        return Templates(
+            update=sized(infmem.chat(infmem.render_update("", "", [], ""))),
+            final=sized(infmem.chat(infmem.render_final("", ""))),
+            planner=sized(infmem.chat(infmem.render_planner("", "", 0, steps, ()))),
+        )
+    update, final = rememr1.TEMPLATES if reader == "rememr1" else _MEMAGENT_TEMPLATES
+    overhead = backend.chat_overhead() + question
+    return Templates(
+        update=overhead + len(backend.tokenize(update)),
+        final=overhead + len(backend.tokenize(final)),
+    )
+
+
+_MEMAGENT_TEMPLATES = (protocol.render_update("", "", ""), protocol.render_final("", ""))
+
+
+def estimate_reading(
     backend: LlamaCppBackend,
     chunks: list[Chunk],
-    chunk_tokens: int,
-    memory_tokens: int,
+    settings: Settings,
     report: Reporter = SILENT,
+    measure: Callable[[LlamaCppBackend, list[int], int], Speed] | None = None,
 ) -> dict[str, Any]:
-    """Seconds one question will take, from a short measured warm-up of the model."""
-    settings = Settings(chunk_tokens, memory_tokens, Sampling(temperature=0.0))
+    """Seconds one question takes when `settings.reader` reads every chunk: each call priced
+    at the prefill and decode rates of the depths it reaches, measured on this machine
+    (`measure`: speed.measure within MEASURE_BUDGET seconds), its reply as long as allowed."""
     try:
-        context = context_needed(backend, [_WARMUP_QUESTION], settings)
+        context = context_needed(backend, [_QUESTION], settings)
     except BudgetError as exc:
         return {"error": exc.message}
-    report.note("measuring the model's speed with a short warm-up...")
+    templates = reader_templates(backend, settings.reader, len(chunks))
+    first = len(backend.tokenize(protocol.INITIAL_MEMORY))
+    calls = reading_calls(
+        settings.reader, [c.tokens for c in chunks], templates, settings.memory_tokens, first
+    )
+    deepest = max(calls, key=lambda call: call.prompt)
     with report.progress("bytes") as progress:
         backend.prepare(context, progress=progress)
-    sample = backend.detokenize(backend.tokenize(chunks[0].text)[:_WARMUP_PROMPT_TOKENS])
-    message = protocol.render_update(
-        _WARMUP_QUESTION, protocol.INITIAL_MEMORY, sample.decode("utf-8", errors="replace")
-    )
-    warm = backend.generate(message, max_tokens=_WARMUP_REPLY_TOKENS, sampling=settings.sampling)
-    prompt_rate = warm.prompt_tokens / max(warm.prompt_seconds, 1e-6)
-    gen_rate = max(warm.completion_tokens, 1) / max(warm.generation_seconds, 1e-6)
-    fixed = warm.prompt_tokens - _WARMUP_PROMPT_TOKENS  # chat + template + question
-    seconds = sum(
-        (fixed + memory_tokens + c.tokens) / prompt_rate + memory_tokens / gen_rate for c in chunks
-    )
-    seconds += (fixed + memory_tokens) / prompt_rate + memory_tokens / gen_rate  # the answer
+    report.note("measuring the model's speed at the depth of a step...")
+    sample = backend.tokenize(chunks[0].text) or backend.tokenize(_QUESTION)
+    if measure is None:
+        speed = speeds.measure(backend, sample, deepest.prompt, budget=MEASURE_BUDGET)
+    else:
+        speed = measure(backend, sample, deepest.prompt)
+    seconds = sum(call_seconds(call, speed) for call in calls)
+    stops = _STOPS_EARLY.get(settings.reader)
     return {
         "seconds_per_question": round(seconds, 1),
-        "prompt_tokens_per_second": round(prompt_rate, 1),
-        "generation_tokens_per_second": round(gen_rate, 1),
-        "assumes": "each memory update writes --memory-tokens tokens; speeds from a "
-        f"{warm.prompt_tokens}-token warm-up, so long prompts may read slower",
+        # Each call's prompt and longest reply in tokens, and the lines the rates lie on.
+        "calls": [[call.prompt, call.reply] for call in calls],
+        "speed": dataclasses.asdict(speed),
+        "prompt_tokens": sum(call.prompt for call in calls),
+        "reply_tokens": sum(call.reply for call in calls),
+        "depth": deepest.prompt,
+        "prompt_tokens_per_second": round(speed.prefill_rate(deepest.prompt // 2), 1),
+        "generation_tokens_per_second": round(speed.decode_rate(deepest.prompt), 1),
+        "measured_depth": speed.measured_to,
+        "measure_seconds": round(speed.seconds, 1),
+        "reader": settings.reader,
+        "reads_everything": True,
+        "may_stop_sooner": f"the {settings.reader} reader may stop sooner: {stops}"
+        if stops
+        else None,
+        "assumes": "every chunk is read and every reply is as long as allowed "
+        f"({settings.memory_tokens} tokens a memory, {protocol.FINAL_MAX_TOKENS} the answer); "
+        "one token per decode (drafts that copy the document make replies faster); rates "
+        f"measured to depth {speed.measured_to:,}" + _beyond(speed, deepest.prompt),
     }
+
+
+def _beyond(speed: Speed, depth: int) -> str:
+    """What the estimate assumes past the depth measured."""
+    if speed.measured_to >= depth:
+        return ""
+    if speed.prefill_slope or speed.decode_slope:
+        return f" of {depth:,}, the rates' fall with depth carried on beyond"
+    return (
+        f" of {depth:,} within {MEASURE_BUDGET:.0f} s, and taken as the same deeper (attention "
+        "costs more with depth: deeper calls may be slower)"
+    )

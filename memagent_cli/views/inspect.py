@@ -57,12 +57,16 @@ def print_report(report: dict[str, Any]) -> None:
     if est and "error" in est:
         row(summary, "estimate", est["error"])
     elif est:
+        sooner = f"; {est['may_stop_sooner']}" if est.get("may_stop_sooner") else ""
         row(
             summary,
             "estimate",
-            f"about {_duration(est['seconds_per_question'])} per question on this machine "
-            f"(an estimate: prompt {est['prompt_tokens_per_second']:,.0f} tok/s, generation "
-            f"{est['generation_tokens_per_second']:,.0f} tok/s measured; {est['assumes']})",
+            f"about {_duration(est['seconds_per_question'])} per question on this machine, "
+            f"reading every chunk{sooner} (an estimate: {len(est['calls']):,} calls; at a step's "
+            f"depth of {est['depth']:,} tokens the prompt reads at "
+            f"{est['prompt_tokens_per_second']:,.0f} tok/s and the reply decodes at "
+            f"{est['generation_tokens_per_second']:,.1f} tok/s, measured in "
+            f"{_duration(est['measure_seconds'])}; assumes {est['assumes']})",
         )
     out.print(summary)
     table = Table("chunk", "tokens", "characters", "span", box=None, pad_edge=False)
