@@ -40,9 +40,6 @@ TOGETHER = (2, 4)
 TOGETHER_WIDTHS = (2, MOST)
 TIMING_REPEATS = 3  # 1-row decodes timed at each depth
 MAX_FILE_BYTES = 64 << 10  # a calibration is under 2 KB: anything far larger is not one
-# The internal switch of the tests' negative control: a calibration that claims every round
-# size and every count of sequences, as `--exact` assumed before it measured.
-ASSUME_VARIABLE = "MEMAGENT_CALIBRATION"
 
 
 @dataclass(frozen=True)
@@ -119,7 +116,7 @@ class Calibration:
 
 def assumed(key: Mapping[str, Any]) -> Calibration:
     """Every round size equal and any count of sequences together: what `--exact` assumed
-    before it measured. Only for the tests' negative control ($MEMAGENT_CALIBRATION=assume)."""
+    before it measured. The tests' negative control puts it in place of a measured one."""
     costs = {w: 1.0 + 0.6 * (w - 1) for w in range(1, MOST + 1)}
     return Calibration(key, tuple(range(2, MOST + 1)), 1 << 16, costs, assumed=True)
 

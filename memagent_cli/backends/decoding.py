@@ -347,7 +347,8 @@ class Decoder:
         if len(live) == 1:
             (stream,) = live
             if self.widths is not None:  # only a round size proved exact
-                stream.draft = stream.draft[: self.policy.fit(1 + len(stream.draft)) - 1]
+                rows = max((w for w in self.widths if w <= 1 + len(stream.draft)), default=1)
+                stream.draft = stream.draft[: rows - 1]
             rows = 1 + len(stream.draft)  # no padding rows: _decode pads a lone row itself
         elif self.exact:
             rows = max(rows, 2)

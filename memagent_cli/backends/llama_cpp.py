@@ -291,13 +291,10 @@ class LlamaCppBackend:
 
     def calibrate(self, model: object, params: object) -> Calibration:
         """The calibration kept for this model and engine here, or measured now and kept
-        (a few seconds, once): $MEMAGENT_CALIBRATION=assume skips it for the tests'
-        negative control."""
+        (a few seconds, once)."""
         from memagent_cli.backends import calibration
 
         key = self.calibration_key()
-        if os.environ.get(calibration.ASSUME_VARIABLE) == "assume":
-            return calibration.assumed(key)
         if not self.options.recalibrate:
             found = calibration.load(key, note=note_line)
             if found is not None:

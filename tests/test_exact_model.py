@@ -1,0 +1,106 @@
+"""`--exact` keeps its word on models where llama.cpp's rows change with the round's size
+(real llama.cpp, tiny models built by memagent's converter): F16 and F32 weights, and a
+hidden size of 256, where rounds of 2+ rows were measured to differ (docs/performance.md).
+With the calibration (backends/calibration.py), drafts and questions read together change no
+reply; with a calibration that claims every round size, as `--exact` assumed before it
+measured, some reply changes: the negative control of the same checks.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import FACT_QUESTION, TINY_EOS_SCALE, TINY_SEED, TINY_SIZES, story
+
+from memagent_cli import protocol
+from memagent_cli.backend import Call, Sampling
+from memagent_cli.backends import calibration
+from memagent_cli.backends.drafting import DraftPolicy
+from memagent_cli.backends.llama_cpp import LlamaCppBackend, LlamaOptions
+
+pytestmark = pytest.mark.model
+
+CONTEXT = 1024
+# name -> (layers and widths, dtype of the Hugging Face weights, GGUF type)
+VARIANTS = {
+    "f16": ({}, "F16", "F16"),
+    "f32": ({}, "F32", "F32"),
+    "hidden256": ({"hidden_size": 256, "intermediate_size": 512}, "BF16", "Q4_1"),
+}
+SEEDS = range(4)
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("calibrated")
+
+
+@pytest.fixture(autouse=True)
+def _calibrations_here(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Calibrations kept in this module's data folder, measured once per model here."""
+    monkeypatch.setenv("MEMAGENT_HOME", str(home))
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def variant(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import hf_model
+
+    from memagent_cli.models.conversion import convert
+
+    sizes, dtype, quant = VARIANTS[request.param]
+    folder = tmp_path_factory.mktemp(request.param) / f"Tiny-{request.param}"
+    eos = {("model.embed_tokens.weight", hf_model.EOS): TINY_EOS_SCALE}
+    hf_model.build(folder, sizes=TINY_SIZES | sizes, seed=TINY_SEED, scale_rows=eos, dtype=dtype)
+    return convert.convert(folder, folder.parent / f"{request.param}.gguf", quant)
+
+
+def message(seed: int) -> str:
+    return protocol.render_update(FACT_QUESTION, protocol.INITIAL_MEMORY, story(30, seed=seed))
+
+
+def opened(path: Path, speculate: bool, sequences: int = 1) -> LlamaCppBackend:
+    options = LlamaOptions(threads=2, gpu_layers=0, speculate=speculate, exact=True)
+    backend = LlamaCppBackend(path, options)
+    backend.prepare(CONTEXT, sequences)
+    if speculate:  # drafts in every round they can go in: every round size is used
+        assert backend.decoder is not None
+        backend.decoder.policy = DraftPolicy(min_rows=2, fixed=16)
+    return backend
+
+
+def changed_replies(path: Path) -> list[str]:
+    """What `--exact` changed: replies with drafts against `--exact --no-speculate`, and
+    two questions read together against each read alone (sampled, seeded: every token a
+    draw, so a changed logit shows as soon as it moves a draw)."""
+    plain, drafting = opened(path, False), opened(path, True)
+    together = opened(path, True, sequences=2)
+    changed = []
+    for seed in SEEDS:
+        sampling = Sampling(temperature=1.0, top_p=1.0, seed=seed)
+        alone = [
+            plain.generate(message(seed + k), max_tokens=48, sampling=sampling) for k in (0, 1)
+        ]
+        if drafting.generate(message(seed), max_tokens=48, sampling=sampling).text != alone[0].text:
+            changed.append(f"seed {seed}: drafts")
+        calls = [Call(message(seed + k), 48, sequence=k, fresh=True) for k in (0, 1)]
+        for k, got in enumerate(together.decode_many(calls, sampling=sampling)):
+            if got.text != alone[k].text:
+                changed.append(f"seed {seed}: question {k} together")
+    return changed
+
+
+def test_exact_replies_equal_plain_decoding_and_reading_alone(variant: Path) -> None:
+    assert changed_replies(variant) == []
+    assert calibration.kept_for(variant)  # measured at the first use, kept for the next
+
+
+def test_without_the_calibration_some_reply_changes(
+    variant: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The negative control: the same checks, with a calibration that claims every round
+    size and any count of sequences together."""
+    monkeypatch.setattr(
+        LlamaCppBackend, "calibrate", lambda self, *_: calibration.assumed(self.calibration_key())
+    )
+    assert changed_replies(variant), "no reply changed: the check above could not fail here"
