@@ -161,3 +161,12 @@ def test_the_default_prices_rows_from_the_calibration() -> None:
             policy.record_draft(3, 2, 1)
         lengths[per_row] = policy.length(3, 8)
     assert lengths[0.05] > 0 == lengths[0.9]
+
+
+def test_exact_decoding_starts_from_the_calibrations_costs_until_it_measures_its_own() -> None:
+    policy = DraftPolicy(min_rows=2, prices=measured(per_row=0.1).price)
+    assert policy.cost(5) == pytest.approx(1.4 / 1.1)
+    for _ in range(20):
+        policy.record_batch(2, 0.01)
+        policy.record_batch(5, 0.03)
+    assert policy.cost(5) == pytest.approx(3.0)  # this run's own measurement wins

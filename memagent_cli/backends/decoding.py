@@ -121,7 +121,7 @@ class Decoder:
         if exact and calibration is not None:
             self.widths = frozenset(calibration.widths)
             self.speculate = self.speculate and bool(self.widths)
-        prices = calibration.price if calibration is not None and not exact else None
+        prices = calibration.price if calibration is not None else None
         self.policy = DraftPolicy(
             max_draft=min(MAX_DRAFT, n_batch - 2),
             min_rows=1 + exact,

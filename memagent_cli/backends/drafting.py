@@ -135,6 +135,8 @@ class DraftPolicy:
         ratios = self._ratio.get(sequences, {})
         if rows in ratios:
             return ratios[rows]
+        if not ratios and self.prices is not None:  # nothing measured yet: the calibration's
+            return self.prices(rows, sequences, self.min_rows)
         # Unmeasured sizes: extrapolate the cheapest marginal cost seen; until something
         # is measured assume the worst (each token costs a full round).
         marginal = min(((r - 1) / (n - self.min_rows) for n, r in ratios.items()), default=1.0)
