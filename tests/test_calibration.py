@@ -170,3 +170,25 @@ def test_exact_decoding_starts_from_the_calibrations_costs_until_it_measures_its
         policy.record_batch(2, 0.01)
         policy.record_batch(5, 0.03)
     assert policy.cost(5) == pytest.approx(3.0)  # this run's own measurement wins
+
+
+def test_models_info_shows_the_calibration_on_this_machine(cli, env, tiny_model: Path) -> None:
+    shown = cli("models", "info", str(tiny_model))
+    assert shown.returncode == 0, shown.stderr
+    assert "calibration: none on this machine yet" in shown.stdout
+    info = tiny_model.resolve().stat()
+    model = {"path": str(tiny_model.resolve()), "size": info.st_size, "mtime_ns": info.st_mtime_ns}
+    key = KEY | {"model": model, "machine": calibration.machine(), "threads": 2}
+    key |= {"gpu_layers": 0, "flash_attn": "off", "cache_type_k": "f16", "cache_type_v": "f16"}
+    kept = Calibration(key, (2, 3, 4, 9), 1, measured(per_row=0.25).costs, 1.5)
+    home = env["MEMAGENT_HOME"]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MEMAGENT_HOME", home)
+        calibration.store(kept)
+    shown = cli("models", "info", str(tiny_model))
+    line = next(x for x in shown.stdout.splitlines() if x.startswith("calibration"))
+    assert "-t 2 -ngl 0 -fa off -ctk f16 -ctv f16" in line
+    assert "exact rounds of 2-4, 9 rows; sequences alone only" in line
+    assert "8 rows 2.75" in line
+    as_json = json.loads(cli("models", "info", str(tiny_model), "--json").stdout)
+    assert as_json["calibrations"] == [kept.to_json()]
