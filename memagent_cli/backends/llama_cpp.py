@@ -188,7 +188,7 @@ class LlamaCppBackend:
         )
         self._template = self._render_template()  # once: every call's prompt wraps it
         self._engine: _Engine | None = None
-        self.calibration: Calibration | None = None  # measured or read at prepare()
+        self._calibration: Calibration | None = None  # measured or read at prepare()
         self.context_tokens = 0  # per sequence
         self.sequences = 1
 
@@ -266,6 +266,17 @@ class LlamaCppBackend:
             },
         )
 
+    @property
+    def calibration(self) -> Calibration | None:
+        """The calibration decoding uses: once prepared, the one it read or measured;
+        before, the one kept for this engine if any (a trace header is written before the
+        weights load), None with --recalibrate or where drafts do not need one."""
+        if self._calibration is None and self.speculate and not self.options.recalibrate:
+            from memagent_cli.backends import calibration
+
+            self._calibration = calibration.load(self.calibration_key())
+        return self._calibration
+
     def calibration_key(self) -> dict[str, object]:
         """What picks llama.cpp's kernels for this model here (backends/calibration.py)."""
         import llama_cpp
@@ -294,6 +305,8 @@ class LlamaCppBackend:
         (a few seconds, once)."""
         from memagent_cli.backends import calibration
 
+        if self.options.recalibrate and self._calibration is not None:
+            return self._calibration  # measured again already, at an earlier prepare()
         key = self.calibration_key()
         if not self.options.recalibrate:
             found = calibration.load(key, note=note_line)
@@ -515,7 +528,7 @@ class _Engine:
             )
         # Drafts, and an exact round of several sequences, rest on the calibration.
         if backend.speculate or (backend.exact and sequences > 1):
-            backend.calibration = backend.calibrate(self.model, params)
+            backend._calibration = backend.calibrate(self.model, params)
         self.decoder = Decoder(
             self.context,
             self.model,
