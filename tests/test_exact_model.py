@@ -8,10 +8,18 @@ measured, some reply changes: the negative control of the same checks.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
-from conftest import FACT_QUESTION, TINY_EOS_SCALE, TINY_SEED, TINY_SIZES, story
+from conftest import (
+    DEEP_TINY_LAYERS,
+    FACT_QUESTION,
+    TINY_EOS_SCALE,
+    TINY_SEED,
+    TINY_SIZES,
+    story,
+)
 
 from memagent_cli import protocol
 from memagent_cli.backend import Call, Sampling
@@ -22,13 +30,16 @@ from memagent_cli.backends.llama_cpp import LlamaCppBackend, LlamaOptions
 pytestmark = pytest.mark.model
 
 CONTEXT = 1024
-# name -> (layers and widths, dtype of the Hugging Face weights, GGUF type)
+# name -> (shape, dtype of the Hugging Face weights, GGUF type). 24 layers deep, as the
+# negative control of tests/test_speculation.py: on 2 layers a changed logit rarely grows
+# enough to change a token, so a fault could pass unseen.
+DEEP = {"num_hidden_layers": DEEP_TINY_LAYERS}
 VARIANTS = {
-    "f16": ({}, "F16", "F16"),
-    "f32": ({}, "F32", "F32"),
-    "hidden256": ({"hidden_size": 256, "intermediate_size": 512}, "BF16", "Q4_1"),
+    "f16": (DEEP, "F16", "F16"),
+    "f32": (DEEP, "F32", "F32"),
+    "hidden256": (DEEP | {"hidden_size": 256, "intermediate_size": 512}, "BF16", "Q4_1"),
 }
-SEEDS = range(4)
+SEEDS = range(3)
 
 
 @pytest.fixture(scope="module")
@@ -104,3 +115,24 @@ def test_without_the_calibration_some_reply_changes(
         LlamaCppBackend, "calibrate", lambda self, *_: calibration.assumed(self.calibration_key())
     )
     assert changed_replies(variant), "no reply changed: the check above could not fail here"
+
+
+def test_a_damaged_calibration_is_measured_again_and_the_trace_names_it(cli, env, tmp_path):
+    """As a user meets it: a calibration file cut short is measured again with a one-line
+    note, --recalibrate measures again, and the trace records the one each reading used."""
+    (kept,) = (Path(env["MEMAGENT_HOME"]) / "calibrations").glob("*.json")  # the seeded one
+    kept.write_text(kept.read_text()[:40])
+    book = tmp_path / "book.txt"
+    book.write_text(story(20, seed=3))
+    steps = ["--chunk-tokens", "200", "--memory-tokens", "24", "--temperature", "0", "--json"]
+    first = cli("ask", str(book), FACT_QUESTION, *steps)
+    assert first.returncode == 0, first.stderr
+    (note,) = [line for line in first.stderr.splitlines() if "calibration" in line]
+    assert f"the calibration {kept} cannot be used (it is not JSON): measuring again" in note
+    measured = calibration.parse(kept.read_bytes())
+    assert json.loads(first.stdout)["settings"]["calibration"] == measured.record()
+    again = cli("ask", str(book), FACT_QUESTION, *steps, "--recalibrate", "--no-reuse")
+    assert again.returncode == 0 and "calibration" not in again.stderr
+    remeasured = calibration.parse(kept.read_bytes())
+    assert json.loads(again.stdout)["settings"]["calibration"] == remeasured.record()
+    assert remeasured.seconds != measured.seconds  # measured again, not read back
