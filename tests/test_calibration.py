@@ -192,3 +192,10 @@ def test_models_info_shows_the_calibration_on_this_machine(cli, env, tiny_model:
     assert "8 rows 2.75" in line
     as_json = json.loads(cli("models", "info", str(tiny_model), "--json").stdout)
     assert as_json["calibrations"] == [kept.to_json()]
+
+
+def test_the_trace_records_the_calibration_as_one_plain_value() -> None:
+    """A trace header's settings are plain values (trace/records.py refuses others)."""
+    record = measured(widths=(2, 3, 9), together=2, per_row=0.5).record()
+    assert record.startswith("exact 2-3, 9; together 2; costs 1:1.000,2:1.500,3:2.000,")
+    assert record.endswith("17:9.000; measured 2026-11-27T12:00:00Z")

@@ -26,6 +26,7 @@ from memagent_cli.backend import Call, Sampling
 from memagent_cli.backends import calibration
 from memagent_cli.backends.drafting import DraftPolicy
 from memagent_cli.backends.llama_cpp import LlamaCppBackend, LlamaOptions
+from memagent_cli.trace import read_trace
 
 pytestmark = pytest.mark.model
 
@@ -130,7 +131,9 @@ def test_a_damaged_calibration_is_measured_again_and_the_trace_names_it(cli, env
     (note,) = [line for line in first.stderr.splitlines() if "calibration" in line]
     assert f"the calibration {kept} cannot be used (it is not JSON): measuring again" in note
     measured = calibration.parse(kept.read_bytes())
-    assert json.loads(first.stdout)["settings"]["calibration"] == measured.record()
+    answer = json.loads(first.stdout)
+    assert answer["settings"]["calibration"] == measured.record()
+    assert read_trace(Path(answer["trace"])).header.settings["calibration"] == measured.record()
     again = cli("ask", str(book), FACT_QUESTION, *steps, "--recalibrate", "--no-reuse")
     assert again.returncode == 0 and "calibration" not in again.stderr
     remeasured = calibration.parse(kept.read_bytes())

@@ -107,11 +107,13 @@ class Calibration:
             **({"assumed": True} if self.assumed else {}),
         }
 
-    def record(self) -> dict[str, Any]:
-        """What a trace keeps of it: the decisions, not the key (the trace has those)."""
-        record = self.to_json()
-        del record["key"]
-        return record
+    def record(self) -> str:
+        """What a trace keeps of it, as one plain value (a header's settings are scalars):
+        the round sizes, the sequences together, every cost, and when it was measured."""
+        costs = ",".join(f"{w}:{c:.3f}" for w, c in sorted(self.costs.items()))
+        exact = _ranges(self.widths) if self.widths else "none"
+        when = "assumed" if self.assumed else self.measured
+        return f"exact {exact}; together {self.together}; costs {costs}; measured {when}"
 
 
 def assumed(key: Mapping[str, Any]) -> Calibration:
