@@ -123,7 +123,7 @@ class Engine:
             **({"reader": self.settings.reader} if self.settings.reader != DEFAULT else {}),
             "context_tokens": self.context,
             **self.description.engine,
-            # What drafts may do here, measured once (backends/calibration.py): once loaded.
+            # What drafts may do here, measured once per model and machine: one plain value.
             **({"calibration": calibration.record()} if calibration is not None else {}),
         }
 
