@@ -314,7 +314,14 @@ class LlamaCppBackend:
                 return found
         tokens = self.tokenize(_calibration_text())
         engine = calibration.Engine(model, params, tokens)
-        measured = calibration.measure(engine, key)
+        try:
+            measured = calibration.measure(engine, key)
+        except (RuntimeError, ValueError) as exc:  # no room for its context, say
+            note_line(
+                f"could not measure this model's calibration ({exc}): --exact reads without "
+                "drafts, and a batch row is priced at a fixed cost."
+            )
+            return calibration.unmeasured(key)
         calibration.store(measured)
         return measured
 
@@ -526,9 +533,18 @@ class _Engine:
                 + ("; fewer questions at once: --parallel N" if sequences > 1 else "")
                 + ")."
             )
-        # Drafts, and an exact round of several sequences, rest on the calibration.
-        if backend.speculate or (backend.exact and sequences > 1):
-            backend._calibration = backend.calibrate(self.model, params)
+        # Drafts, and an exact round of several sequences, rest on the calibration; a
+        # recurrent model's state cannot be cut back, so it never drafts (decoding.py).
+        recurrent = llama_cpp.llama_model_is_recurrent(self.model) or (
+            llama_cpp.llama_model_is_hybrid(self.model)
+        )
+        if not recurrent and (backend.speculate or (backend.exact and sequences > 1)):
+            try:
+                backend._calibration = backend.calibrate(self.model, params)
+            except BaseException:  # Ctrl-C while measuring: nothing of this engine stays
+                llama_cpp.llama_free(self.context)
+                llama_cpp.llama_model_free(self.model)
+                raise
         self.decoder = Decoder(
             self.context,
             self.model,
