@@ -199,3 +199,14 @@ def test_the_trace_records_the_calibration_as_one_plain_value() -> None:
     record = measured(widths=(2, 3, 9), together=2, per_row=0.5).record()
     assert record.startswith("exact 2-3, 9; together 2; costs 1:1.000,2:1.500,3:2.000,")
     assert record.endswith("17:9.000; measured 2026-11-27T12:00:00Z")
+
+
+def test_one_slowed_round_does_not_make_the_costs() -> None:
+    """A round another process slowed down is an outlier among its neighbours' timings,
+    and no round costs more than that many single decodes."""
+    timed = {w: 1.0 + 0.3 * (w - 1) for w in range(2, MOST + 1)}
+    timed[5] = 40.0
+    costs = calibration.smoothed(timed)
+    assert costs[5] == pytest.approx(2.5) and costs[1] == 1.0
+    assert calibration.smoothed({w: 100.0 for w in range(2, MOST + 1)})[3] == 3.0
+    assert all(costs[w] <= costs[w + 1] for w in range(1, MOST))

@@ -33,11 +33,15 @@ from memagent_cli.folders import data_dir
 
 VERSION = 1
 MOST = MAX_DRAFT + 1  # the largest round of one sequence: its pending token and a full draft
-DEPTHS = (40, 250)  # a shallow cache, and one whose round crosses the KV cache's 256 padding
+# Every round size is checked where a round crosses the KV cache's 256-cell padding;
+# sequences together in a shallow cache, at the smallest and largest size.
+DEPTHS = (250,)
+TOGETHER_DEPTH = 40
 # Several sequences in one round: those counts, at those sizes, with and without logits on
 # every row (a sequence without a draft has one logits row and throwaway ones).
 TOGETHER = (2, 4)
 TOGETHER_WIDTHS = (2, MOST)
+CONTENTS = 2  # sequences together hold this many texts, in turns
 TIMING_REPEATS = 3  # 1-row decodes timed at each depth
 MAX_FILE_BYTES = 64 << 10  # a calibration is under 2 KB: anything far larger is not one
 
@@ -312,8 +316,8 @@ def measure(engine: Engine, key: Mapping[str, Any]) -> Calibration:
     import llama_cpp
 
     began = time.perf_counter()
-    need = max(DEPTHS) + MOST + 8
-    if len(engine.tokens) < need + max(TOGETHER) * 7:
+    need = max(*DEPTHS, TOGETHER_DEPTH) + MOST + 8
+    if len(engine.tokens) < need + CONTENTS * 7:
         raise ValueError("the calibration text is too short")
     params = llama_cpp.llama_context_default_params()
     for name in ("n_threads", "n_threads_batch", "flash_attn_type", "type_k", "type_v"):
@@ -343,20 +347,29 @@ def measure(engine: Engine, key: Mapping[str, Any]) -> Calibration:
             probe.forget(0)
         together = 1
         if equal == set(range(2, MOST + 1)):  # a row that changes with W alone: not together
-            together = probe.together(DEPTHS[0])
+            together = probe.together(TOGETHER_DEPTH)
     finally:
         llama_cpp.llama_free(context)
-    costs, last = {1: 1.0}, 1.0
-    for width in range(2, MOST + 1):  # the mean over the depths, never below a smaller round
-        last = costs[width] = max(last, sum(ratios[width]) / len(ratios[width]))
     return Calibration(
         key,
         tuple(sorted(equal)),
         together,
-        costs,
+        smoothed({w: min(r) for w, r in ratios.items()}),
         time.perf_counter() - began,
         time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     )
+
+
+def smoothed(ratios: Mapping[int, float]) -> dict[int, float]:
+    """Costs from one timing per round size: each the median of it and its neighbours (a
+    round slowed down by another process on the machine is one outlier), within what a
+    round can cost (no less than a smaller round, no more than W single decodes)."""
+    costs, last = {1: 1.0}, 1.0
+    for width in range(2, MOST + 1):
+        near = sorted(ratios[w] for w in (width - 1, width, width + 1) if w in ratios)
+        median = near[len(near) // 2]
+        last = costs[width] = min(max(last, median), float(width))
+    return costs
 
 
 class _Probe:
@@ -447,11 +460,14 @@ class _Probe:
         own rounds alone do, at TOGETHER_WIDTHS rows each, with logits on every row of some
         sequences and on the first only of others (a sequence without a draft): 1 where
         even two differ."""
-        offsets = [7 * seq for seq in range(max(TOGETHER))]
+        offsets = [7 * (seq % CONTENTS) for seq in range(max(TOGETHER))]
         references = []
         for seq, offset in enumerate(offsets):
             self.prefill(seq, offset, depth)
-            references.append(self.reference(seq, depth, max(TOGETHER_WIDTHS), offset))
+            if seq < CONTENTS:  # the others hold the same texts: the same rows alone
+                references.append(self.reference(seq, depth, max(TOGETHER_WIDTHS), offset))
+            else:
+                references.append(references[seq % CONTENTS])
         proved = 1
         for count in TOGETHER:
             for width in TOGETHER_WIDTHS:
