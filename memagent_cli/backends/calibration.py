@@ -340,9 +340,11 @@ def measure(engine: Engine, key: Mapping[str, Any]) -> Calibration:
             single = probe.single(depth)
             reference = probe.reference(0, depth, MOST)
             for width in range(2, MOST + 1):
-                got, seconds = probe.round([(0, depth, width, width)])
+                got, _ = probe.round([(0, depth, width, width)])
                 if got != [reference[:width]]:
                     equal.discard(width)
+                # Timed once more: llama.cpp sets up a round of a new size the first time.
+                _, seconds = probe.round([(0, depth, width, width)])
                 ratios.setdefault(width, []).append(seconds / single)
             probe.forget(0)
         together = 1
