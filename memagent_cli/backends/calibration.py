@@ -356,8 +356,9 @@ def measure(engine: Engine, key: Mapping[str, Any]) -> Calibration:
         key,
         tuple(sorted(equal)),
         together,
-        smoothed({w: min(r) for w, r in ratios.items()}),
-        time.perf_counter() - began,
+        # Rounded as the file keeps them: the one measured and the one read back are equal.
+        {w: round(c, 4) for w, c in smoothed({w: min(r) for w, r in ratios.items()}).items()},
+        round(time.perf_counter() - began, 3),
         time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     )
 
