@@ -30,6 +30,8 @@ One run, default model:
    measured gain against the gain those costs allow (bench/sequences.py);
 4. first of all, before this process loads the model: the peak RSS of a real
    `memagent ask` on a 20K-token and a 2M-token text (bench/rss.py).
+The calibration the ways read with (which round sizes --exact may use, what the default
+prices a row at: backends/calibration.py) is printed above their table and kept in the JSON.
 Tables go to stdout, progress to stderr, the numbers to --out as JSON, and a PNG beside it
 if matplotlib is installed (bench/plots.py). --engine-only, --reading-only,
 --questions-only, --rss-only and --skip-rss run parts of it, --quick all but RSS on small
@@ -72,6 +74,7 @@ from village import story  # noqa: E402
 
 from memagent_cli import models, protocol, reader  # noqa: E402
 from memagent_cli.backend import Call, Sampling  # noqa: E402
+from memagent_cli.backends import calibration  # noqa: E402
 from memagent_cli.backends.decoding import Decoded  # noqa: E402
 from memagent_cli.backends.llama_cpp import LlamaCppBackend, LlamaOptions  # noqa: E402
 from memagent_cli.chunking import make_chunks  # noqa: E402
@@ -301,6 +304,7 @@ CASES = {  # result key: title
 
 def print_side_by_side(result: dict[str, Any]) -> None:
     names = list(VARIANTS)
+    print(f"calibration used: {calibration_line(result.get('calibration'))}")
     print(f"{'':>28}  " + "  ".join(f"{n:>11}" for n in names))
     for key, title in CASES.items():
         if key not in result:
@@ -327,6 +331,14 @@ def print_side_by_side(result: dict[str, Any]) -> None:
                 f"{v['predicted_decode_speedup']:.3f}, measured "
                 f"{v['measured_decode_speedup']:.3f}; whole case {v['measured_speedup']:.3f}"
             )
+
+
+def calibration_line(record: dict[str, Any] | None) -> str:
+    """The calibration a result was read with, in one line (none: drafts were off)."""
+    if record is None:
+        return "none"
+    found = calibration.parse(json.dumps(record).encode())
+    return f"{calibration.settings(found)}: {found.summary()}"
 
 
 def print_copying(case: dict[str, Any]) -> None:
@@ -362,6 +374,10 @@ def read_ways(
         backend.chat_overhead() + sampled + args.memory_tokens + 16,
     )
     backends = open_variants(backend.path, backend.options, context)
+    # What the default's prices and --exact's round sizes come from (one per model and
+    # engine settings, the same for the four ways: backends/calibration.py).
+    used = backends["exact"].calibration
+    result["calibration"] = used.to_json() if used is not None else None
     note("a reply that copies: one document, each call decoded every way...")
     copying, now = read_copying(backends, story(args.sentences, seed=3), settings)
     result["copying"] = compare(copying, now, ideal)

@@ -17,9 +17,11 @@ prompt prefilled to each depth p:
   exact decoding avoids.
 
 Prints, per depth, which round sizes give every row's logits bit for bit: on this CPU all
-of them (what `--exact` relies on). A build with CUDA shows which sizes differ there, and
-by how much (docs/performance.md, On a GPU). Depths next to a multiple of 256 let a round cross the
-KV cache's padding.
+of them with the default model. memagent itself makes the same check, in fewer positions,
+once per model and machine (the calibration, memagent_cli/backends/calibration.py), and
+`--exact` uses only the sizes it proved; this script shows the differences' sizes. A build
+with CUDA shows which sizes differ there, and by how much (docs/performance.md, On a GPU).
+Depths next to a multiple of 256 let a round cross the KV cache's padding.
 """
 
 from __future__ import annotations

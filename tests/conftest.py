@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -83,6 +84,26 @@ def deep_tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return convert.convert(folder, folder.parent / "deep-tiny-qwen2.Q4_1.gguf", "Q4_1")
 
 
+@pytest.fixture(scope="session")
+def tiny_calibrations(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model's calibration with the engine's defaults (backends/calibration.py),
+    measured once a session: every model test's data folder starts with it, as a user's
+    holds it after a first reading, so that only the tests of the calibration measure."""
+    from memagent_cli.backends.llama_cpp import LlamaCppBackend
+
+    home = tmp_path_factory.mktemp("tiny-calibrated")
+    saved = os.environ.get("MEMAGENT_HOME")
+    os.environ["MEMAGENT_HOME"] = str(home)
+    try:
+        LlamaCppBackend(tiny_model).prepare(256)  # measures, and keeps it under `home`
+    finally:
+        if saved is None:
+            del os.environ["MEMAGENT_HOME"]
+        else:
+            os.environ["MEMAGENT_HOME"] = saved
+    return home / "calibrations"
+
+
 def _tiny_for(request: pytest.FixtureRequest) -> str | None:
     """The tiny model's path where the test is a model test not marked real_model."""
     node = request.node
@@ -116,6 +137,13 @@ def env(tmp_path: Path, request: pytest.FixtureRequest) -> dict[str, str]:
     clean["XDG_DATA_HOME"] = str(tmp_path / "data")
     clean["XDG_CACHE_HOME"] = str(tmp_path / "cache")
     clean["MEMAGENT_HOME"] = str(tmp_path / "data" / "memagent")
+    if tiny:
+        from memagent_cli.files import private_folder
+
+        kept = request.getfixturevalue("tiny_calibrations")
+        private_folder(Path(clean["MEMAGENT_HOME"]) / kept.name)  # 0700, as memagent makes it
+        for file in kept.iterdir():
+            shutil.copy(file, Path(clean["MEMAGENT_HOME"]) / kept.name / file.name)
     clean["COLUMNS"] = "120"
     return clean
 

@@ -25,6 +25,14 @@ GREEDY = Sampling(temperature=0.0)
 SEEDED = Sampling(temperature=0.7, top_p=0.95, seed=1234)
 
 
+@pytest.fixture(autouse=True)
+def _calibrations_kept_apart(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Calibrations measured here go to a data folder of the session's, not the user's."""
+    monkeypatch.setenv("MEMAGENT_HOME", str(tmp_path_factory.getbasetemp() / "speculation-home"))
+
+
 def _backend(
     speculate: bool, draft: int | None = None, exact: bool = True, path: Path | None = None
 ) -> LlamaCppBackend:

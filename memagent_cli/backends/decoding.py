@@ -16,12 +16,16 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import llama_cpp
 
 from memagent_cli.backend import Sampling
 from memagent_cli.backends.drafting import MAX_DRAFT, DraftPolicy, Lookup
 from memagent_cli.backends.llama_parts import Batch, Pieces, Sampler
+
+if TYPE_CHECKING:
+    from memagent_cli.backends.calibration import Calibration
 
 
 @dataclass
@@ -94,6 +98,7 @@ class Decoder:
         speculate: bool = True,
         exact: bool = True,
         sequences: int = 1,
+        calibration: Calibration | None = None,
     ) -> None:
         self.context = context
         self.vocab = llama_cpp.llama_model_get_vocab(model)
@@ -104,11 +109,25 @@ class Decoder:
             llama_cpp.llama_model_is_recurrent(model) or llama_cpp.llama_model_is_hybrid(model)
         )
         # llama.cpp's CPU kernels for a 1-row decode differ from its batched ones (logits
-        # differ by up to ~0.7 with a Q4 model, enough to flip near-ties), while every batch
-        # of 2 or more rows gives bit-identical rows. Exact decoding therefore never sends a
-        # 1-row batch: then drafts of any length leave every output token unchanged.
+        # differ by up to ~0.7 with a Q4 model, enough to flip near-ties), and batches of
+        # some sizes differ from others with some models and devices. Exact decoding never
+        # sends a 1-row batch, and only the round sizes, and counts of sequences in a
+        # round, that the calibration proved to give the rows of 2-row rounds bit for bit
+        # (backends/calibration.py): then drafts and questions read together leave every
+        # output token unchanged. No size proved: no drafts.
         self.exact = exact
-        self.policy = DraftPolicy(max_draft=min(MAX_DRAFT, n_batch - 2), min_rows=1 + exact)
+        self.calibration = calibration
+        self.widths: frozenset[int] | None = None  # round sizes allowed (None: any)
+        if exact and calibration is not None:
+            self.widths = frozenset(calibration.widths)
+            self.speculate = self.speculate and bool(self.widths)
+        prices = calibration.price if calibration is not None else None
+        self.policy = DraftPolicy(
+            max_draft=min(MAX_DRAFT, n_batch - 2),
+            min_rows=1 + exact,
+            widths=self.widths,
+            prices=prices,
+        )
         self._batch = Batch(n_batch, sequences)
         self.engine_seconds = 0.0  # inside llama_decode, all calls together
         self._cached: dict[int, list[int]] = {}  # seq -> tokens at positions 0.. in the cache
@@ -290,10 +309,10 @@ class Decoder:
         return True
 
     def _round(self, streams: Sequence[Stream]) -> int:
-        """Decode every unfinished stream's pending token and draft in one batch, then keep
-        what the target model agrees with. Returns the batch size."""
-        batch, policy = self._batch, self.policy
-        batch.clear()
+        """Decode every unfinished stream's pending token and draft, in one batch (or one
+        per group of sequences the calibration allows together), then keep what the target
+        model agrees with. Returns the rows decoded."""
+        policy = self.policy
         live = [s for s in streams if s.finish is None]
         room = self.n_batch // len(live) - 1  # draft rows per sequence (all get as many)
         proposals = []
@@ -305,15 +324,32 @@ class Decoder:
                 limit = min(stream.max_tokens - len(stream.tokens) - 1, room, policy.max_draft)
                 proposal, stream.source = stream.lookup.propose(limit)
             proposals.append(proposal)
+        rows = policy.rows([(s.source, len(p)) for s, p in zip(live, proposals, strict=True)])
+        for stream, proposal in zip(live, proposals, strict=True):
+            stream.draft = proposal[: rows - 1]
+        sizes = [len(live)]
+        if self.exact and self.calibration is not None:
+            sizes = self.calibration.groups(len(live))
+        size, start = 0, 0
+        for count in sizes:
+            size += self._group(live[start : start + count], rows)
+            start += count
+        return size
+
+    def _group(self, live: Sequence[Stream], rows: int) -> int:
+        """One llama_decode of `live`'s sequences, `rows` each; then verify each."""
         # Several sequences (each in its own KV stream): llama.cpp splits a batch into equal
         # parts per sequence, so all get as many rows, filled with their own drafts where
         # they have them, and in exact mode at least two, as a lone reply gets (one query
         # row per sequence runs other attention kernels and changes near-tie tokens).
-        rows = policy.rows([(s.source, len(p)) for s, p in zip(live, proposals, strict=True)])
-        for stream, proposal in zip(live, proposals, strict=True):
-            stream.draft = proposal[: rows - 1]
+        batch = self._batch
+        batch.clear()
         if len(live) == 1:
-            rows = 1  # no padding rows: _decode pads a lone row itself
+            (stream,) = live
+            if self.widths is not None:  # only a round size proved exact
+                rows = max((w for w in self.widths if w <= 1 + len(stream.draft)), default=1)
+                stream.draft = stream.draft[: rows - 1]
+            rows = 1 + len(stream.draft)  # no padding rows: _decode pads a lone row itself
         elif self.exact:
             rows = max(rows, 2)
         pads = []
@@ -327,7 +363,7 @@ class Decoder:
             if rows > used:
                 pads.append((stream.seq_id, stream.pos + used))
         size = batch.size
-        policy.record_batch(size // len(live), self._decode(), len(live))
+        self.policy.record_batch(size // len(live), self._decode(), len(live))
         for seq, pos in pads:
             llama_cpp.llama_memory_seq_rm(self.memory, seq, pos, -1)
         for stream in live:

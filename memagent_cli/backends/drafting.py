@@ -76,10 +76,12 @@ class DraftPolicy:
     Where one row is allowed (`min_rows` 1), the draft length picks llama.cpp's kernels for
     the tokens it covers (a 1-row decode runs other ones than a batch, and they differ in
     near-ties), and it shapes every later round. So there the length comes from counts
-    alone: the acceptance seen so far, priced with a fixed `price` per batch row, and probes
-    counted in rounds. A greedy rerun then repeats itself token for token, whatever the
-    timings. Measured costs choose only where every round is a batch anyway (`min_rows` 2),
-    since there no length changes a token.
+    alone: the acceptance seen so far, priced with the calibration's costs of a round
+    (`prices`, measured once per model and machine: backends/calibration.py) or else a fixed
+    `price` per batch row, and probes counted in rounds. A greedy rerun with the same
+    calibration then repeats itself token for token, whatever this run's timings. Measured
+    costs choose only where every round is a batch anyway (`min_rows` 2), since there no
+    length changes a token, and only among the round sizes in `widths`.
     """
 
     PROBE_LENGTHS = (2, 4, 8)  # probes take turns, so several batch sizes get measured
@@ -98,11 +100,20 @@ class DraftPolicy:
         fixed: int | None = None,
         min_rows: int = 1,
         price: float = PRICE,
+        *,
+        widths: Sequence[int] | None = None,
+        prices: Callable[[int, int, int], float] | None = None,
     ) -> None:
         self.max_draft = max_draft
         self.fixed = fixed  # always draft this many when possible (tests exercise every path)
         self.min_rows = min_rows
         self.price = price
+        # Rows a round may have beyond one (None: any): the sizes the calibration proved
+        # to keep every row's logits, where that matters (--exact).
+        self.widths = None if widths is None else frozenset(widths)
+        # A round's cost from the calibration, (rows, sequences, min_rows) -> decodes;
+        # None: the fixed `price` per row.
+        self.prices = prices
         self._hits = {n: [1.0, 1.0] for n in range(1, Lookup.ORDER + 1)}  # accepted, rejected
         # Per number of sequences: seconds of a round of min_rows each (running mean), and
         # rows each -> cost relative to that round.
@@ -124,6 +135,8 @@ class DraftPolicy:
         ratios = self._ratio.get(sequences, {})
         if rows in ratios:
             return ratios[rows]
+        if not ratios and self.prices is not None:  # nothing measured yet: the calibration's
+            return self.prices(rows, sequences, self.min_rows)
         # Unmeasured sizes: extrapolate the cheapest marginal cost seen; until something
         # is measured assume the worst (each token costs a full round).
         marginal = min(((r - 1) / (n - self.min_rows) for n, r in ratios.items()), default=1.0)
@@ -141,7 +154,7 @@ class DraftPolicy:
         if not longest:
             return 1
         if self.fixed is not None:
-            return 1 + min(self.fixed, longest)
+            return self.fit(1 + min(self.fixed, longest))
         rates = [(min(self.acceptance(s), 0.999), n) for s, n in proposed]
         sequences = len(drafts)
         # Every round a batch: the length changes no token, and timings may choose it.
@@ -151,7 +164,8 @@ class DraftPolicy:
         if self._rounds >= self._probe_after:
             self._rounds = 0
             self._probes += 1
-            probe = min(self.PROBE_LENGTHS[self._probes % len(self.PROBE_LENGTHS)], longest)
+            lengths = self.PROBE_LENGTHS
+            probe = self.fit(1 + min(lengths[self._probes % len(lengths)], longest)) - 1
             if probe > best:
                 self._probe_after = min(self._probe_after * 2, self.PROBE_MAX)
                 return 1 + probe
@@ -168,6 +182,8 @@ class DraftPolicy:
         `cost(rows, sequences)`, for sequences drafting with (acceptance, tokens) `rates`."""
         best, best_gain = 0, float(sequences)  # no draft: one token per sequence
         for k in range(1, longest + 1):
+            if self.widths is not None and k + 1 not in self.widths:
+                continue
             emitted = sequences - len(rates)
             emitted += sum((1 - a ** (min(k, n) + 1)) / (1 - a) for a, n in rates)
             price = cost(k + 1, sequences)
@@ -175,8 +191,17 @@ class DraftPolicy:
                 best, best_gain = k, emitted / price
         return best
 
+    def fit(self, rows: int) -> int:
+        """The largest round size allowed up to `rows` (1 where none is)."""
+        if self.widths is None:
+            return rows
+        return max((w for w in self.widths if w <= rows), default=1)
+
     def _priced(self, rows: int, sequences: int = 1) -> float:
-        """A round's cost at the fixed price per row beyond `min_rows`: no timing in it."""
+        """A round's cost from the calibration's table, else at the fixed price per row
+        beyond `min_rows`: no timing of this run in it either way."""
+        if self.prices is not None:
+            return self.prices(rows, sequences, self.min_rows)
         return 1.0 + self.price * (max(rows, self.min_rows) - self.min_rows)
 
     def record_draft(self, source: int, drafted: int, accepted: int) -> None:

@@ -22,6 +22,7 @@ from memagent_cli.progress import Progress
 
 if TYPE_CHECKING:  # decoding imports llama_cpp, which loads the library: only when used
     from memagent_cli.backends.build import Placement
+    from memagent_cli.backends.calibration import Calibration
     from memagent_cli.backends.decoding import Decoded, Decoder, Request
 
 
@@ -108,6 +109,8 @@ class LlamaOptions:
     # llama.cpp's --repack/--no-repack. None: its repacked layouts, never its AMX buffers,
     # which crash (backends/build.py); True: its own choice, AMX included; False: neither.
     repack: bool | None = None
+    # Measure the calibration again even where one is kept (backends/calibration.py).
+    recalibrate: bool = False
 
     def __post_init__(self) -> None:
         """Refuse settings llama.cpp cannot run, with a sentence instead of a crash."""
@@ -185,6 +188,7 @@ class LlamaCppBackend:
         )
         self._template = self._render_template()  # once: every call's prompt wraps it
         self._engine: _Engine | None = None
+        self._calibration: Calibration | None = None  # measured or read at prepare()
         self.context_tokens = 0  # per sequence
         self.sequences = 1
 
@@ -261,6 +265,65 @@ class LlamaCppBackend:
                 "cache_type_v": self.cache_type_v,
             },
         )
+
+    @property
+    def calibration(self) -> Calibration | None:
+        """The calibration decoding uses: once prepared, the one it read or measured;
+        before, the one kept for this engine if any (a trace header is written before the
+        weights load), None with --recalibrate or where drafts do not need one."""
+        if self._calibration is None and self.speculate and not self.options.recalibrate:
+            from memagent_cli.backends import calibration
+
+            self._calibration = calibration.load(self.calibration_key())
+        return self._calibration
+
+    def calibration_key(self) -> dict[str, object]:
+        """What picks llama.cpp's kernels for this model here (backends/calibration.py)."""
+        import llama_cpp
+
+        from memagent_cli.backends import calibration
+
+        path = self.path.resolve()
+        stat = path.stat()
+        return {
+            "version": calibration.VERSION,
+            "model": {"path": str(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns},
+            "llama_cpp": str(getattr(llama_cpp, "__version__", "")),
+            "system": llama_cpp.llama_print_system_info().decode(errors="replace").strip(),
+            "machine": calibration.machine(),
+            "gpu_layers": self.gpu_layers if can_offload() else 0,
+            "threads": self.threads,
+            "flash_attn": self.flash_attn,
+            "cache_type_k": self.cache_type_k,
+            "cache_type_v": self.cache_type_v,
+            "ubatch": self.ubatch_size,
+            "repack": self.options.repack,
+        }
+
+    def calibrate(self, model: object, params: object) -> Calibration:
+        """The calibration kept for this model and engine here, or measured now and kept
+        (a few seconds, once)."""
+        from memagent_cli.backends import calibration
+
+        if self.options.recalibrate and self._calibration is not None:
+            return self._calibration  # measured again already, at an earlier prepare()
+        key = self.calibration_key()
+        if not self.options.recalibrate:
+            found = calibration.load(key, note=note_line)
+            if found is not None:
+                return found
+        tokens = self.tokenize(_calibration_text())
+        engine = calibration.Engine(model, params, tokens)
+        try:
+            measured = calibration.measure(engine, key)
+        except (RuntimeError, ValueError) as exc:  # no room for its context, say
+            note_line(
+                f"could not measure this model's calibration ({exc}): --exact reads without "
+                "drafts, and a batch row is priced at a fixed cost."
+            )
+            return calibration.unmeasured(key)
+        calibration.store(measured)
+        return measured
 
     def placement(self) -> Placement:
         """Where llama.cpp keeps the weights on the CPU (backends/build.py)."""
@@ -380,6 +443,22 @@ class LlamaCppBackend:
         return Request(prompt, call.max_tokens, sampling, stop, call.sequence, call.fresh)
 
 
+def note_line(message: str) -> None:
+    """One line on stderr, as memagent's notes are."""
+    sys.stderr.write(f"memagent: {message}\n")
+    sys.stderr.flush()
+
+
+def _calibration_text() -> str:
+    """Plain sentences for the calibration to decode (any text does: it compares logits)."""
+    ships = ("the Heron", "the Gannet", "the Tern", "the Skua", "the Petrel")
+    return " ".join(
+        f"On day {day} the keeper of the north light counted {3 + day * 7 % 11} boats, "
+        f"and {ships[day % 5]} came in before the tide turned."
+        for day in range(1, 80)
+    )
+
+
 def _generation(decoded: Decoded) -> Generation:
     return Generation(
         text=decoded.text,
@@ -454,6 +533,18 @@ class _Engine:
                 + ("; fewer questions at once: --parallel N" if sequences > 1 else "")
                 + ")."
             )
+        # Drafts, and an exact round of several sequences, rest on the calibration; a
+        # recurrent model's state cannot be cut back, so it never drafts (decoding.py).
+        recurrent = llama_cpp.llama_model_is_recurrent(self.model) or (
+            llama_cpp.llama_model_is_hybrid(self.model)
+        )
+        if not recurrent and (backend.speculate or (backend.exact and sequences > 1)):
+            try:
+                backend._calibration = backend.calibrate(self.model, params)
+            except BaseException:  # Ctrl-C while measuring: nothing of this engine stays
+                llama_cpp.llama_free(self.context)
+                llama_cpp.llama_model_free(self.model)
+                raise
         self.decoder = Decoder(
             self.context,
             self.model,
@@ -461,7 +552,14 @@ class _Engine:
             speculate=backend.speculate,
             exact=backend.exact,
             sequences=sequences,
+            calibration=backend.calibration,
         )
+        proved = backend.calibration.widths if backend.calibration is not None else (1,)
+        if backend.exact and backend.speculate and not proved:
+            note_line(
+                "--exact reads without drafts: on this model and machine no round of "
+                "drafts gives the logits of decoding without them (memagent models info)."
+            )
         self.close = weakref.finalize(self, _release, self.decoder, self.context, self.model)
 
 

@@ -68,15 +68,26 @@ def models_info(
     ],
     as_json: JsonOpt = False,
 ) -> None:
-    """One model's architecture, quantization, context and chat template."""
+    """One model's architecture, quantization, context, chat template and calibration."""
     from memagent_cli import models
+    from memagent_cli.backends import calibration
     from memagent_cli.views import models as modelview
 
     row = models.describe(model)
+    kept = calibration.kept_for(row.path) if row.path is not None else []
     if as_json:
-        display.result_json(row.to_json(template=True), indent=2)
-    else:
-        modelview.print_info(row)
+        found = [c.to_json() for c in kept]
+        display.result_json(row.to_json(template=True) | {"calibrations": found}, indent=2)
+        return
+    modelview.print_info(row)
+    display.result("")
+    if not kept:
+        display.result(
+            "calibration: none on this machine yet (measured at its first reading with "
+            "drafts, in seconds; --recalibrate measures again)"
+        )
+    for each in kept:
+        display.result(f"calibration ({calibration.settings(each)}): {each.summary()}")
 
 
 @app.command(

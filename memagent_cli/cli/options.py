@@ -440,6 +440,14 @@ ExactOpt = Annotated[
         rich_help_panel=ENGINE,
     ),
 ]
+RecalibrateOpt = Annotated[
+    bool,
+    typer.Option(
+        "--recalibrate",
+        help="Measure again which draft rounds are exact and what they cost on this machine.",
+        rich_help_panel=ENGINE,
+    ),
+]
 FlashAttnOpt = Annotated[
     FlashAttn,
     typer.Option(
@@ -567,6 +575,10 @@ class ReadFlags(ModelFlags):
     api_key: ApiKeyOpt = SERVER.api_key
     served_model: ServedModelOpt = SERVER.served_model
     timeout: TimeoutOpt = SERVER.timeout
+    recalibrate: RecalibrateOpt = LLAMA.recalibrate
+
+    def llama(self) -> LlamaOptions:
+        return dataclasses.replace(super().llama(), recalibrate=self.recalibrate)
 
     def options(self) -> ReadOptions:
         """What the flags say, checked; with a server, the key it gets (--api-key, else

@@ -112,6 +112,7 @@ class Engine:
 
     def settings_record(self) -> dict[str, Any]:
         sampling = self.settings.sampling
+        calibration = getattr(self.backend, "calibration", None)
         return {
             "chunk_tokens": self.settings.chunk_tokens,
             "memory_tokens": self.settings.memory_tokens,
@@ -122,6 +123,8 @@ class Engine:
             **({"reader": self.settings.reader} if self.settings.reader != DEFAULT else {}),
             "context_tokens": self.context,
             **self.description.engine,
+            # What drafts may do here, measured once per model and machine: one plain value.
+            **({"calibration": calibration.record()} if calibration is not None else {}),
         }
 
 

@@ -1,0 +1,212 @@
+"""The calibration's file and what decoding takes from it: kept per model and engine,
+measured again when damaged, hostile or from another version, and the round sizes and
+prices the draft policy may use (no model: tests/test_calibration_model.py measures)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from memagent_cli.backends import calibration
+from memagent_cli.backends.calibration import MOST, Calibration
+from memagent_cli.backends.drafting import DraftPolicy
+
+KEY = {"version": calibration.VERSION, "model": {"path": "/m.gguf", "size": 1, "mtime_ns": 2}}
+
+
+def measured(widths=tuple(range(2, MOST + 1)), together=4, per_row=0.5) -> Calibration:
+    costs = {w: 1.0 + per_row * (w - 1) for w in range(1, MOST + 1)}
+    return Calibration(KEY, tuple(widths), together, costs, 2.5, "2026-11-27T12:00:00Z")
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("MEMAGENT_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def test_a_calibration_is_kept_and_read_back_for_its_key_only(home: Path) -> None:
+    kept = measured(widths=(2, 3, 5))
+    path = calibration.store(kept)
+    assert path is not None and path.parent == home / "calibrations"
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    assert calibration.load(KEY) == kept
+    assert calibration.load(KEY | {"threads": 3}) is None  # another engine: not measured
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary file left
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        (b"{not json", "it is not JSON"),
+        (b"[1, 2]", "it is not a JSON object"),
+        (json.dumps(measured().to_json() | {"version": 0}).encode(), "another version"),
+        (json.dumps(measured().to_json() | {"widths": ["2"]}).encode(), "round sizes"),
+        (json.dumps(measured().to_json() | {"widths": [99]}).encode(), "round sizes"),
+        (json.dumps(measured().to_json() | {"together": True}).encode(), "sequences"),
+        (json.dumps(measured().to_json() | {"costs": {"1": 1.0}}).encode(), "miss"),
+        (json.dumps(measured().to_json() | {"costs": {"x": 1.0}}).encode(), "by round size"),
+        (json.dumps(measured().to_json() | {"costs": {"1": "1"}}).encode(), "not numbers"),
+        (json.dumps(measured().to_json() | {"key": {"other": 1}}).encode(), "another model"),
+        (b" " * (calibration.MAX_FILE_BYTES + 10) + b"{}", "bytes"),
+        (b"[" * 60_000, "not JSON"),
+    ],
+    ids=[
+        "damaged",
+        "list",
+        "version",
+        "width-type",
+        "width-size",
+        "together-type",
+        "costs-short",
+        "costs-key",
+        "costs-type",
+        "key",
+        "huge",
+        "deep",
+    ],
+)
+def test_a_damaged_hostile_or_other_version_file_is_measured_again_with_a_note(
+    content: bytes, why: str
+) -> None:
+    path = calibration.path_for(KEY)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(content)
+    notes: list[str] = []
+    assert calibration.load(KEY, note=notes.append) is None
+    (line,) = notes
+    assert why in line and str(path) in line and "measuring again" in line
+    assert "\n" not in line
+
+
+def test_a_costs_value_that_is_nan_or_huge_is_refused() -> None:
+    for bad in ("NaN", "1e300", "-1"):
+        text = json.dumps(measured().to_json()).replace('"2": 1.5', f'"2": {bad}')
+        with pytest.raises(calibration.Damaged):
+            calibration.parse(text.encode())
+
+
+def test_a_folder_in_place_of_the_file_is_measured_again() -> None:
+    calibration.path_for(KEY).mkdir(parents=True)
+    notes: list[str] = []
+    assert calibration.load(KEY, note=notes.append) is None
+    assert len(notes) == 1
+
+
+def test_models_info_finds_the_calibrations_of_a_file_as_it_is(tmp_path: Path) -> None:
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    info = model.stat()
+    key = KEY | {
+        "model": {"path": str(model), "size": info.st_size, "mtime_ns": info.st_mtime_ns},
+        "machine": calibration.machine(),
+        "threads": 2,
+    }
+    calibration.store(Calibration(key, (2, 3), 1, measured().costs))
+    calibration.store(Calibration(key | {"machine": "another CPU"}, (2,), 1, measured().costs))
+    (found,) = calibration.kept_for(model)
+    assert found.widths == (2, 3) and "-t 2" in calibration.settings(found)
+    model.write_bytes(b"GGUF2")  # another file under the same name: measured again
+    assert calibration.kept_for(model) == []
+
+
+def test_the_summary_says_what_exact_may_use() -> None:
+    line = measured(widths=(2, 3, 4, 7), together=1).summary()
+    assert "exact rounds of 2-4, 7 rows" in line and "alone only" in line
+    assert "no" not in measured(widths=()).summary().split(";")[0].replace("none", "")
+    assert "exact rounds of none" in measured(widths=()).summary()
+
+
+def test_sequences_are_cut_into_counts_proved_together() -> None:
+    assert measured(together=4).groups(3) == [2, 1]
+    assert measured(together=4).groups(9) == [4, 4, 1]
+    assert measured(together=1).groups(3) == [1, 1, 1]
+    assert calibration.assumed(KEY).groups(7) == [7]
+
+
+def test_the_price_of_a_round_comes_from_the_measured_costs() -> None:
+    cheap = measured(per_row=0.1)
+    assert cheap.price(1) == 1.0 and cheap.price(5) == pytest.approx(1.4)
+    assert cheap.price(5, min_rows=2) == pytest.approx(1.4 / 1.1)
+    # Past the table: the marginal cost of its upper half.
+    assert cheap.price(2 * MOST) == pytest.approx(1.0 + 0.1 * (2 * MOST - 1))
+
+
+def test_the_draft_policy_uses_only_the_round_sizes_proved() -> None:
+    policy = DraftPolicy(min_rows=2, widths=(2, 3, 5), fixed=8)
+    assert policy.length(3, 16) == 4  # a round of 5 rows, the largest proved up to 9
+    assert policy.length(3, 3) == 2  # 4 rows unproved: 3
+    assert DraftPolicy(min_rows=2, widths=(), fixed=8).length(3, 16) == 0
+    # Chosen by price, never an unproved size: drafts accepted nearly always, cheap rows.
+    free = DraftPolicy(min_rows=2, widths=(2, 4))
+    for _ in range(30):
+        free.record_draft(3, 16, 16)
+    for _ in range(20):
+        free.record_batch(2, 0.01)
+        for rows in range(3, MOST + 1):
+            free.record_batch(rows, 0.0101)
+    assert {free.length(3, 16) for _ in range(500)} == {3}
+
+
+def test_the_default_prices_rows_from_the_calibration() -> None:
+    """Drafts accepted about half the time: on a machine whose rows are cheap they pay, on
+    one where a row costs most of a decode they do not; the same counts, the same lengths,
+    whatever this run's timings."""
+    lengths = {}
+    for per_row in (0.05, 0.9):
+        policy = DraftPolicy(prices=measured(per_row=per_row).price)
+        for _ in range(30):
+            policy.record_draft(3, 2, 1)
+        lengths[per_row] = policy.length(3, 8)
+    assert lengths[0.05] > 0 == lengths[0.9]
+
+
+def test_exact_decoding_starts_from_the_calibrations_costs_until_it_measures_its_own() -> None:
+    policy = DraftPolicy(min_rows=2, prices=measured(per_row=0.1).price)
+    assert policy.cost(5) == pytest.approx(1.4 / 1.1)
+    for _ in range(20):
+        policy.record_batch(2, 0.01)
+        policy.record_batch(5, 0.03)
+    assert policy.cost(5) == pytest.approx(3.0)  # this run's own measurement wins
+
+
+def test_models_info_shows_the_calibration_on_this_machine(cli, env, tiny_model: Path) -> None:
+    shown = cli("models", "info", str(tiny_model))
+    assert shown.returncode == 0, shown.stderr
+    assert "calibration: none on this machine yet" in shown.stdout
+    info = tiny_model.resolve().stat()
+    model = {"path": str(tiny_model.resolve()), "size": info.st_size, "mtime_ns": info.st_mtime_ns}
+    key = KEY | {"model": model, "machine": calibration.machine(), "threads": 2}
+    key |= {"gpu_layers": 0, "flash_attn": "off", "cache_type_k": "f16", "cache_type_v": "f16"}
+    kept = Calibration(key, (2, 3, 4, 9), 1, measured(per_row=0.25).costs, 1.5)
+    home = env["MEMAGENT_HOME"]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MEMAGENT_HOME", home)
+        calibration.store(kept)
+    shown = cli("models", "info", str(tiny_model))
+    line = next(x for x in shown.stdout.splitlines() if x.startswith("calibration"))
+    assert "-t 2 -ngl 0 -fa off -ctk f16 -ctv f16" in line
+    assert "exact rounds of 2-4, 9 rows; sequences alone only" in line
+    assert "8 rows 2.75" in line
+    as_json = json.loads(cli("models", "info", str(tiny_model), "--json").stdout)
+    assert as_json["calibrations"] == [kept.to_json()]
+
+
+def test_the_trace_records_the_calibration_as_one_plain_value() -> None:
+    """A trace header's settings are plain values (trace/records.py refuses others)."""
+    record = measured(widths=(2, 3, 9), together=2, per_row=0.5).record()
+    assert record.startswith("exact 2-3, 9; together 2; costs 1:1.000,2:1.500,3:2.000,")
+    assert record.endswith("17:9.000; measured 2026-11-27T12:00:00Z")
+
+
+def test_one_slowed_round_does_not_make_the_costs() -> None:
+    """A round another process slowed down is an outlier among its neighbours' timings,
+    and no round costs more than that many single decodes."""
+    timed = {w: 1.0 + 0.3 * (w - 1) for w in range(2, MOST + 1)}
+    timed[5] = 40.0
+    costs = calibration.smoothed(timed)
+    assert costs[5] == pytest.approx(2.5) and costs[1] == 1.0
+    assert calibration.smoothed({w: 100.0 for w in range(2, MOST + 1)})[3] == 3.0
+    assert all(costs[w] <= costs[w + 1] for w in range(1, MOST))
