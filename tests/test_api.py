@@ -10,7 +10,8 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import FACT_QUESTION, ScriptedBackend, story
+from support.scripted import ScriptedBackend
+from support.story import FACT_QUESTION, story
 
 from memagent_cli import api
 from memagent_cli.api import Finished, Sampling, StepFinished, StepStarted
@@ -110,6 +111,7 @@ def _write(path: Path, text: str) -> Path:
 
 
 @pytest.mark.model
+@pytest.mark.usefixtures("on_tiny_model")
 def test_the_library_answers_as_the_command_does(memagent, tmp_path):
     """The real default model, greedy: the library's answer and memories are the command's."""
     book = tmp_path / "village.txt"

@@ -6,9 +6,10 @@ import json
 import re
 from pathlib import Path
 
-import builders
 import pytest
-from conftest import FACT, FACT_QUESTION, assert_clean_failure, story
+from support import builders
+from support.command import assert_clean_failure
+from support.story import FACT, FACT_QUESTION, story
 
 from memagent_cli.trace import read_trace
 
@@ -107,6 +108,7 @@ def test_the_right_password_opens_an_encrypted_pdf(memagent, tmp_path):
 
 
 @pytest.mark.model
+@pytest.mark.usefixtures("on_tiny_model")
 def test_inspect_estimates_from_a_warm_up(memagent, tmp_path):
     """The estimate is the step formula over the document's chunks at the measured rates:
     each chunk's prompt (template, question, memory and chunk) and a full memory update,
@@ -134,6 +136,7 @@ def test_inspect_estimates_from_a_warm_up(memagent, tmp_path):
 
 
 @pytest.mark.model
+@pytest.mark.usefixtures("on_tiny_model")
 def test_ask_a_pdf_records_page_spans(memagent, tmp_path):
     path = labelled_pdf(tmp_path / "manual.pdf")
     trace_path = tmp_path / "t.jsonl"

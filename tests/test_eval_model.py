@@ -10,11 +10,12 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import FACT_QUESTION, FACT_VALUE, MEMAGENT, story
+from support.command import MEMAGENT
+from support.story import FACT_QUESTION, FACT_VALUE, story
 
 from memagent_cli.trace import read_trace
 
-pytestmark = pytest.mark.model
+pytestmark = [pytest.mark.model, pytest.mark.usefixtures("on_tiny_model")]
 
 TINY = ["--chunk-tokens", "400", "--memory-tokens", "48", "--temperature", "0"]
 

@@ -12,9 +12,9 @@ import sys
 import time
 from pathlib import Path
 
-import builders
 import pytest
-from conftest import MEMAGENT, assert_clean_failure
+from support import builders
+from support.command import MEMAGENT, assert_clean_failure
 
 from memagent_cli.documents import load_document
 from memagent_cli.documents.ocr import OcrMode, OcrOptions

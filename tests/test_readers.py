@@ -9,14 +9,11 @@ import signal
 from pathlib import Path
 
 import pytest
-from conftest import (
-    FACT_QUESTION,
-    ScriptedBackend,
-    interrupt_after_steps,
-    served,
-    story,
-    use_hub,
-)
+from support.command import interrupt_after_steps
+from support.fake_hub import use_hub
+from support.fake_openai import served
+from support.scripted import ScriptedBackend
+from support.story import FACT_QUESTION, story
 
 from memagent_cli import readers
 from memagent_cli.chunking import make_chunks
@@ -434,7 +431,7 @@ def test_infmem_resumes_from_the_command_after_ctrl_c(memagent, env, fake_server
     it stopped (step 1's STOP counts towards the three in a row)."""
     import threading
 
-    import fake_openai
+    from support import fake_openai
 
     book = tmp_path / "village.txt"
     book.write_text(story(120))
@@ -549,8 +546,8 @@ def test_a_reader_s_registry_model_pulls_from_the_hub_as_memagent_7b_does(
     tiny model of the same architecture), downloads its safetensors and converts them where
     `-m NAME:F16` finds them (F16: no quantizer run); the model, however named, reads with
     its reader by default."""
-    from fake_hub import FakeHub, HubFile
-    from hf_model import build
+    from support.fake_hub import FakeHub, HubFile
+    from support.hf_model import build
 
     folder = tmp_path / repo.split("/")[1]
     build(folder, qwen3=qwen3)

@@ -1,7 +1,7 @@
 """What a server can make memagent do: replies that never end, come a byte a second, are
 gzip bombs, carry a page of error text, or have a shape the OpenAI API never gives. Each is
 one sentence on stderr and exit 1, in bounded time and memory. All against real servers on
-127.0.0.1 (tests/fake_openai.py): `memagent ask` where no model is needed, the backend
+127.0.0.1 (tests/support/fake_openai.py): `memagent ask` where no model is needed, the backend
 itself where a measurement needs this process."""
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ import zlib
 from pathlib import Path
 
 import pytest
-from conftest import FACT_QUESTION, assert_clean_failure, served, story, words
-from fake_openai import MODEL, FakeServer, Raw
+from support.command import assert_clean_failure, words
+from support.fake_openai import MODEL, FakeServer, Raw, served
+from support.story import FACT_QUESTION, story
 
 from memagent_cli.backend import Sampling
 from memagent_cli.backends.openai import (
