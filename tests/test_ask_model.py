@@ -125,7 +125,7 @@ def test_json_answers_every_question_from_stdin(memagent, env):
 
 
 @pytest.mark.usefixtures("on_tiny_model")
-def test_resume_finishes_like_an_uninterrupted_run(memagent, env, tmp_path):
+def test_resume_finishes_like_an_uninterrupted_run(memagent, cli, env, tmp_path):
     doc = tmp_path / "doc.txt"
     doc.write_text(story(400))  # about 4,500 tokens: 12 chunks, so that a cut falls mid-run
     ask = [str(doc), FACT_QUESTION, *SMALL_STEPS]
@@ -136,8 +136,8 @@ def test_resume_finishes_like_an_uninterrupted_run(memagent, env, tmp_path):
     assert expected["cached"] is False
     assert len(expected["steps"]) == expected["document"]["chunks"] >= 4
 
-    # The same greedy run again comes from its trace, without reading.
-    again = memagent("ask", *ask, "--json")
+    # The same greedy run again comes from its trace, without reading (so, in-process).
+    again = cli("ask", *ask, "--json")
     assert again.returncode == 0, again.stderr
     cached = json.loads(again.stdout)
     assert cached["cached"] is True and cached["reply"] == expected["reply"]
@@ -154,9 +154,10 @@ def test_resume_finishes_like_an_uninterrupted_run(memagent, env, tmp_path):
 
     other = tmp_path / "other.txt"
     other.write_text(story(170, seed=3))
-    refused = memagent("ask", str(other), FACT_QUESTION, *SMALL_STEPS, "--resume", str(cut))
+    # Refused before reading: in-process, as `again`.
+    refused = cli("ask", str(other), FACT_QUESTION, *SMALL_STEPS, "--resume", str(cut))
     assert refused.returncode == 1 and "the document differs" in refused.stderr
-    refused = memagent("ask", *ask, "--memory-tokens", "32", "--resume", str(cut))
+    refused = cli("ask", *ask, "--memory-tokens", "32", "--resume", str(cut))
     assert (
         refused.returncode == 1
         and f"--memory-tokens differs ({MEMORY} there, 32 here)" in " ".join(refused.stderr.split())

@@ -86,7 +86,8 @@ SMALL = ["--chunk-tokens", "300", "--memory-tokens", "48", "--temperature", "0"]
 
 
 @pytest.mark.model
-def test_rememr1_reads_from_the_command_traces_and_resumes(memagent, env, tmp_path):
+@pytest.mark.usefixtures("on_tiny_model")
+def test_rememr1_reads_from_the_command_traces_and_resumes(memagent, cli, env, tmp_path):
     book = tmp_path / "village.txt"
     book.write_text(story(120))  # about 1,300 tokens: 5 chunks of 300
     ask = [str(book), FACT_QUESTION, *SMALL, "--reader", "rememr1"]
@@ -95,14 +96,14 @@ def test_rememr1_reads_from_the_command_traces_and_resumes(memagent, env, tmp_pa
     expected = json.loads(whole.stdout)
     assert expected["settings"]["reader"] == "rememr1"
     assert len(expected["steps"]) == expected["document"]["chunks"] >= 4
-    shown = memagent("trace", str(tmp_path / "w.jsonl"))
+    shown = cli("trace", str(tmp_path / "w.jsonl"))  # no model: no process needed
     assert shown.returncode == 0, shown.stderr
 
     cut = tmp_path / "cut.jsonl"
     process, _, _ = interrupt_after_steps([*ask, "--no-reuse", "--trace", str(cut)], cut, env, 2)
     assert process.returncode == 130
     assert not read_trace(cut).finished
-    refused = memagent("ask", *ask[:-2], "--resume", str(cut))  # MemAgent's reader
+    refused = cli("ask", *ask[:-2], "--resume", str(cut))  # MemAgent's reader: refused unread
     assert refused.returncode == 1 and "reader" in refused.stderr
     resumed = memagent("ask", *ask, "--json", "--resume", str(cut))
     assert resumed.returncode == 0, resumed.stderr
@@ -200,6 +201,7 @@ def test_a_backend_that_cannot_complete_says_so():
 
 
 @pytest.mark.model
+@pytest.mark.usefixtures("on_tiny_model")
 def test_infmem_reads_from_the_command_and_traces_its_searches(memagent, tmp_path):
     book = tmp_path / "village.txt"
     book.write_text(story(60))  # about 680 tokens: 3 chunks of 300
