@@ -65,7 +65,7 @@ install: check-python
 	$(BIN)/memagent --version
 
 # Tests that load no model share the cores (two workers); then the model tests on the tiny
-# model of tests/conftest.py, one at a time, since two llama.cpp processes on two cores slow
+# model of tests/support/models.py, one at a time, since two llama.cpp processes on two cores slow
 # each other down 10-100x.
 test: test-fast
 	$(BIN)/python -m pytest -m "model and not real_model"
@@ -99,7 +99,7 @@ format: $(VENV)/.dev
 # docs/cli.md, made again from `--help` (tests/test_shell.py checks it); `readme` is the
 # target's old name.
 docs readme:
-	$(BIN)/python tests/cli_docs.py
+	$(BIN)/python tests/support/cli_docs.py
 
 # Extraction and conversion; engine rates; llama.cpp's single-row path, the default and --exact, each with and without
 # drafts, on a copying reply and sampled ones; floor ratios; questions together; RSS; then

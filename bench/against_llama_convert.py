@@ -5,7 +5,7 @@ Run `python bench/against_llama_convert.py --llama-python PY --converter convert
 llama.cpp wrote for the test material (tests/test_convert_real.py); this runs llama.cpp's converter itself,
 which needs torch and transformers, so it runs in another Python (PY: a virtual environment
 with `pip install torch transformers sentencepiece`) and never in the suite. FOLDER defaults
-to the test material's rebuilt Qwen2.5-Coder-0.5B-Instruct (tests/qwen_material.py).
+to the test material's rebuilt Qwen2.5-Coder-0.5B-Instruct (tests/support/qwen_material.py).
 `--random-qwen3` instead makes a Qwen3 with random weights, as InfMem-4B's base is shaped
 (q/k RMS norms, its own head size, tied embeddings, bf16) but tiny, with `transformers`
 itself in PY (`Qwen3ForCausalLM`, seed 0) and the real Qwen2.5 tokenizer (Qwen3's shares
@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-import gguf_files  # noqa: E402
+from support import gguf_files  # noqa: E402
 
 # Keys that describe the file, who wrote it or the sampling it suggests (general.sampling.*,
 # from generation_config.json; memagent samples as the protocol says), not the model that runs.
@@ -78,7 +78,7 @@ def random_qwen3(python: str, folder: Path) -> None:
     """A random Qwen3 in `folder`, made by transformers in `python`, with Qwen's tokenizer."""
     import json
 
-    import qwen_material
+    from support import qwen_material
 
     folder.mkdir(parents=True, exist_ok=True)
     qwen_material.copy_tokenizer(folder)
@@ -123,7 +123,7 @@ def main() -> int:
         args.folder = Path(made.name, "Random-Qwen3")
         random_qwen3(args.llama_python, args.folder)
     elif args.folder is None:
-        import qwen_material
+        from support import qwen_material
 
         args.folder = qwen_material.hf_folder()
     print(f"folder: {args.folder.name}")

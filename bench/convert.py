@@ -2,7 +2,7 @@
 
 Run `python bench/convert.py [FOLDER]`. FOLDER defaults to the test material's rebuilt
 Qwen2.5-Coder-0.5B-Instruct (bf16 safetensors, the real 151,643-token vocabulary;
-`tests/qwen_material.py` builds it once under build/test-material/). Each conversion runs
+`tests/support/qwen_material.py` builds it once under build/test-material/). Each conversion runs
 as the user runs it, one `memagent` process at a time, timed from start to exit, with the
 peak RSS of that process and its quantizer child (`wait4`):
 
@@ -102,7 +102,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "bench" / "convert.json")
     args = parser.parse_args()
     if args.folder is None:
-        import qwen_material
+        from support import qwen_material
 
         args.folder = qwen_material.hf_folder()
     if not (args.folder / "config.json").is_file():

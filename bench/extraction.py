@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
-import builders  # noqa: E402
+from support import builders  # noqa: E402
 
 VOCABULARY = (
     "memory chunk answer model page chapter reader token context window document evidence "

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
-import builders  # noqa: E402
+from support import builders  # noqa: E402
 
 BOOK = Path("/usr/share/doc/libtasn1-doc/libtasn1.pdf")
 # (name, dpi of the scan, degrees turned, noise): a clean render, two scans.

@@ -4,7 +4,7 @@ many readings in flight, and what it costs itself.
     python bench/serving.py stand-in [--readings 1000 --parallel 64 --latency 1.0]
     python bench/serving.py llama [--slots 1,2,4] [--llama-server PATH] [--gpu-layers 99]
 
-`stand-in`: the deterministic stand-in server of tests/fake_openai.py on 127.0.0.1, every
+`stand-in`: the deterministic stand-in server of tests/support/fake_openai.py on 127.0.0.1, every
 call taking a fixed `--latency`, and `memagent ask` over `--readings` (document, question)
 readings with `--parallel N` (a real subprocess, traces and journal on). A server that
 answers any number of calls at once in `latency` seconds lets N calls in flight finish
@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "examples"))
 
-from fake_openai import FakeServer  # noqa: E402
+from support.fake_openai import FakeServer  # noqa: E402
 from village import story  # noqa: E402
 
 MEMAGENT = Path(sys.executable).with_name("memagent")

@@ -12,11 +12,19 @@ takes (documents, questions, traces, journals, resume) as keyword arguments.
 Nothing here prints: notes go to `note`, the reading's events (reader.py: StepStarted,
 StepFinished, Answering, Finished) to `progress`, both silent by default; `ask_batch` tells
 a `Reporter` (progress.py), as the command hands it its terminal.
+
+`eval_files` and `eval_niah` are `memagent eval` and `memagent eval niah`, with the model
+named as `open_model` names it:
+
+    from memagent_cli.api import eval_files
+
+    results = eval_files(["eval_50.json"], "model.gguf", limit=10)
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +37,8 @@ from memagent_cli.backends.openai import ServerOptions
 from memagent_cli.documents import Document
 from memagent_cli.documents.inputs import read_document
 from memagent_cli.documents.ocr import OcrOptions
+from memagent_cli.evaluation import evaluate, niah
+from memagent_cli.evaluation.results import Results as EvalResults
 from memagent_cli.progress import (
     SILENT,
     Layout,
@@ -56,11 +66,15 @@ from memagent_cli.run.session import open_session
 from memagent_cli.trace import Trace
 
 __all__ = [
+    "NEEDLE_VARIANTS",
     "Answering",
     "Batch",
+    "EvalResults",
+    "EvalStopped",
     "Finished",
     "LlamaOptions",
     "Model",
+    "OcrOptions",
     "Result",
     "Sampling",
     "ServerOptions",
@@ -73,12 +87,17 @@ __all__ = [
     "ask_batch",
     "ask_many",
     "document_pages",
+    "eval_files",
+    "eval_niah",
     "inspect",
     "load_document",
     "open_model",
 ]
 
 Stopped = run.Stopped  # a run that ended before its answer; its trace keeps every step
+# An evaluation that ended before its last case; the results file keeps those finished.
+EvalStopped = evaluate.Stopped
+NEEDLE_VARIANTS = tuple(niah.VARIANTS)  # eval_niah's `needles`: RULER's variants
 
 
 def load_document(
@@ -124,14 +143,21 @@ def open_model(
     None for $MEMAGENT_MODEL or the default model), run by llama.cpp with `llama`'s options;
     or, given `server`, the model an OpenAI-compatible server serves. An `hf:` model not
     pulled yet is pulled first, told through `note` and `progress`."""
-    options = BackendOptions(
+    options = _backend(model, llama, server)
+    settings = Settings(chunk_tokens, memory_tokens, sampling or Sampling())
+    return Model(open_backend(options, note, progress), settings)
+
+
+def _backend(
+    model: str | Path | None, llama: LlamaOptions | None, server: ServerOptions | None
+) -> BackendOptions:
+    """The backend `open_model`'s arguments name: a server's where one is given."""
+    return BackendOptions(
         kind=BackendKind.openai if server is not None else BackendKind.llama,
         model=None if model is None else str(model),
         llama=llama or LlamaOptions(),
         server=server or ServerOptions(),
     )
-    settings = Settings(chunk_tokens, memory_tokens, sampling or Sampling())
-    return Model(open_backend(options, note, progress), settings)
 
 
 @dataclass
@@ -330,6 +356,95 @@ def inspect(
         memory_tokens=settings.memory_tokens,
         estimate=estimate,
         reader=settings.reader,
+        report=report,
+    )
+
+
+def eval_files(
+    data: Sequence[str | Path],
+    model: str | Path | None = None,
+    *,
+    llama: LlamaOptions | None = None,
+    server: ServerOptions | None = None,
+    settings: Settings | None = None,
+    limit: int | None = None,
+    output: Path | None = None,
+    traces: bool = True,
+    reuse: bool = True,
+    parallel: int = 1,
+    report: Reporter = SILENT,
+) -> EvalResults:
+    """Every case of the authors' evaluation files (or RULER needle files, or folders of
+    them; the first `limit` of each), each read as an ordinary ask and scored as their
+    ruler_hqa.py, as `memagent eval` runs them. `model`, `llama` and `server` name the model
+    as `open_model` does. Results go to `output` (default: a new file in the data folder),
+    one line per case; the same call on the same file continues it. A greedy case run before
+    is not read again unless `reuse` is False; `traces=False` writes no trace per case;
+    `parallel` cases are read at once. The finished results, or EvalStopped."""
+    options = _eval_options(model, llama, server, settings, output, traces, reuse, parallel, report)
+    return evaluate.eval_files([str(path) for path in data], limit, options)
+
+
+def eval_niah(
+    haystack: str | Path,
+    model: str | Path | None = None,
+    *,
+    lengths: str = "8K,32K",
+    depths: str = "5",
+    needles: str = "single",
+    ocr: OcrOptions | None = None,
+    llama: LlamaOptions | None = None,
+    server: ServerOptions | None = None,
+    settings: Settings | None = None,
+    output: Path | None = None,
+    traces: bool = True,
+    reuse: bool = True,
+    parallel: int = 1,
+    report: Reporter = SILENT,
+) -> EvalResults:
+    """RULER key-value needles hidden in the document at `haystack` (its PDF pages read by
+    `ocr` where they need it) at each of `depths` (a count from 0% to 100%, or percents
+    "0,50,100") and `lengths` (model tokens, K = 1024), asked for, as `memagent eval niah`
+    does; `needles` is one of NEEDLE_VARIANTS. The sampling's seed seeds the cases (keys,
+    values, other needles); without one, 0 seeds both, so the cases are reproducible. The
+    other arguments are `eval_files`'s. The finished results, or EvalStopped."""
+    settings = settings or Settings()
+    seed = settings.sampling.seed
+    if seed is None:
+        seed = 0
+        settings = dataclasses.replace(
+            settings, sampling=dataclasses.replace(settings.sampling, seed=seed)
+        )
+    options = _eval_options(model, llama, server, settings, output, traces, reuse, parallel, report)
+    return evaluate.eval_niah(
+        str(haystack),
+        lengths=lengths,
+        depths=depths,
+        variant=needles,
+        seed=seed,
+        options=options,
+        ocr=ocr or OcrOptions(),
+    )
+
+
+def _eval_options(
+    model: str | Path | None,
+    llama: LlamaOptions | None,
+    server: ServerOptions | None,
+    settings: Settings | None,
+    output: Path | None,
+    traces: bool,
+    reuse: bool,
+    parallel: int,
+    report: Reporter,
+) -> evaluate.EvalOptions:
+    return evaluate.EvalOptions(
+        backend=_backend(model, llama, server),
+        settings=settings or Settings(),
+        output=output,
+        reuse=reuse,
+        parallel=parallel,
+        write_traces=traces,
         report=report,
     )
 

@@ -10,7 +10,8 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import FACT_QUESTION, ScriptedBackend, story
+from support.scripted import ScriptedBackend
+from support.story import FACT_QUESTION, story
 
 from memagent_cli import api
 from memagent_cli.api import Finished, Sampling, StepFinished, StepStarted
@@ -110,6 +111,7 @@ def _write(path: Path, text: str) -> Path:
 
 
 @pytest.mark.model
+@pytest.mark.usefixtures("on_tiny_model")
 def test_the_library_answers_as_the_command_does(memagent, tmp_path):
     """The real default model, greedy: the library's answer and memories are the command's."""
     book = tmp_path / "village.txt"
@@ -122,3 +124,45 @@ def test_the_library_answers_as_the_command_does(memagent, tmp_path):
     result = api.ask(model, book, FACT_QUESTION)
     assert result.to_json()["reply"] == expected["reply"]
     assert result.memories == [step["memory"] for step in expected["steps"]]
+
+
+def test_an_evaluation_from_python_scores_as_the_command_does(
+    cli, fake_server, tmp_path, monkeypatch
+):
+    """eval_files and eval_niah take the command's options as keywords: the same cases give
+    the same records (the stand-in boxes the first word of the memory), and a niah run
+    without a seed is seeded 0, as `memagent eval niah` is."""
+    monkeypatch.setenv("MEMAGENT_HOME", str(tmp_path / "home"))
+    data = tmp_path / "eval_50.json"
+    cases = [
+        {"_id": f"c{i}", "input": "Which word opens it?", "context": f"{word} opens it. " * 9,
+         "answers": [word]}
+        for i, word in enumerate(["Paris", "Rome"])
+    ]  # fmt: skip
+    data.write_text(json.dumps(cases))
+    steps = ["--chunk-tokens", "300", "--memory-tokens", "64", "--temperature", "0"]
+    server = api.ServerOptions(base_url=fake_server.url)
+    settings = api.Settings(300, 64, Sampling(temperature=0))
+
+    def scored(path: Path) -> list[tuple]:
+        lines = [json.loads(line) for line in path.read_text().splitlines()]
+        return [(r["id"], r["question"], r["gold"], r["prediction"], r["sub_em"]) for r in lines]
+
+    ours = api.eval_files([data], server=server, settings=settings, output=tmp_path / "a.jsonl")
+    assert [r["sub_em"] for r in ours.records] == [1.0, 1.0]
+    command = ["--backend", "openai", "--base-url", fake_server.url, *steps]
+    theirs = cli("eval", str(data), *command, "-o", str(tmp_path / "b.jsonl"))
+    assert theirs.returncode == 0, theirs.stderr
+    assert scored(tmp_path / "a.jsonl") == scored(tmp_path / "b.jsonl")
+
+    haystack = tmp_path / "haystack.txt"
+    haystack.write_text(story(200, fact=None))
+    niah = {"lengths": "1K", "depths": "0,100", "output": tmp_path / "n.jsonl"}
+    ours = api.eval_niah(haystack, server=server, settings=settings, **niah)
+    theirs = cli(
+        "eval", "niah", "--haystack", str(haystack), "--lengths", "1K", "--depths", "0,100",
+        *command, "--seed", "0", "-o", str(tmp_path / "m.jsonl"),
+    )  # fmt: skip
+    assert theirs.returncode == 0, theirs.stderr
+    assert len(ours.records) == 2
+    assert scored(tmp_path / "n.jsonl") == scored(tmp_path / "m.jsonl")

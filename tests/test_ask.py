@@ -1,5 +1,5 @@
 """`memagent ask` end to end through a deterministic stand-in model served on 127.0.0.1
-(tests/fake_openai.py): traces, --json, cache, resume and interrupts, with no GGUF at all.
+(tests/support/fake_openai.py): traces, --json, cache, resume and interrupts, with no GGUF at all.
 The same properties are checked with the real model in test_ask_model.py."""
 
 from __future__ import annotations
@@ -10,14 +10,9 @@ import signal
 from pathlib import Path
 
 import pytest
-from conftest import (
-    FACT_QUESTION,
-    assert_clean_failure,
-    interrupt_after_steps,
-    served,
-    story,
-    words,
-)
+from support.command import assert_clean_failure, interrupt_after_steps, words
+from support.fake_openai import served
+from support.story import FACT_QUESTION, story
 
 from memagent_cli.trace import read_trace
 
@@ -275,7 +270,7 @@ def test_a_trace_of_format_1_resumes_in_its_own_format(cli, fake_server, doc, tm
 
 def parsed(*args: str):
     """`memagent ask ARGS` as Typer parses it, without running it."""
-    import cli_docs
+    from support import cli_docs
 
     return cli_docs.command("ask").make_context("ask", list(args))
 

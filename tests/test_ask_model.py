@@ -8,7 +8,9 @@ import signal
 from pathlib import Path
 
 import pytest
-from conftest import BOTH_MODELS, FACT_QUESTION, interrupt_after_steps, story
+from support.command import interrupt_after_steps
+from support.models import BOTH_MODELS
+from support.story import FACT_QUESTION, story
 
 from memagent_cli import protocol
 from memagent_cli.trace import read_trace
@@ -20,7 +22,15 @@ CHUNK, MEMORY = 400, 64
 SMALL_STEPS = ["--chunk-tokens", str(CHUNK), "--memory-tokens", str(MEMORY), "--temperature", "0"]
 
 
-@pytest.mark.parametrize("model", BOTH_MODELS)
+@pytest.fixture(params=BOTH_MODELS)
+def model(request: pytest.FixtureRequest) -> str:
+    """ "tiny" (the tiny model set as $MEMAGENT_MODEL, as `on_tiny_model` does) or "real" (the
+    default model, found by its registry name: nothing set)."""
+    if request.param == "tiny":
+        request.getfixturevalue("on_tiny_model")
+    return request.param
+
+
 def test_a_model_reads_deterministically_and_traces_every_chunk(memagent, tmp_path, model):
     """What any model must keep, whatever it writes: greedy runs repeat exactly, the trace
     has one record per chunk and the windows tile the document, --json is the trace, and
@@ -82,6 +92,7 @@ def test_a_model_reads_deterministically_and_traces_every_chunk(memagent, tmp_pa
     assert memory.split() == trace.steps[0].memory.split()
 
 
+@pytest.mark.usefixtures("on_tiny_model")
 def test_json_answers_every_question_from_stdin(memagent, env):
     text = story(80)  # about 900 tokens: 3 chunks
     result = memagent(
@@ -113,7 +124,8 @@ def test_json_answers_every_question_from_stdin(memagent, env):
         assert read_trace(Path(path)).finished
 
 
-def test_resume_finishes_like_an_uninterrupted_run(memagent, env, tmp_path):
+@pytest.mark.usefixtures("on_tiny_model")
+def test_resume_finishes_like_an_uninterrupted_run(memagent, cli, env, tmp_path):
     doc = tmp_path / "doc.txt"
     doc.write_text(story(400))  # about 4,500 tokens: 12 chunks, so that a cut falls mid-run
     ask = [str(doc), FACT_QUESTION, *SMALL_STEPS]
@@ -124,8 +136,8 @@ def test_resume_finishes_like_an_uninterrupted_run(memagent, env, tmp_path):
     assert expected["cached"] is False
     assert len(expected["steps"]) == expected["document"]["chunks"] >= 4
 
-    # The same greedy run again comes from its trace, without reading.
-    again = memagent("ask", *ask, "--json")
+    # The same greedy run again comes from its trace, without reading (so, in-process).
+    again = cli("ask", *ask, "--json")
     assert again.returncode == 0, again.stderr
     cached = json.loads(again.stdout)
     assert cached["cached"] is True and cached["reply"] == expected["reply"]
@@ -142,9 +154,10 @@ def test_resume_finishes_like_an_uninterrupted_run(memagent, env, tmp_path):
 
     other = tmp_path / "other.txt"
     other.write_text(story(170, seed=3))
-    refused = memagent("ask", str(other), FACT_QUESTION, *SMALL_STEPS, "--resume", str(cut))
+    # Refused before reading: in-process, as `again`.
+    refused = cli("ask", str(other), FACT_QUESTION, *SMALL_STEPS, "--resume", str(cut))
     assert refused.returncode == 1 and "the document differs" in refused.stderr
-    refused = memagent("ask", *ask, "--memory-tokens", "32", "--resume", str(cut))
+    refused = cli("ask", *ask, "--memory-tokens", "32", "--resume", str(cut))
     assert (
         refused.returncode == 1
         and f"--memory-tokens differs ({MEMORY} there, 32 here)" in " ".join(refused.stderr.split())
@@ -171,6 +184,7 @@ def test_resume_finishes_like_an_uninterrupted_run(memagent, env, tmp_path):
     assert [s.memory for s in trace.steps] == [s.memory for s in reference.steps]
 
 
+@pytest.mark.usefixtures("on_tiny_model")
 @pytest.mark.parametrize(
     "sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=["SIGINT", "SIGTERM", "SIGKILL"]
 )
@@ -198,6 +212,7 @@ def test_an_interrupted_run_keeps_its_finished_steps(env, tmp_path, sig):
     assert trace.interruption.steps_done == len(trace.steps)
 
 
+@pytest.mark.usefixtures("on_tiny_model")
 def test_a_folder_of_documents_skips_the_unreadable_one(memagent, tmp_path):
     library = tmp_path / "library"
     (library / "sub").mkdir(parents=True)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import builders
 import pytest
-from conftest import FACT, FACT_QUESTION, assert_clean_failure, story
+from support import builders
+from support.command import assert_clean_failure
+from support.story import FACT, FACT_QUESTION, story
 
 from memagent_cli.trace import read_trace
 
@@ -112,6 +113,7 @@ def test_the_right_password_opens_an_encrypted_pdf(memagent, tmp_path):
 
 
 @pytest.mark.model
+@pytest.mark.usefixtures("on_tiny_model")
 def test_ask_a_pdf_records_page_spans(memagent, tmp_path):
     path = labelled_pdf(tmp_path / "manual.pdf")
     trace_path = tmp_path / "t.jsonl"

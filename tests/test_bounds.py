@@ -63,7 +63,7 @@ def test_a_model_header_is_parsed_once_per_version_of_the_file(tmp_path, monkeyp
     """A run checks the model (run/engine.py), may list or describe it, and on a CPU with
     AMX reads its tensor list (backends/build.py): one parse for all, a new one once the
     file changes."""
-    from conftest import default_model_path
+    from support.models import default_model_path
 
     from memagent_cli import gguf_header
     from memagent_cli.backends import build
@@ -104,7 +104,8 @@ WORK = 40_000_000  # for the 32 diffs below (14 million here); unbounded, 1.5 bi
 @pytest.fixture
 def few_words_trace(cli, fake_server, tmp_path) -> Path:
     """A 6-step trace whose memories are FEW_WORDS."""
-    from conftest import FACT_QUESTION, served, story
+    from support.fake_openai import served
+    from support.story import FACT_QUESTION, story
 
     doc = tmp_path / "village.txt"
     doc.write_text(story(200))
@@ -165,7 +166,7 @@ def test_ocr_and_llama_cpp_use_the_cpus_this_process_may_use(one_cpu, monkeypatc
     """Not the host's cores: a 2-CPU container on a 64-core host started 64 Tesseracts."""
     import concurrent.futures
 
-    import builders
+    from support import builders
 
     from memagent_cli.backends.llama_cpp import physical_cores
     from memagent_cli.documents import ocr

@@ -315,7 +315,7 @@ def q4_0_model(tmp_path_factory, tiny_model) -> Path:
 def test_on_amx_the_default_reads_repacked_and_llama_cpps_own_choice_crashes(
     memagent, tmp_path, q4_0_model
 ):
-    from conftest import story
+    from support.story import story
 
     document = tmp_path / "story.txt"
     document.write_text(story(400))

@@ -1,7 +1,8 @@
 """Model-token windows: sizes, no overlap, and detokenized windows that cover the document."""
 
 import pytest
-from conftest import default_model_path, story
+from support.models import default_model_path
+from support.story import story
 
 from memagent_cli.backends.llama_cpp import LlamaCppBackend, LlamaOptions
 from memagent_cli.chunking import make_chunks
@@ -40,6 +41,7 @@ def test_chunk_size_must_be_positive():
 
 
 @pytest.mark.model
+@pytest.mark.usefixtures("on_tiny_model")
 def test_real_tokenizer_windows_cover_the_document():
     backend = LlamaCppBackend(default_model_path(), LlamaOptions(threads=1, gpu_layers=0))
     text = story(300) + " Ünïcödé ✓ 漢字 at the end."

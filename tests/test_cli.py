@@ -9,9 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import cli_docs
 import pytest
-from conftest import MEMAGENT, assert_clean_failure, story, words
+from support import cli_docs
+from support.command import MEMAGENT, assert_clean_failure, words
+from support.story import story
 
 
 @pytest.fixture
@@ -217,7 +218,7 @@ def test_format_text_reads_a_text_that_starts_like_a_pdf(cli, tmp_path):
 
 
 def test_what_a_reader_worked_around_is_said_on_stderr(cli, tmp_path):
-    import builders
+    from support import builders
 
     book = builders.epub_book(
         tmp_path / "book.epub",

@@ -9,13 +9,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import FACT_QUESTION, FACT_VALUE, story
+from support.story import FACT_QUESTION, FACT_VALUE, story
 
 from memagent_cli import protocol
 from memagent_cli.backend import Call, Sampling
 from memagent_cli.backends.llama_cpp import LlamaCppBackend, LlamaOptions
 
-pytestmark = pytest.mark.model
+pytestmark = [pytest.mark.model, pytest.mark.usefixtures("on_tiny_model")]
 
 EXACT = [
     *("--chunk-tokens", "200", "--memory-tokens", "32", "--temperature", "0", "--no-reuse"),

@@ -1,9 +1,9 @@
 """`memagent models convert` and `pull` of Hugging Face weights, checked without llama.cpp:
-the GGUF's metadata and tensors against the tiny Qwen2 model they came from (tests/hf_model.py,
-with the real Qwen2.5 tokenizer), the rope keys llama.cpp's converter writes for each way a
-config.json says them, and every bad input refused with one sentence and nothing
-half-written. Besides the slow tests marked `model`, only the runs that resume from an
-intermediate use llama.cpp: its quantizer, on the tiny model, a second each."""
+the GGUF's metadata and tensors against the tiny Qwen2 model they came from
+(tests/support/hf_model.py, with the real Qwen2.5 tokenizer), the rope keys llama.cpp's
+converter writes for each way a config.json says them, and every bad input refused with one
+sentence and nothing half-written. Besides the slow tests marked `model`, only the runs that
+resume from an intermediate use llama.cpp: its quantizer, on the tiny model, a second each."""
 
 from __future__ import annotations
 
@@ -19,13 +19,13 @@ import time
 from pathlib import Path
 
 import gguf
-import gguf_files
 import numpy as np
 import pytest
-from conftest import MEMAGENT, assert_clean_failure, use_hub, words
-from fake_hub import FakeHub, HubFile
-from hf_model import build
 from rich.filesize import decimal
+from support import gguf_files
+from support.command import MEMAGENT, assert_clean_failure, words
+from support.fake_hub import FakeHub, HubFile, use_hub
+from support.hf_model import build
 
 from memagent_cli.errors import ModelError
 

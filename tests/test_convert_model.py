@@ -11,12 +11,12 @@ import json
 from pathlib import Path
 
 import gguf
-import gguf_files
 import numpy as np
 import pytest
-from conftest import use_hub, words
-from fake_hub import FakeHub, HubFile
-from hf_model import build, forward
+from support import gguf_files
+from support.command import words
+from support.fake_hub import FakeHub, HubFile, use_hub
+from support.hf_model import build, forward
 
 pytestmark = pytest.mark.model
 

@@ -1,5 +1,5 @@
 """memagent's converter against llama.cpp's on a real model, Qwen2.5-Coder-0.5B-Instruct
-(tests/qwen_material.py): the GGUF that llama.cpp's converter wrote is the reference, and
+(tests/support/qwen_material.py): the GGUF that llama.cpp's converter wrote is the reference, and
 memagent converts the Hugging Face folder that GGUF came from. They must agree: every
 metadata key llama.cpp wrote, every tensor after the same rounding, the tokens of varied
 texts, the logits.
@@ -15,10 +15,9 @@ import ctypes
 from pathlib import Path
 
 import gguf
-import gguf_files
 import numpy as np
 import pytest
-import qwen_material
+from support import gguf_files, qwen_material
 
 pytestmark = pytest.mark.real_model  # converts a 0.5B model and loads it into llama.cpp
 

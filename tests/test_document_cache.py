@@ -12,9 +12,10 @@ import sys
 import time
 from pathlib import Path
 
-import builders
 import pytest
-from conftest import served, story
+from support import builders
+from support.fake_openai import served
+from support.story import story
 
 STEPS = ["--chunk-tokens", "300", "--memory-tokens", "64", "--temperature", "0"]
 CODEWORD = "Zanzibar-Quokka-5521"  # mid-page: the stand-in model copies only a section's start

@@ -5,8 +5,8 @@ from __future__ import annotations
 import zipfile
 from pathlib import Path
 
-import builders
 import pytest
+from support import builders
 
 from memagent_cli.documents import Document, Section, assemble, cache, load_document
 from memagent_cli.errors import DocumentError

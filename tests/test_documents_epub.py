@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import builders
 import pytest
+from support import builders
 
 from memagent_cli.documents import load_document, xhtml
 from memagent_cli.errors import DocumentError

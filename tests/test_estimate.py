@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import ScriptedBackend, story
+from support.scripted import ScriptedBackend
+from support.story import story
 
 from memagent_cli import protocol
 from memagent_cli.backends.speed import Speed, _line
@@ -127,6 +128,7 @@ def test_the_estimate_sums_every_call_at_the_measured_speed():
 
 
 @pytest.mark.model
+@pytest.mark.usefixtures("on_tiny_model")
 def test_inspect_estimates_a_reading_at_a_steps_depth(memagent, tmp_path):
     """End to end with the tiny model: the speed measured to the deepest prompt, every
     call priced at it, and the text says the same seconds."""
@@ -156,6 +158,7 @@ def test_inspect_estimates_a_reading_at_a_steps_depth(memagent, tmp_path):
 
 
 @pytest.mark.model
+@pytest.mark.usefixtures("on_tiny_model")
 def test_inspect_says_a_reader_that_stops_early_may_stop_sooner(memagent, tmp_path):
     path = tmp_path / "a.txt"
     path.write_text(story(100))

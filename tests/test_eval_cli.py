@@ -1,5 +1,5 @@
 """`memagent eval` end to end through the deterministic stand-in model on 127.0.0.1
-(tests/fake_openai.py): its final reply boxes the first word of the document, so scores are
+(tests/support/fake_openai.py): its final reply boxes the first word of the document, so scores are
 known in advance. No GGUF is needed; the real model runs in test_eval_model.py."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import MEMAGENT, assert_clean_failure, served, story, words
-from fake_openai import FakeServer
+from support.command import MEMAGENT, assert_clean_failure, words
+from support.fake_openai import FakeServer, served
+from support.story import story
 
 from memagent_cli.trace import read_trace
 

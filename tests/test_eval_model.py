@@ -10,11 +10,12 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import FACT_QUESTION, FACT_VALUE, MEMAGENT, story
+from support.command import MEMAGENT
+from support.story import FACT_QUESTION, FACT_VALUE, story
 
 from memagent_cli.trace import read_trace
 
-pytestmark = pytest.mark.model
+pytestmark = [pytest.mark.model, pytest.mark.usefixtures("on_tiny_model")]
 
 TINY = ["--chunk-tokens", "400", "--memory-tokens", "48", "--temperature", "0"]
 
@@ -38,7 +39,7 @@ def lines_of(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def test_eval_is_interrupted_continued_and_reported(tmp_path, env, memagent):
+def test_eval_is_interrupted_continued_and_reported(tmp_path, env, memagent, cli):
     data = tmp_path / "data"
     data.mkdir()
     authors_file(data / "eval_short.json", 40, (1, 2))  # about 450 tokens: 2 steps
@@ -93,7 +94,7 @@ def test_eval_is_interrupted_continued_and_reported(tmp_path, env, memagent):
         assert column in table
 
     # The same summary as JSON, from the results file.
-    shown = memagent("eval", "report", str(out), "--json")
+    shown = cli("eval", "report", str(out), "--json")  # reads no model: in-process
     assert shown.returncode == 0, shown.stderr
     (run,) = json.loads(shown.stdout)["runs"]
     short, long = run["groups"]

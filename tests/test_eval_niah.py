@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import story
+from support.story import story
 
 from memagent_cli.backends import tokenizers
 from memagent_cli.errors import UserError

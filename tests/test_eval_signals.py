@@ -1,6 +1,6 @@
 """`memagent eval` stopped as a shell stops it: SIGTERM exits 143, as for `ask`, and keeps
 every finished case in the results file and every finished step in the traces, so the same
-command continues. Runs through the stand-in server (tests/fake_openai.py)."""
+command continues. Runs through the stand-in server (tests/support/fake_openai.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from conftest import MEMAGENT, served, story, words
-from fake_openai import FakeServer
+from support.command import MEMAGENT, words
+from support.fake_openai import FakeServer, served
+from support.story import story
 
 from memagent_cli.trace import read_trace
 

@@ -1,5 +1,5 @@
 """Where an answer came from, as `memagent ask` says it for a real PDF (pages) and a real
-EPUB (chapters): through the OpenAI-compatible stand-in server (tests/fake_openai.py), here
+EPUB (chapters): through the OpenAI-compatible stand-in server (tests/support/fake_openai.py), here
 with a scripted model whose memory takes the password in where the document states it."""
 
 from __future__ import annotations
@@ -8,10 +8,11 @@ import json
 import re
 from pathlib import Path
 
-import builders
-import fake_openai
 import pytest
-from conftest import served, story, words
+from support import builders, fake_openai
+from support.command import words
+from support.fake_openai import served
+from support.story import story
 
 from memagent_cli.trace import read_trace
 

@@ -14,14 +14,8 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import (
-    DEEP_TINY_LAYERS,
-    FACT_QUESTION,
-    TINY_EOS_SCALE,
-    TINY_SEED,
-    TINY_SIZES,
-    story,
-)
+from support.models import DEEP_TINY_LAYERS, TINY_EOS_SCALE, TINY_SEED, TINY_SIZES
+from support.story import FACT_QUESTION, story
 
 from memagent_cli import protocol
 from memagent_cli.backend import Call, Sampling
@@ -58,7 +52,7 @@ def _calibrations_here(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(scope="module", params=list(VARIANTS))
 def variant(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    import hf_model
+    from support import hf_model
 
     from memagent_cli.models.conversion import convert
 
@@ -179,6 +173,7 @@ def test_without_the_calibration_some_reply_changes(
     assert changed, "nothing changed: the check above could not fail here"
 
 
+@pytest.mark.usefixtures("on_tiny_model")
 def test_a_damaged_calibration_is_measured_again_and_the_trace_names_it(cli, env, tmp_path):
     """As a user meets it: a calibration file cut short is measured again with a one-line
     note, --recalibrate measures again, and the trace records the one each reading used."""

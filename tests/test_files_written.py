@@ -13,10 +13,11 @@ import subprocess
 import time
 from pathlib import Path
 
-import builders
 import pytest
-from conftest import MEMAGENT, assert_clean_failure, served, story, words
-from fake_openai import FakeServer
+from support import builders
+from support.command import MEMAGENT, assert_clean_failure, words
+from support.fake_openai import FakeServer, served
+from support.story import story
 
 from memagent_cli.trace import read_trace
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import builders
-from conftest import served, story
+from support import builders
+from support.fake_openai import served
+from support.story import story
 
 STEPS = ["--chunk-tokens", "300", "--memory-tokens", "64", "--temperature", "0"]
 FOLDERS = ["data", "models", "traces", "batches", "evals", "cache", "documents", "tiktoken"]

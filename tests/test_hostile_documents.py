@@ -17,9 +17,9 @@ import zipfile
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-import builders
 import pytest
-from conftest import MEMAGENT, assert_clean_failure
+from support import builders
+from support.command import MEMAGENT, assert_clean_failure
 
 from memagent_cli.documents import load_document
 from memagent_cli.errors import DocumentError

@@ -13,8 +13,10 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
-from conftest import FACT_QUESTION, assert_clean_failure, served, story
-from hf_model import build
+from support.command import assert_clean_failure
+from support.fake_openai import served
+from support.hf_model import build
+from support.story import FACT_QUESTION, story
 
 SECONDS = 5  # every refusal here takes well under a second
 

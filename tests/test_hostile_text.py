@@ -3,7 +3,7 @@ control sequence and never Rich markup; and file names that are not UTF-8, read 
 
 The document's first word is a run of escape sequences (OSC 52 sets the clipboard, OSC 8
 disguises a link, CSI 2J clears the screen, 0x9b is CSI in one byte) and Rich markup; the
-stand-in model (tests/fake_openai.py) boxes the memory's first word, so it is the answer,
+stand-in model (tests/support/fake_openai.py) boxes the memory's first word, so it is the answer,
 and the memory holds it at every step."""
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import assert_clean_failure, served, story, words
+from support.command import assert_clean_failure, words
+from support.fake_openai import served
+from support.story import story
 
 from memagent_cli.trace import read_trace
 
@@ -264,7 +266,7 @@ def test_an_evaluation_file_whose_name_is_not_utf8_is_a_group(cli, fake_server, 
 
 
 def test_a_model_folder_and_a_gguf_whose_names_are_not_utf8_convert(cli, tmp_path):
-    from hf_model import build
+    from support.hf_model import build
 
     folder = tmp_path / os.fsdecode(b"mod\xe8le")  # llama.cpp's quantizer opens both names
     build(folder)

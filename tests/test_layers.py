@@ -249,6 +249,25 @@ def test_memagent_keeps_its_layers() -> None:
     assert not problems, "\n".join(problems)
 
 
+# `memagent eval` reads through the public API (api.py), as a Python user would: its command
+# module imports the library only from these, and evaluation/niah.py for the variant names
+# its --help lists.
+PUBLIC_ONLY = {
+    "memagent_cli.cli.evaluation": ("api", "cli", "views", "evaluation.niah"),
+}
+
+
+def test_the_eval_command_reads_through_the_public_api() -> None:
+    known = modules(ROOT, PACKAGE)
+    problems = []
+    for name, allowed in PUBLIC_ONLY.items():
+        for target, line in imports(name, known[name], known):
+            relative = target.removeprefix(PACKAGE + ".")
+            if not any(relative == a or relative.startswith(a + ".") for a in allowed):
+                problems.append(f"{name}:{line} imports {target}, not the public API")
+    assert not problems, "\n".join(problems)
+
+
 def _package(tmp_path: Path, files: dict[str, str]) -> Path:
     root = tmp_path / PACKAGE
     for relative, text in files.items():

@@ -1,5 +1,5 @@
 """`memagent models list | info | pull` as a user meets them; pulls go to a fake Hub on
-127.0.0.1 (tests/fake_hub.py), never to the network. The GGUF files are made here (the
+127.0.0.1 (tests/support/fake_hub.py), never to the network. The GGUF files are made here (the
 default model is needed only by the test of its own metadata)."""
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import MEMAGENT, assert_clean_failure, real_model_path, use_hub, words
-from fake_hub import FakeHub, HubFile
-from hf_model import build
 from rich.filesize import decimal
+from support.command import MEMAGENT, assert_clean_failure, words
+from support.fake_hub import FakeHub, HubFile, use_hub
+from support.hf_model import build
+from support.models import real_model_path
 
 from memagent_cli.errors import ModelError
 from memagent_cli.models import gguf as gguf_info

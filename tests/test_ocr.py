@@ -12,9 +12,9 @@ import sys
 import time
 from pathlib import Path
 
-import builders
 import pytest
-from conftest import MEMAGENT, assert_clean_failure
+from support import builders
+from support.command import MEMAGENT, assert_clean_failure
 
 from memagent_cli.documents import load_document
 from memagent_cli.documents.ocr import OcrMode, OcrOptions
@@ -284,6 +284,7 @@ def test_inspect_with_ocr_never_counts_and_estimates_without_reading(cli, scanne
 
 
 @pytest.mark.model
+@pytest.mark.usefixtures("on_tiny_model")
 def test_inspect_with_ocr_never_counts_with_the_models_tokenizer(cli, scanned: Path):
     """The same with the model's tokenizer: no chunk to time, so no warm-up (it took the
     first chunk's text, and there is none)."""

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import tiktoken
 import tiktoken_ext.openai_public
-from conftest import MEMAGENT, story
+from support.command import MEMAGENT
+from support.story import story
 
 from memagent_cli.backends.tokenizers import encoding
 

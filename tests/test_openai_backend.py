@@ -13,7 +13,9 @@ import urllib.request
 from dataclasses import dataclass
 
 import pytest
-from conftest import FACT_QUESTION, default_model_path, interrupt_after_steps, story
+from support.command import interrupt_after_steps
+from support.models import default_model_path
+from support.story import FACT_QUESTION, story
 
 from memagent_cli.trace import read_trace
 
@@ -111,6 +113,7 @@ def read_single_row(doc, question: str) -> Reading:
 
 
 @pytest.mark.model
+@pytest.mark.usefixtures("on_tiny_model")
 def test_a_server_answers_like_the_in_process_model(memagent, tmp_path, server):
     doc = tmp_path / "doc.txt"
     doc.write_text(story(80))  # two chunks: a memory carried from one call to the next
@@ -162,6 +165,7 @@ def test_a_server_answers_like_the_in_process_model(memagent, tmp_path, server):
 
 
 @pytest.mark.model
+@pytest.mark.usefixtures("on_tiny_model")
 def test_a_server_stopped_mid_run_leaves_a_trace_to_resume(memagent, env, tmp_path, server):
     doc = tmp_path / "doc.txt"
     doc.write_text(story(170))  # 4 chunks

@@ -13,7 +13,9 @@ import types
 from pathlib import Path
 
 import pytest
-from conftest import FACT_QUESTION, MEMAGENT, served, story
+from support.command import MEMAGENT
+from support.fake_openai import served
+from support.story import FACT_QUESTION, story
 
 from memagent_cli import crash, files, folders
 

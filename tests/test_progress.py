@@ -8,8 +8,9 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import served, story, words
-from fake_openai import FakeServer
+from support.command import words
+from support.fake_openai import FakeServer, served
+from support.story import story
 
 STEPS = ["--chunk-tokens", "2000", "--memory-tokens", "64", "--temperature", "0"]
 
@@ -43,8 +44,9 @@ def test_an_evaluation_says_how_many_cases_are_done(memagent, tmp_path):
 
 
 @pytest.mark.model
+@pytest.mark.usefixtures("on_tiny_model")
 def test_loading_a_model_tells_its_bytes_and_stops_at_ctrl_c():
-    from conftest import default_model_path
+    from support.models import default_model_path
 
     from memagent_cli.backends.llama_cpp import LlamaCppBackend, LlamaOptions
 

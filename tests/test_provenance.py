@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 
-import builders
 import pytest
-from conftest import ScriptedBackend
+from support import builders
+from support.scripted import ScriptedBackend
 
 from memagent_cli.chunking import make_chunks
 from memagent_cli.documents import assemble, load_document

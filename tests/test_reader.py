@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import ScriptedBackend
+from support.scripted import ScriptedBackend
 
 from memagent_cli import protocol
 from memagent_cli.chunking import make_chunks

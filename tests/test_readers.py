@@ -9,14 +9,11 @@ import signal
 from pathlib import Path
 
 import pytest
-from conftest import (
-    FACT_QUESTION,
-    ScriptedBackend,
-    interrupt_after_steps,
-    served,
-    story,
-    use_hub,
-)
+from support.command import interrupt_after_steps
+from support.fake_hub import use_hub
+from support.fake_openai import served
+from support.scripted import ScriptedBackend
+from support.story import FACT_QUESTION, story
 
 from memagent_cli import readers
 from memagent_cli.chunking import make_chunks
@@ -89,7 +86,8 @@ SMALL = ["--chunk-tokens", "300", "--memory-tokens", "48", "--temperature", "0"]
 
 
 @pytest.mark.model
-def test_rememr1_reads_from_the_command_traces_and_resumes(memagent, env, tmp_path):
+@pytest.mark.usefixtures("on_tiny_model")
+def test_rememr1_reads_from_the_command_traces_and_resumes(memagent, cli, env, tmp_path):
     book = tmp_path / "village.txt"
     book.write_text(story(120))  # about 1,300 tokens: 5 chunks of 300
     ask = [str(book), FACT_QUESTION, *SMALL, "--reader", "rememr1"]
@@ -98,14 +96,14 @@ def test_rememr1_reads_from_the_command_traces_and_resumes(memagent, env, tmp_pa
     expected = json.loads(whole.stdout)
     assert expected["settings"]["reader"] == "rememr1"
     assert len(expected["steps"]) == expected["document"]["chunks"] >= 4
-    shown = memagent("trace", str(tmp_path / "w.jsonl"))
+    shown = cli("trace", str(tmp_path / "w.jsonl"))  # no model: no process needed
     assert shown.returncode == 0, shown.stderr
 
     cut = tmp_path / "cut.jsonl"
     process, _, _ = interrupt_after_steps([*ask, "--no-reuse", "--trace", str(cut)], cut, env, 2)
     assert process.returncode == 130
     assert not read_trace(cut).finished
-    refused = memagent("ask", *ask[:-2], "--resume", str(cut))  # MemAgent's reader
+    refused = cli("ask", *ask[:-2], "--resume", str(cut))  # MemAgent's reader: refused unread
     assert refused.returncode == 1 and "reader" in refused.stderr
     resumed = memagent("ask", *ask, "--json", "--resume", str(cut))
     assert resumed.returncode == 0, resumed.stderr
@@ -203,6 +201,7 @@ def test_a_backend_that_cannot_complete_says_so():
 
 
 @pytest.mark.model
+@pytest.mark.usefixtures("on_tiny_model")
 def test_infmem_reads_from_the_command_and_traces_its_searches(memagent, tmp_path):
     book = tmp_path / "village.txt"
     book.write_text(story(60))  # about 680 tokens: 3 chunks of 300
@@ -434,7 +433,7 @@ def test_infmem_resumes_from_the_command_after_ctrl_c(memagent, env, fake_server
     it stopped (step 1's STOP counts towards the three in a row)."""
     import threading
 
-    import fake_openai
+    from support import fake_openai
 
     book = tmp_path / "village.txt"
     book.write_text(story(120))
@@ -549,8 +548,8 @@ def test_a_reader_s_registry_model_pulls_from_the_hub_as_memagent_7b_does(
     tiny model of the same architecture), downloads its safetensors and converts them where
     `-m NAME:F16` finds them (F16: no quantizer run); the model, however named, reads with
     its reader by default."""
-    from fake_hub import FakeHub, HubFile
-    from hf_model import build
+    from support.fake_hub import FakeHub, HubFile
+    from support.hf_model import build
 
     folder = tmp_path / repo.split("/")[1]
     build(folder, qwen3=qwen3)

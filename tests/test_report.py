@@ -12,7 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ScriptedBackend, assert_clean_failure, served, story, words
+from support.command import assert_clean_failure, words
+from support.fake_openai import served
+from support.scripted import ScriptedBackend
+from support.story import story
 
 from memagent_cli.chunking import make_chunks
 from memagent_cli.documents import assemble

@@ -15,9 +15,11 @@ import termios
 import time
 from pathlib import Path
 
-import builders
 import pytest
-from conftest import MEMAGENT, assert_clean_failure, served, story, words
+from support import builders
+from support.command import MEMAGENT, assert_clean_failure, words
+from support.fake_openai import served
+from support.story import story
 
 from memagent_cli.backends.openai import in_the_clear, openai_api_key
 

@@ -1,7 +1,7 @@
 """memagent as the client of a serving engine: a busy server is waited for as it asks
 (429/503 with Retry-After), and many readings in flight at once, killed and run again,
 are each read once and answered once. All against the stand-in server on 127.0.0.1
-(tests/fake_openai.py)."""
+(tests/support/fake_openai.py)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ from pathlib import Path
 
 import httpx2
 import pytest
-from conftest import FACT_QUESTION, MEMAGENT, served, story
-from fake_openai import MODEL, FakeServer, Raw
+from support.command import MEMAGENT
+from support.fake_openai import MODEL, FakeServer, Raw, served
+from support.story import FACT_QUESTION, story
 
 from memagent_cli.backend import Sampling
 from memagent_cli.backends import openai

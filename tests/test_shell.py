@@ -10,10 +10,10 @@ import re
 import subprocess
 from pathlib import Path
 
-import cli_docs
 import pytest
 import typer.main
-from conftest import MEMAGENT, assert_clean_failure
+from support import cli_docs
+from support.command import MEMAGENT, assert_clean_failure
 from typer.testing import CliRunner
 
 from memagent_cli.cli import app

@@ -6,7 +6,7 @@ default model's in `make test-real`."""
 from __future__ import annotations
 
 import pytest
-from conftest import FACT_QUESTION, story
+from support.story import FACT_QUESTION, story
 
 from memagent_cli import protocol
 from memagent_cli.backends.llama_cpp import LlamaCppBackend, LlamaOptions

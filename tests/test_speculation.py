@@ -11,14 +11,15 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import FACT_QUESTION, default_model_path, real_model_path, story
+from support.models import default_model_path, real_model_path
+from support.story import FACT_QUESTION, story
 
 from memagent_cli import protocol
 from memagent_cli.backend import Generation, Sampling
 from memagent_cli.backends.drafting import DraftPolicy
 from memagent_cli.backends.llama_cpp import LlamaCppBackend, LlamaOptions
 
-pytestmark = pytest.mark.model
+pytestmark = [pytest.mark.model, pytest.mark.usefixtures("on_tiny_model")]
 
 CONTEXT = 2048
 GREEDY = Sampling(temperature=0.0)

@@ -9,7 +9,7 @@ import hashlib
 import json
 
 import pytest
-from conftest import ScriptedBackend
+from support.scripted import ScriptedBackend
 
 from memagent_cli import trace
 from memagent_cli.backend import Generation, Sampling

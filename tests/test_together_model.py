@@ -12,11 +12,12 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import FACT_QUESTION, MEMAGENT, story
+from support.command import MEMAGENT
+from support.story import FACT_QUESTION, story
 
 from memagent_cli.trace import read_trace
 
-pytestmark = pytest.mark.model
+pytestmark = [pytest.mark.model, pytest.mark.usefixtures("on_model_file")]
 
 QUESTIONS = [FACT_QUESTION, "Who lives in the village?"]
 STEPS = [

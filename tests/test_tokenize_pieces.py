@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from conftest import default_model_path
+from support.models import default_model_path
 
 from memagent_cli.chunking import tokenize_in_pieces
 
@@ -94,6 +94,7 @@ def test_each_piece_is_about_the_size_asked(cl100k) -> None:
 
 
 @pytest.mark.model
+@pytest.mark.usefixtures("on_tiny_model")
 def test_pieces_tokenize_like_the_whole_with_the_model() -> None:
     from memagent_cli.backends.llama_cpp import LlamaCppBackend, LlamaOptions
 

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import MEMAGENT, assert_clean_failure, words
+from support.command import MEMAGENT, assert_clean_failure, words
 
 from memagent_cli.backend import Generation, InTurn, Sampling
 from memagent_cli.chunking import make_chunks
@@ -567,7 +567,7 @@ def test_follow_goes_on_through_a_resumed_run_to_its_answer(env, tmp_path):
 
 
 # A real trace of the previous release: `memagent ask` of memagent 0.1.0 (commit 9121636) run
-# through its tests/fake_openai.py stand-in on a six-chunk text, with --chunk-tokens 30
+# through its tests/support/fake_openai.py stand-in on a six-chunk text, with --chunk-tokens 30
 # --memory-tokens 64 --temperature 0. Format 1: steps as "index" counted from 0, the evidence
 # one dict whose "step" also counts from 0.
 OLD_RELEASE = Path(__file__).parent / "data" / "trace-0.1.0.jsonl"

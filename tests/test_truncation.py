@@ -2,7 +2,7 @@
 num_ctx) is caught from the usage it reports: one sentence, exit 1, the trace kept to the
 last finished step. A server that reads the whole prompt is never flagged, however few
 tokens its tokenizer counts, through chat completions or InfMem's /v1/completions. All
-against tests/fake_openai.py on 127.0.0.1, whose usage counts tiktoken's tokens, or a word a
+against tests/support/fake_openai.py on 127.0.0.1, whose usage counts tiktoken's tokens, or a word a
 token (`count_words`: far fewer on text of few spaces, as a model's tokenizer may count
 far fewer than tiktoken on a script it has many tokens for)."""
 
@@ -12,8 +12,9 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import FACT_QUESTION, assert_clean_failure, served, story, words
-from fake_openai import Raw
+from support.command import assert_clean_failure, words
+from support.fake_openai import Raw, served
+from support.story import FACT_QUESTION, story
 
 from memagent_cli.backend import Sampling
 from memagent_cli.backends.openai import BackendError, OpenAIBackend, ServerOptions

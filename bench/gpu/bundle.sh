@@ -49,18 +49,14 @@ get() { "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 
 get .gpu/whl "${wheels[@]}"
 get .gpu/whl-build scikit-build-core==1.1.2
 get .gpu/whl-ifneeded rich==15.0.0
-# The tests' tiny model (tests/conftest.py), made here where the test material is.
+# The tests' tiny model (tests/support/models.py), made here where the test material is.
 "$PY" - <<'PYTHON'
 import shutil, sys, tempfile
 from pathlib import Path
 sys.path.insert(0, "tests")
-import hf_model
-from conftest import TINY_EOS_SCALE, TINY_SEED, TINY_SIZES
-from memagent_cli.models.conversion.convert import convert
+from support.models import build_tiny
 folder = Path(tempfile.mkdtemp()) / "Tiny-Qwen2"
-hf_model.build(folder, sizes=TINY_SIZES, seed=TINY_SEED,
-               scale_rows={("model.embed_tokens.weight", hf_model.EOS): TINY_EOS_SCALE})
-shutil.copy(convert(folder, folder.parent / "tiny.Q4_1.gguf", "Q4_1"), ".gpu/tiny.Q4_1.gguf")
+shutil.copy(build_tiny(folder, folder.parent / "tiny.Q4_1.gguf"), ".gpu/tiny.Q4_1.gguf")
 PYTHON
 if [ "${1:-}" = --default-model ]; then
     # The default model's GGUF in two halves; run.sh's stage `model` joins and checks them.

@@ -244,8 +244,8 @@ stage_memagent() {
     # memagent runs from this checkout: PYTHONPATH has the repo root, and the registry is
     # the checkout's models/registry.toml (memagent_cli/models/registry.py looks there
     # first), so no `pip install -e .` (its backend, hatchling, is not in the image).
-    # The tests start `memagent` beside sys.executable (tests/conftest.py): a venv gives
-    # one, seeing /tmp/site, this checkout and the image's packages, in that order.
+    # The tests start `memagent` beside sys.executable (tests/support/command.py): a venv
+    # gives one, seeing /tmp/site, this checkout and the image's packages, in that order.
     local sp
     if [ ! -x "$VENV/bin/python3" ]; then
         python3 -m venv --without-pip "$VENV" || return 1

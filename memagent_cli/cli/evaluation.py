@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 
@@ -13,6 +12,7 @@ from memagent_cli.cli import options
 from memagent_cli.cli.options import (
     FROM_FLAGS,
     OCR,
+    BackendKind,
     Command,
     Group,
     JsonOpt,
@@ -23,17 +23,13 @@ from memagent_cli.cli.options import (
     QuietOpt,
     ReaderOpt,
     Reading,
+    ReadOptions,
     choices,
     reads,
     user_errors,
 )
-from memagent_cli.documents.ocr import OcrOptions
 from memagent_cli.evaluation.niah import VARIANTS
-from memagent_cli.run.engine import ReadOptions
 from memagent_cli.views.progress import reporter
-
-if TYPE_CHECKING:
-    from memagent_cli.evaluation.evaluate import EvalOptions
 
 
 class _EvalGroup(Group):
@@ -80,7 +76,7 @@ PlotOpt = Annotated[
 ]
 
 
-def _eval_options(
+def _run_keywords(
     read: ReadOptions,
     *,
     output: Path | None,
@@ -90,30 +86,34 @@ def _eval_options(
     plot: Path | None,
     ctx: typer.Context | None = None,
     reader: Any = None,
-) -> EvalOptions:
-    """The options every eval run shares, checked before any model loads. `reader`: the
-    --reader given (MemAgent's when none), sampling as its authors did unless told."""
-    from memagent_cli.evaluation import plot as plotting
-    from memagent_cli.evaluation.evaluate import EvalOptions
+) -> dict[str, Any]:
+    """The keywords of api.eval_files and api.eval_niah that every eval run shares, from
+    the engine flags (one ReadOptions) and the eval options, checked before any model loads.
+    `reader`: the --reader given (MemAgent's when none), sampling as its authors did unless
+    told."""
+    from memagent_cli.views import evaluation as views
 
     if plot is not None:
-        plotting.require()  # fails in seconds, before any model loads
+        views.require_plot()  # fails in seconds, before any model loads
     options.stop_on_sigterm()
     report = reporter(quiet)
     settings = read.settings
     if ctx is not None and reader is not None:
         settings = options.reader_settings(ctx, settings, reader.value, report.note)
-    return EvalOptions(
-        backend=read.backend,
-        settings=settings,
-        output=output,
-        reuse=not no_reuse,
+    backend = read.backend
+    return {
+        "model": backend.model,
+        "llama": backend.llama,
+        "server": backend.server if backend.kind is BackendKind.openai else None,
+        "settings": settings,
+        "output": output,
+        "reuse": not no_reuse,
         # One case at a time unless --parallel says more: in-process read together in one
         # context, with a server in flight (evaluation/evaluate.py).
-        parallel=read.parallel or 1,
-        write_traces=not no_trace,
-        report=report,
-    )
+        "parallel": read.parallel or 1,
+        "traces": not no_trace,
+        "report": report,
+    }
 
 
 @app.command("run", cls=Command)
@@ -147,18 +147,18 @@ def eval_run(
     quiet: QuietOpt = False,
 ) -> None:
     """Run every case of the authors' files as an ordinary ask, scored as their ruler_hqa.py."""
-    from memagent_cli.evaluation import evaluate
+    from memagent_cli import api
     from memagent_cli.views import evaluation as views
 
-    how = _eval_options(
+    how = _run_keywords(
         read, output=output, no_trace=no_trace, no_reuse=no_reuse, quiet=quiet, plot=plot,
         ctx=ctx, reader=reader,
     )  # fmt: skip
     try:
-        finished = evaluate.eval_files(data, limit, how)
-    except evaluate.Stopped as stop:
+        finished = api.eval_files(data, limit=limit, **how)
+    except api.EvalStopped as stop:
         raise typer.Exit(views.stopped(stop)) from None
-    views.show(finished, as_json=as_json, plot_path=plot, note=how.report)
+    views.show(finished, as_json=as_json, plot_path=plot, note=how["report"])
 
 
 @app.command("niah", cls=Command)
@@ -201,33 +201,25 @@ def eval_niah(
     """Hide RULER key-value needles in a document at each depth and length, and ask for them.
 
     --seed seeds the cases (keys, values, other needles) and the sampling; 0 unless given."""
-    from memagent_cli.evaluation import evaluate
+    from memagent_cli import api
     from memagent_cli.views import evaluation as views
 
-    seed = read.settings.sampling.seed
-    if seed is None:  # the cases are reproducible by default, and so their sampling
-        seed = 0
-        sampling = dataclasses.replace(read.settings.sampling, seed=seed)
-        read = dataclasses.replace(
-            read, settings=dataclasses.replace(read.settings, sampling=sampling)
-        )
-    how = _eval_options(
+    how = _run_keywords(
         read, output=output, no_trace=no_trace, no_reuse=no_reuse, quiet=quiet, plot=plot,
         ctx=ctx, reader=reader,
     )  # fmt: skip
     try:
-        finished = evaluate.eval_niah(
+        finished = api.eval_niah(
             haystack,
             lengths=lengths,
             depths=depths,
-            variant=needles,
-            seed=seed,
-            options=how,
-            ocr=OcrOptions(ocr, ocr_lang),
+            needles=needles,
+            ocr=api.OcrOptions(ocr, ocr_lang),
+            **how,
         )
-    except evaluate.Stopped as stop:
+    except api.EvalStopped as stop:
         raise typer.Exit(views.stopped(stop)) from None
-    views.show(finished, as_json=as_json, plot_path=plot, note=how.report)
+    views.show(finished, as_json=as_json, plot_path=plot, note=how["report"])
 
 
 @app.command("report", cls=Command)

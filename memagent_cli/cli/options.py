@@ -54,9 +54,18 @@ class _QuietArgument(core.TyperArgument):
         return None  # an argument's name already stands in its own column
 
 
+# Why a class swap, and not an option of Typer's: Typer (0.29) builds every parameter itself,
+# as a TyperOption or TyperArgument, and neither typer.Option nor typer.Argument takes a class
+# (click.option's `cls=`). `metavar=` is honoured for an option that has one, but a flag has
+# none to give (`--help` itself shows `<bool>`), and an argument's type is printed whatever
+# its metavar says. `rich_help_panel`
+# and `show_default` say nothing of the type. What Typer does let a program choose is the
+# command's class (`cls=`, as every command of memagent names Command), and a command's
+# `get_params` (Click's public hook) hands over each parameter before help is drawn: the
+# quiet kinds are subclasses with no state of their own, so the swap keeps every attribute
+# Typer set and changes one method. tests/test_cli.py fails if a type shows again.
 def _quiet(param: Any) -> Any:
-    """`param` as its quiet kind. Typer makes every parameter a TyperOption or TyperArgument
-    and has no say in the class; the quiet kinds add no state, only their help column."""
+    """`param` as its quiet kind, whose help column shows only what its metavar says."""
     if type(param) is core.TyperOption:
         param.__class__ = _QuietOption
     elif type(param) is core.TyperArgument:

@@ -54,6 +54,11 @@ def show_reports(
         draw(runs, plot_path)
 
 
+def require_plot() -> None:
+    """Fail before hours of runs, not after, when --plot cannot be drawn."""
+    plot.require()
+
+
 def stopped(stop: Stopped) -> int:
     """Say why an evaluation stopped and where its finished cases are; the exit code."""
     display.error(stop.message)

@@ -55,18 +55,30 @@ class OpenAIBackend(InTurn):
     Safe to share between threads: every call is one independent HTTP request.
     """
 
-    def __init__(self, options: ServerOptions, note: Note = silent) -> None:
+    def __init__(
+        self,
+        options: ServerOptions,
+        note: Note = silent,
+        *,
+        discovery_seconds: float = DISCOVERY_SECONDS,
+    ) -> None:
+        """`discovery_seconds` bounds each call of first contact (client.py)."""
         if not options.base_url:
             raise UserError("--backend openai needs --base-url (or $MEMAGENT_BASE_URL).")
         url = options.base_url.rstrip("/")
         if not url.endswith("/v1"):
             url += "/v1"
-        self._client = Client(url[: -len("/v1")], api_key=options.api_key, timeout=options.timeout)
+        self._client = Client(
+            url[: -len("/v1")],
+            api_key=options.api_key,
+            timeout=options.timeout,
+            discovery_seconds=discovery_seconds,
+        )
         # What is shown and recorded: without any credentials the URL carries.
         self.base_url, self.server = without_credentials(url), self._client.server
         # No retries at first contact: a server that is not there should be said at once.
         served = self._models(
-            self._client.request("/v1/models", retry=False, seconds=DISCOVERY_SECONDS)
+            self._client.request("/v1/models", retry=False, seconds=self._client.discovery_seconds)
         )
         if not served and not options.served_model:
             raise BackendError(f"The server at {self.server} serves no model; pass --served-model.")
@@ -99,7 +111,9 @@ class OpenAIBackend(InTurn):
             if model["id"] == self.served_model and _positive(model.get("max_model_len")):
                 return model["max_model_len"]
         try:
-            props = self._client.request("/props", retry=False, seconds=DISCOVERY_SECONDS)
+            props = self._client.request(
+                "/props", retry=False, seconds=self._client.discovery_seconds
+            )
         except BackendError:
             return _UNKNOWN_CONTEXT
         settings = props.get("default_generation_settings")

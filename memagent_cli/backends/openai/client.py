@@ -62,10 +62,18 @@ class Client:
     Safe to share between threads: every call is one independent HTTP request.
     """
 
-    def __init__(self, root: str, *, api_key: str | None, timeout: float) -> None:
+    def __init__(
+        self,
+        root: str,
+        *,
+        api_key: str | None,
+        timeout: float,
+        discovery_seconds: float = DISCOVERY_SECONDS,
+    ) -> None:
         self.root = root  # what requests go to
         self.server = without_credentials(root)  # what is shown
         self.timeout = timeout
+        self.discovery_seconds = discovery_seconds  # the bound of each first-contact call
         self._api_key = api_key
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         # Only what _read_body can decode within its bounds (httpx2's decoders, 1 MiB a go).

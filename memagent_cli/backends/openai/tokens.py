@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from memagent_cli.backends.openai.client import (
-    DISCOVERY_SECONDS,
     SHORT_REPLY_BYTES,
     BackendError,
     Client,
@@ -59,7 +58,7 @@ class _ServerTokenizer:
             body,
             retry=not probe,
             most_bytes=most_bytes,
-            seconds=DISCOVERY_SECONDS if probe else None,
+            seconds=self._client.discovery_seconds if probe else None,
         )
 
     def probe(self) -> None:

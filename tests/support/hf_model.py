@@ -1,5 +1,5 @@
 """A tiny random-weight model in the Hugging Face Qwen2 (or Qwen3) format, built with numpy,
-with the real Qwen2.5 tokenizer (tests/qwen_material.py: 151,643 tokens, 22 added ones, the
+with the real Qwen2.5 tokenizer (tests/support/qwen_material.py: 151,643 tokens, 22 added ones, the
 real chat template), and a numpy forward pass of the same weights to check llama.cpp
 against: RMSNorm, rotary embeddings as Qwen2 applies them (halves rotated, "NEOX"),
 grouped-query attention with q/k/v biases (Qwen3: none, but q/k RMSNorm per head and a head
@@ -12,7 +12,8 @@ import struct
 from pathlib import Path
 
 import numpy as np
-import qwen_material
+
+from support import qwen_material
 
 # As Qwen2.5's config.json: the tokenizer's 151,665 ids, padded (ids without a token exist).
 VOCAB_SIZE = 151936

@@ -12,6 +12,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -187,3 +188,16 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         self.wfile.flush()
+
+
+def use_hub(env: dict[str, str], server: FakeHub, hf_home: Path) -> None:
+    """Point `env`'s user at a fake Hugging Face Hub, with no token, proxy or offline mode."""
+    env.update(
+        HF_ENDPOINT=server.url,
+        HF_HOME=str(hf_home),
+        HF_HUB_DISABLE_TELEMETRY="1",
+        NO_PROXY="127.0.0.1,localhost",
+    )
+    for name in ("HF_TOKEN", "HF_HUB_OFFLINE", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+        env.pop(name, None)
+        env.pop(name.lower(), None)

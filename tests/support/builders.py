@@ -15,7 +15,7 @@ from fpdf import FPDF
 from fpdf.enums import EncryptionMethod
 
 # Written byte by byte, for structures ebooklib and fpdf2 will not write; used as builders.X.
-from handmade import (  # noqa: F401
+from support.handmade import (  # noqa: F401
     Member,
     members_of,
     nav_document,
