@@ -105,7 +105,7 @@ def test_the_test_material_installs_only_the_wheels_whose_hashes_are_pinned(tmp_
     from tests/material.txt, and no other step names them."""
     import tomllib
 
-    import qwen_material
+    from support import qwen_material
 
     lines = make("-n", f"VENV={tmp_path / 'venv'}", f"{tmp_path / 'venv'}/.dev").stdout.splitlines()
     hashed = [line for line in lines if "tests/material.txt" in line]
