@@ -40,7 +40,7 @@ def lines_of(path: Path) -> list[dict]:
 
 
 def test_eval_is_interrupted_continued_and_reported(tmp_path, env, memagent, cli):
-    data = tmp_path / "data"
+    data = tmp_path / "cases"  # not "data": env's XDG_DATA_HOME is there
     data.mkdir()
     authors_file(data / "eval_short.json", 40, (1, 2))  # about 450 tokens: 2 steps
     authors_file(data / "eval_long.json", 80, (3, 4))  # about 900 tokens: 3 steps

@@ -188,11 +188,13 @@ def test_a_damaged_calibration_is_measured_again_and_the_trace_names_it(cli, env
     assert f"the calibration {kept} cannot be used (it is not JSON): measuring again" in note
     measured = calibration.parse(kept.read_bytes())
     assert json.loads(first.stdout)["settings"]["calibration"] == measured.record()
+    marked = json.loads(kept.read_text()) | {"measured": "2000-01-01T00:00:00Z"}
+    kept.write_text(json.dumps(marked))  # still sound: only --recalibrate replaces it
     again = cli("ask", str(book), FACT_QUESTION, *steps, "--recalibrate", "--no-reuse")
     assert again.returncode == 0 and "cannot be used" not in again.stderr
     remeasured = calibration.parse(kept.read_bytes())
     assert json.loads(again.stdout)["settings"]["calibration"] == remeasured.record()
-    assert remeasured.seconds != measured.seconds  # measured again, not read back
+    assert remeasured.measured != "2000-01-01T00:00:00Z"  # measured again, not read back
     # A trace header is written before the weights load: it names the calibration kept.
     third = json.loads(cli("ask", str(book), FACT_QUESTION, *steps, "--no-reuse").stdout)
     header = read_trace(Path(third["trace"])).header
