@@ -19,6 +19,25 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _no_user_data_folder(tmp_path_factory: pytest.TempPathFactory):
+    """What the suite does in this process (a backend built in-process keeps its calibration
+    in the data folder) lands in folders of its own, never in the user's: XDG's, which
+    platformdirs follows here and tests that name folders override. A test's `env` names
+    its own for the commands it starts."""
+    home = tmp_path_factory.mktemp("user")
+    names = ("XDG_DATA_HOME", "XDG_CACHE_HOME")
+    saved = {name: os.environ.get(name) for name in names}
+    for name in names:
+        os.environ[name] = str(home / name.lower())
+    yield
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny model (support/models.py), made once a session by memagent's own converter
