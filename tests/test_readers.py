@@ -534,6 +534,21 @@ def test_eval_reads_with_the_reader_it_is_given(memagent, fake_server, tmp_path)
     assert fake_server.chat_calls == 0
 
 
+def test_eval_reads_with_the_reader_its_registry_model_names(memagent, fake_server, tmp_path):
+    """As `ask` does, `eval run -m infmem-4b` reads with InfMem, the reader the registry
+    names for that model, when no --reader is given."""
+    data = tmp_path / "eval_50.json"
+    cases = [{"_id": "c1", "input": FACT_QUESTION, "context": story(40), "answers": ["x"]}]
+    data.write_text(json.dumps(cases))
+    steps = ["--chunk-tokens", "200", "--memory-tokens", "48", "-m", "infmem-4b"]
+    out = tmp_path / "run.jsonl"
+    result = memagent("eval", "run", str(data), *served(fake_server, *steps), "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    (record,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert read_trace(Path(record["trace"])).header.settings["reader"] == "infmem"
+    assert fake_server.chat_calls == 0 and fake_server.prompts
+
+
 @pytest.mark.parametrize(
     ("name", "repo", "qwen3", "reader"),
     [

@@ -89,8 +89,8 @@ def _run_keywords(
 ) -> dict[str, Any]:
     """The keywords of api.eval_files and api.eval_niah that every eval run shares, from
     the engine flags (one ReadOptions) and the eval options, checked before any model loads.
-    `reader`: the --reader given (MemAgent's when none), sampling as its authors did unless
-    told."""
+    `reader`: the --reader given (when none, the one the registry names for the model),
+    sampling as its authors did unless told."""
     from memagent_cli.views import evaluation as views
 
     if plot is not None:
@@ -98,9 +98,11 @@ def _run_keywords(
     options.stop_on_sigterm()
     report = reporter(quiet)
     settings = read.settings
-    if ctx is not None and reader is not None:
-        settings = options.reader_settings(ctx, settings, reader.value, report.note)
     backend = read.backend
+    # As `ask` does: the --reader given, else the one the registry names for the model.
+    how = reader.value if reader is not None else options.reader_of(backend.model)
+    if ctx is not None:
+        settings = options.reader_settings(ctx, settings, how, report.note)
     return {
         "model": backend.model,
         "llama": backend.llama,

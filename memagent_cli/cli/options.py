@@ -316,6 +316,14 @@ ReaderOpt = Annotated[
 ]
 
 
+def reader_of(model: str | None) -> str:
+    """The reader of the model a user names (--model), as its registry entry says; MemAgent's
+    for a model the registry does not know."""
+    from memagent_cli.models import registry
+
+    return registry.reader_for(model or "")
+
+
 def reader_settings(
     ctx: typer.Context, settings: Settings, reader: str, note: Callable[[str], None]
 ) -> Settings:
