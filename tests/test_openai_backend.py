@@ -179,6 +179,8 @@ def test_a_server_stopped_mid_run_leaves_a_trace_to_resume(memagent, env, tmp_pa
         "openai",
         "--base-url",
         server.url,
+        "--timeout",  # bounds the tries against the stopped server (15 s of backoff else)
+        "6",
         "--trace",
         str(cut),
     ]
