@@ -506,20 +506,27 @@ def test_a_reader_samples_as_its_authors_unless_told_otherwise(memagent, fake_se
     assert "samples as its authors" not in said
 
 
-def test_eval_reads_with_the_reader_it_is_given(memagent, fake_server, tmp_path):
-    """`eval run --reader infmem` and `eval niah --reader infmem` read every case with
-    InfMem (its prompts whole to /v1/completions, its authors' sampling) and say so."""
+def _eval_one_case(memagent, fake_server, tmp_path: Path, *how: str) -> dict:
+    """`eval run` of one authors'-format case through the stand-in server, read as `how`
+    says; the settings its trace records."""
     data = tmp_path / "eval_50.json"
     cases = [{"_id": "c1", "input": FACT_QUESTION, "context": story(40), "answers": ["x"]}]
     data.write_text(json.dumps(cases))
-    steps = ["--chunk-tokens", "200", "--memory-tokens", "48", "--reader", "infmem"]
+    steps = ["--chunk-tokens", "200", "--memory-tokens", "48", *how]
     out = tmp_path / "run.jsonl"
     result = memagent("eval", "run", str(data), *served(fake_server, *steps), "-o", str(out))
     assert result.returncode == 0, result.stderr
     (record,) = [json.loads(line) for line in out.read_text().splitlines()]
-    header = read_trace(Path(record["trace"])).header
-    assert header.settings["reader"] == "infmem" and header.settings["temperature"] == 0.0
+    return read_trace(Path(record["trace"])).header.settings
+
+
+def test_eval_reads_with_the_reader_it_is_given(memagent, fake_server, tmp_path):
+    """`eval run --reader infmem` and `eval niah --reader infmem` read every case with
+    InfMem (its prompts whole to /v1/completions, its authors' sampling) and say so."""
+    settings = _eval_one_case(memagent, fake_server, tmp_path, "--reader", "infmem")
+    assert settings["reader"] == "infmem" and settings["temperature"] == 0.0
     assert fake_server.chat_calls == 0 and fake_server.prompts
+    steps = ["--chunk-tokens", "200", "--memory-tokens", "48", "--reader", "infmem"]
 
     haystack = tmp_path / "hay.txt"
     haystack.write_text(story(60))
@@ -537,15 +544,8 @@ def test_eval_reads_with_the_reader_it_is_given(memagent, fake_server, tmp_path)
 def test_eval_reads_with_the_reader_its_registry_model_names(memagent, fake_server, tmp_path):
     """As `ask` does, `eval run -m infmem-4b` reads with InfMem, the reader the registry
     names for that model, when no --reader is given."""
-    data = tmp_path / "eval_50.json"
-    cases = [{"_id": "c1", "input": FACT_QUESTION, "context": story(40), "answers": ["x"]}]
-    data.write_text(json.dumps(cases))
-    steps = ["--chunk-tokens", "200", "--memory-tokens", "48", "-m", "infmem-4b"]
-    out = tmp_path / "run.jsonl"
-    result = memagent("eval", "run", str(data), *served(fake_server, *steps), "-o", str(out))
-    assert result.returncode == 0, result.stderr
-    (record,) = [json.loads(line) for line in out.read_text().splitlines()]
-    assert read_trace(Path(record["trace"])).header.settings["reader"] == "infmem"
+    settings = _eval_one_case(memagent, fake_server, tmp_path, "-m", "infmem-4b")
+    assert settings["reader"] == "infmem" and settings["temperature"] == 0.0
     assert fake_server.chat_calls == 0 and fake_server.prompts
 
 
