@@ -101,7 +101,7 @@ class Batch:
                 if questions == 1
                 else f"the {questions} questions"
                 if documents == 1
-                else f"the {readings} readings"
+                else f"{documents} documents x {questions} questions"
             )
             with report.progress("bytes") as progress:  # a first use measures: weights load
                 at_once = first.session.engine.together(
