@@ -99,3 +99,22 @@ def test_the_first_reading_on_a_machine_records_the_calibration_it_measured(
     assert json.loads(first.stdout)["settings"]["calibration"] == measured
     header = read_trace(Path(json.loads(first.stdout)["trace"])).header
     assert header.settings.get("calibration") == measured
+
+
+def test_a_first_use_measures_the_calibration_before_it_decides(
+    memagent, env, tiny_model, tmp_path
+):
+    """No calibration kept yet: it is measured before the readings at once are decided, and
+    they go as the calibration measured here says, every trace recording it."""
+    env["MEMAGENT_MODEL"] = str(tiny_model)
+    paths, listing = documents(tmp_path)
+    result = memagent("ask", "--documents", str(listing), FACT_QUESTION, *STEPS, "--json")
+    assert result.returncode == 0, result.stderr
+    (kept,) = (Path(env["MEMAGENT_HOME"]) / "calibrations").glob("*.json")
+    measured = calibration.parse(kept.read_bytes())
+    pays = measured.readings_at_once(3) > 1
+    assert read_together(result.stderr) == pays
+    assert (ONE_AT_A_TIME in result.stderr.splitlines()) == (measured.readings_at_once(3) == 1)
+    for reply in map(json.loads, result.stdout.splitlines()):
+        header = read_trace(Path(reply["trace"])).header
+        assert header.settings["calibration"] == measured.record()
