@@ -299,7 +299,8 @@ def ask_batch(
     (`traces=False`: none); `trace_path` names the one trace of one run; `resume` continues
     that trace, `resume_latest` the newest unfinished one of the same run. A greedy run
     finished before is answered from its trace unless `reuse` is False. `parallel`: readings
-    at once (None: all that fit in memory in-process, one with a server). Documents: an
+    at once (None: in-process all that fit in memory where the calibration says a batch
+    pays here, else one; one with a server). Documents: an
     encrypted PDF's `password` (else `ask_password(path)`), `format`, `document_cache`,
     `ocr`."""
     asked = list(questions)

@@ -210,3 +210,37 @@ def test_one_slowed_round_does_not_make_the_costs() -> None:
     assert costs[5] == pytest.approx(2.5) and costs[1] == 1.0
     assert calibration.smoothed({w: 100.0 for w in range(2, MOST + 1)})[3] == 3.0
     assert all(costs[w] <= costs[w + 1] for w in range(1, MOST))
+
+
+def costs_of(cost) -> dict[int, float]:
+    return {w: cost(w) for w in range(1, MOST + 1)}
+
+
+def test_readings_go_together_only_where_a_batch_costs_less_than_its_rows_apart() -> None:
+    """A round of several sequences holds each one's rows: its pending token and a draft,
+    whose length is not known ahead. So several go at once only where a round of them costs
+    clearly less than their rounds apart at every size a sequence's round may have."""
+    flat = Calibration(KEY, (), 4, costs_of(lambda w: 1.0 + 0.02 * (w - 1)))  # a GPU
+    assert flat.readings_at_once(6) == 6
+    assert flat.readings_at_once(1) == 1
+    linear = Calibration(KEY, (), 4, costs_of(float))  # every row a decode: never pays
+    assert linear.readings_at_once(6) == 1
+    # A 2-core CPU (bench/results/2026-11-26-xeon-amx/continuous.log): rows of the pending
+    # token alone are cheap together, but a round of full drafts costs nearly its rows.
+    cpu = Calibration(KEY, (), 4, costs_of(lambda w: 0.63 + 0.37 * w))
+    assert cpu.readings_at_once(8) == 1
+    assert cpu.readings_at_once(8, max_rows=1) == 8  # without drafts it pays
+    # Near 1.0, noise in the timings does not make a batch.
+    near = Calibration(KEY, (), 4, costs_of(lambda w: 0.05 + 0.95 * w))
+    assert near.price(2 * MOST) / 2 < near.price(MOST)  # cheaper, by a hair
+    assert near.readings_at_once(8) == 1
+
+
+def test_with_exact_only_the_counts_proved_together_share_a_round() -> None:
+    """With --exact, sequences not proved to share a round exactly are rounds apart
+    (groups()): reading them together saves nothing."""
+    cheap = costs_of(lambda w: 1.0 + 0.02 * (w - 1))
+    assert Calibration(KEY, (2, 3), 1, cheap).readings_at_once(4, min_rows=2, exact=True) == 1
+    assert Calibration(KEY, (2, 3), 4, cheap).readings_at_once(4, min_rows=2, exact=True) == 4
+    # 3 proved as 2 and 1: no cheaper per sequence than 2.
+    assert Calibration(KEY, (2, 3), 2, cheap).readings_at_once(3, min_rows=2, exact=True) == 2

@@ -44,6 +44,11 @@ TOGETHER_WIDTHS = (2, MOST)
 CONTENTS = 2  # sequences together hold this many texts, in turns
 TIMING_REPEATS = 3  # 1-row decodes timed at each depth
 MAX_FILE_BYTES = 64 << 10  # a calibration is under 2 KB: anything far larger is not one
+# Readings go together only where a round of them costs under 1/MARGIN of their rounds apart:
+# costs are timings on a machine that may be busy (a few percent either way), and a batch
+# saves on decoding only, while prefills, most of a step on a CPU, gain nothing and were
+# measured slower at once (docs/performance.md, Several documents at once).
+MARGIN = 1.1
 
 
 @dataclass(frozen=True)
@@ -83,6 +88,29 @@ class Calibration:
             sizes.append(size)
             sequences -= size
         return sizes
+
+    def readings_at_once(
+        self, most: int, min_rows: int = 1, max_rows: int = MOST, exact: bool = False
+    ) -> int:
+        """How many of `most` readings to read together: the count whose rounds cost least
+        per sequence, 1 unless that is under 1/MARGIN of each read alone. A sequence's round
+        holds from `min_rows` (its pending token; 2 with --exact) to `max_rows` rows (with a
+        full draft), as its drafts go, and a round of several holds all their rows; so a
+        count is priced at the worst of those sizes, and then pays whatever the drafts.
+        With `exact` only counts proved together share a round (groups())."""
+        best, best_price = 1, 1.0 / MARGIN
+        for count in range(2, most + 1):
+            price = max(
+                self._per_sequence(count, rows, exact) for rows in range(min_rows, max_rows + 1)
+            )
+            if price < best_price:
+                best, best_price = count, price
+        return best
+
+    def _per_sequence(self, count: int, rows: int, exact: bool) -> float:
+        """A round of `count` sequences of `rows` each over `count` rounds of one."""
+        groups = self.groups(count) if exact else [count]
+        return sum(self._cost(g * rows) for g in groups) / (count * self._cost(rows))
 
     def summary(self) -> str:
         """One line: what `--exact` may use, and what a batch costs."""

@@ -277,6 +277,24 @@ class LlamaCppBackend:
             self._calibration = calibration.load(self.calibration_key())
         return self._calibration
 
+    def readings_at_once(self, most: int) -> int | None:
+        """How many of `most` readings pay to read together in one context here, by the
+        calibration's costs of the rounds this engine decodes; None where there is none
+        (not measured yet, or not at all: no drafts, a recurrent model)."""
+        from memagent_cli.backends.calibration import MOST
+
+        found = self.calibration
+        if found is None:
+            return None
+        min_rows = 2 if self.exact else 1  # exact decoding never sends a 1-row round
+        if not self.speculate:
+            max_rows = min_rows
+        elif self.exact:  # drafts only as long as the round sizes proved
+            max_rows = max(found.widths, default=min_rows)
+        else:
+            max_rows = MOST
+        return found.readings_at_once(most, min_rows, max_rows, exact=self.exact)
+
     def calibration_key(self) -> dict[str, object]:
         """What picks llama.cpp's kernels for this model here (backends/calibration.py)."""
         import llama_cpp
@@ -305,8 +323,11 @@ class LlamaCppBackend:
         (a few seconds, once)."""
         from memagent_cli.backends import calibration
 
-        if self.options.recalibrate and self._calibration is not None:
-            return self._calibration  # measured again already, at an earlier prepare()
+        if self._calibration is not None:
+            # Read or measured already (again, with --recalibrate) at an earlier prepare(),
+            # or read for a trace header: the weights load again with room for more
+            # sequences once the calibration said how many (run/engine.py Engine.together).
+            return self._calibration
         key = self.calibration_key()
         if not self.options.recalibrate:
             found = calibration.load(key, note=note_line)

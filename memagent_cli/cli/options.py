@@ -384,7 +384,8 @@ ParallelOpt = Annotated[
         callback=at_least(1),
         show_default=False,
         help="Readings at once: read together in one context (in-process), or in flight "
-        "(--backend openai) \\[default: ask: all that fit in memory, 1 with a server; eval: 1].",
+        "(--backend openai) \\[default: ask: all that fit in memory where the calibration says a "
+        "batch pays, else 1; 1 with a server; eval: 1].",
         rich_help_panel=READING,
     ),
 ]

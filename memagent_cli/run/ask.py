@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -319,6 +319,12 @@ def _start(run: Run, number: int, report: Reporter, start: float) -> Result | St
 
 def _job(opened: _Open, view: ReadingView, report: Reporter) -> Job:
     """The scheduler's job of an opened run: its trace started, its reading shown."""
+    if not opened.resumed:
+        # The settings as the loaded model reads by them: a model's first reading on this
+        # machine measures its calibration when the weights load, after _start made the
+        # header (a calibration is no part of which run a trace is: trace/folder.py).
+        settings = opened.run.session.engine.settings_record()
+        opened.header = replace(opened.header, settings=settings)
     _open_trace(opened, report)
     opened.reading = opened.run.reading_id()
     try:

@@ -41,7 +41,8 @@ class Options:
     document_cache: bool = True  # False: --no-document-cache
     ocr: OcrOptions = OcrOptions()  # --ocr, --ocr-lang
     # --parallel: readings at once. In-process, read together in one context (None: all
-    # that fit in memory); with a server, calls in flight from threads (None: one).
+    # that fit in memory, where the calibration says a batch pays); with a server, calls
+    # in flight from threads (None: one).
     parallel: int | None = None
     watch: int = 0  # whose memory the live view shows (question index)
     report: Reporter = SILENT
@@ -94,7 +95,18 @@ class Batch:
             yield from runs
 
         if not threads:
-            at_once = first.session.engine.together(readings, parallel)
+            documents, questions = len(self.paths), len(self.questions)
+            what = (
+                f"the {documents} documents"
+                if questions == 1
+                else f"the {questions} questions"
+                if documents == 1
+                else f"{documents} documents x {questions} questions"
+            )
+            with report.progress("bytes") as progress:  # a first use measures: weights load
+                at_once = first.session.engine.together(
+                    readings, parallel, progress, report.note, what
+                )
             outcomes = run.ask_runs(
                 remaining(), at_once, report, dataclasses.replace(layout, at_once=at_once)
             )

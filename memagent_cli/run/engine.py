@@ -93,9 +93,19 @@ class Engine:
         replies to each call on its own), rather than sequences of one context."""
         return isinstance(self.backend, OpenAIBackend)
 
-    def together(self, questions: int, asked: int | None) -> int:
+    def together(
+        self,
+        questions: int,
+        asked: int | None,
+        progress: Progress | None = None,
+        note: Note = silent,
+        what: str = "readings",
+    ) -> int:
         """How many of `questions` to read at once: `asked` (--parallel) when that many fit
-        in memory, else (None) as many as fit. Fails with a sentence when `asked` does not."""
+        in memory, else (None) as many as fit and pay, by this model's calibration here.
+        Fails with a sentence when `asked` does not fit. `note` hears, in one line, when the
+        calibration reads fewer at once than fit; `what` names the readings in it ("the 3
+        documents"); `progress` hears of the weights loaded to measure the calibration."""
         fits = self.backend.sequences_that_fit(self.context)
         wanted = min(questions, fits if asked is None else asked)
         if wanted > fits:
@@ -104,7 +114,32 @@ class Engine:
                 f"{self.context} tokens, but only {fits} fit in the memory free now; "
                 f"use --parallel {fits}."
             )
-        return max(1, wanted)
+        if asked is not None or wanted <= 1:
+            return max(1, wanted)
+        paying = self._paying(wanted, progress)
+        if paying < wanted:
+            how = "one at a time" if paying == 1 else f"{paying} at a time"
+            note(
+                f"reading {what} {how}: on this machine a batch costs about as much as its "
+                "rows read apart (calibration; --parallel N to read together)"
+            )
+        return paying
+
+    def _paying(self, most: int, progress: Progress | None) -> int:
+        """How many of `most` readings pay to read together in one context: all of them
+        where nothing was measured to say otherwise (a server's calls, or no calibration)."""
+        backend = self.backend
+        if not isinstance(backend, LlamaCppBackend) or not backend.speculate:
+            return most  # no calibration: the default of before it, all that fit
+        if backend.calibration is None:
+            # A first use on this machine: measure first. The calibration needs the weights
+            # loaded, so they load for one reading and measure (a few seconds, once); they
+            # load again only where the calibration says that more at once pay. Reading all
+            # at once unmeasured would cost the first batch 8-10% where a batch does not
+            # pay (docs/performance.md, Several documents at once).
+            self.prepare(1, progress)
+        paying = backend.readings_at_once(most)
+        return most if paying is None else paying  # None: a recurrent model never drafts
 
     @property
     def model_record(self) -> dict[str, Any]:
