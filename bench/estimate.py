@@ -97,8 +97,8 @@ def first_reading(asked: dict[str, Any]) -> str:
     calls = [*asked["steps"], asked["final"]]
     replies = ", ".join(str(c["completion_tokens"]) for c in calls)
     return (
-        f"learned from: a reading of {asked['seconds']:.1f} s, {len(calls)} calls (replies "
-        f"{replies}) of another document of the same kind"
+        f"first reading, of another story: {asked['seconds']:.1f} s for {len(calls)} calls "
+        f"(replies {replies})"
     )
 
 

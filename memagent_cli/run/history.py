@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -130,8 +131,8 @@ def past_readings(
     for path in recent_traces(folder or default_dir())[:LOOKED_AT]:
         if readings >= READINGS:
             break
-        trace = _read(path)
-        if trace is None or not _same(trace.header, model, engine, reader):
+        trace = _read(path, lambda header: _same(header, model, engine, reader))
+        if trace is None:
             continue
         found = _calls(trace, reader)
         if found:
@@ -140,14 +141,17 @@ def past_readings(
     return History(readings, tuple(calls))
 
 
-def _read(path: Path) -> Trace | None:
-    """The trace at `path` when it is whole: finished, every line a record, within bounds."""
+def _read(path: Path, wanted: Callable[[Header], bool]) -> Trace | None:
+    """The trace at `path` when its header is `wanted` and it is whole: finished, every line
+    a record, within bounds. Of another run only the header is read."""
     try:
         if os.stat(path).st_size > MAX_BYTES:
             return None
         items = records(path)
         try:
             trace = start(path, next(items, None))
+            if not wanted(trace.header):
+                return None
             for count, item in enumerate(items):
                 if count >= MAX_RECORDS:  # grown past MAX_BYTES since (a run writing it)
                     return None
