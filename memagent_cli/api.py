@@ -341,7 +341,8 @@ def inspect(
 ) -> dict[str, Any]:
     """What `memagent inspect` reports, as plain data (its JSON): the document, its tokens
     and chunks, the OCR it needs, and with `estimate` the seconds one question takes on this
-    machine (run/inspect.py's estimate_reading says what it assumes). Tokens are counted
+    machine, learned from the traces of the model's past readings here where there are any
+    (run/inspect.py's estimate_reading says what it assumes). Tokens are counted
     with `model`'s tokenizer and cut by its settings; without a model, with tiktoken's
     `encoding` and the `windows` of `Settings`, and nothing is estimated."""
     from memagent_cli.run import inspect as inspection

@@ -4,10 +4,11 @@ price, with a made-up measurement; then the command with the tiny model, measure
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 from support.scripted import ScriptedBackend
-from support.story import story
+from support.story import FACT_QUESTION, story
 
 from memagent_cli import protocol
 from memagent_cli.backends.speed import Speed, _line
@@ -137,7 +138,9 @@ def test_inspect_estimates_a_reading_at_a_steps_depth(memagent, tmp_path):
     sizes = ["--chunk-tokens", "2000", "--memory-tokens", "128"]
     result = memagent("inspect", str(path), *sizes)
     assert result.returncode == 0, result.stderr
-    assert "per question on this machine, reading every chunk" in result.stdout
+    shown = " ".join(result.stdout.split())
+    assert "at most" in shown and "per question on this machine, reading every chunk" in shown
+    assert "an upper bound" in shown and "learned from" not in shown  # no reading yet
     assert "measuring the model's speed at the depth of a step" in result.stderr
     report = json.loads(memagent("inspect", str(path), *sizes, "--json").stdout)
     est = report["estimate"]
@@ -153,6 +156,7 @@ def test_inspect_estimates_a_reading_at_a_steps_depth(memagent, tmp_path):
     assert est["seconds_per_question"] == pytest.approx(
         sum(call_seconds(c, speed) for c in calls), abs=0.05
     )
+    assert est["seconds_at_most"] == est["seconds_per_question"] and est["learned"] is None
     assert 0 < est["measure_seconds"] < 60
     assert est["may_stop_sooner"] is None and "may stop sooner" not in result.stdout
 
@@ -170,3 +174,32 @@ def test_inspect_says_a_reader_that_stops_early_may_stop_sooner(memagent, tmp_pa
     plain = memagent("inspect", str(path), *sizes, "--reader", "memagent")
     assert plain.returncode == 0, plain.stderr
     assert "may stop sooner" not in plain.stdout
+
+
+@pytest.mark.model
+@pytest.mark.usefixtures("on_tiny_model")
+def test_inspect_learns_from_a_reading_with_the_same_model(memagent, tmp_path):
+    """After one `ask`, the estimate for another document takes how long this model's
+    replies ran, as its trace recorded them, and says so."""
+    first, other = tmp_path / "a.txt", tmp_path / "b.txt"
+    first.write_text(story(60))
+    other.write_text(story(90, seed=2))
+    sizes = ["--chunk-tokens", "300", "--memory-tokens", "64"]
+    asked = memagent("ask", str(first), FACT_QUESTION, *sizes, "--json")
+    assert asked.returncode == 0, asked.stderr
+    reading = json.loads(asked.stdout)
+    result = memagent("inspect", str(other), *sizes)
+    assert result.returncode == 0, result.stderr
+    shown = " ".join(result.stdout.split())
+    assert "learned from 1 reading with this model" in shown
+    assert "at most" in shown and "if every memory is written in full" in shown
+    report = json.loads(memagent("inspect", str(other), *sizes, "--json").stdout)
+    est = report["estimate"]
+    replies = [s["completion_tokens"] / 64 for s in reading["steps"]]
+    answer = reading["final"]["completion_tokens"] / protocol.FINAL_MAX_TOKENS
+    assert est["learned"]["readings"] == 1
+    assert est["learned"]["memory_fraction"] == round(statistics.median(replies), 3)
+    assert est["learned"]["answer_fraction"] == round(answer, 3)
+    likely = [CallSize(*call) for call in est["likely_calls"]]
+    assert len(likely) == len(est["calls"]) == len(report["chunks"]) + 1
+    assert est["seconds_per_question"] <= est["seconds_at_most"]

@@ -20,6 +20,8 @@ from memagent_cli.errors import BudgetError
 from memagent_cli.progress import SILENT, Reporter
 from memagent_cli.reader import Settings
 from memagent_cli.readers import context_needed, infmem, rememr1
+from memagent_cli.run import history
+from memagent_cli.run.history import History
 from memagent_cli.run.session import cut, describe_document
 
 # A question of a usual length, for the prompts priced before any question is asked.
@@ -128,33 +130,45 @@ def reading_calls(
     templates: Templates,
     memory_tokens: int,
     first_memory: int,
+    written: float = 1.0,
+    answered: float = 1.0,
 ) -> list[CallSize]:
-    """Every call of a reading of chunks of `chunks` tokens by `reader`, each reply as long as
-    the protocol allows (the memory's budget, the final answer's) and every memory after
-    the first (`first_memory` tokens) full: what reading everything costs at most."""
+    """Every call of a reading of chunks of `chunks` tokens by `reader`, each memory
+    update's reply `written` and the answer's `answered` of what the protocol allows (the
+    memory's budget, the final answer's; history.reply_limits), every memory after the first
+    (`first_memory` tokens) as long as an update's reply. At 1 and 1, the default: what
+    reading everything costs at most."""
+    update, final = history.reply_limits(reader, memory_tokens)
+    reply, answer = _part(update, written), _part(final, answered)
+    full = _part(memory_tokens, written)  # what the next prompt shows of a memory
     calls, memory = [], first_memory
     if reader == "infmem":
         # Each call thinks first (at most THINKING_TOKENS), then replies; the second stage
         # continues the first's prompt, which stays in the cache.
-        reply = infmem.THINKING_TOKENS + memory_tokens
         for tokens in chunks:
             units = infmem.RESULTS * min(infmem.UNIT_TOKENS, tokens)  # a search every step
             calls.append(CallSize(templates.planner + memory, reply))
             calls.append(CallSize(templates.update + memory + units + tokens, reply))
-            memory = memory_tokens
-        return [*calls, CallSize(templates.final + memory, reply)]
+            memory = full
+        return [*calls, CallSize(templates.final + memory, answer)]
     recalled = 0  # ReMemR1 shows an earlier memory beside the last once one exists
     for tokens in chunks:
-        calls.append(CallSize(templates.update + memory + recalled + tokens, memory_tokens))
-        memory = memory_tokens
-        recalled = memory_tokens if reader == "rememr1" else 0
-    return [*calls, CallSize(templates.final + memory + recalled, protocol.FINAL_MAX_TOKENS)]
+        calls.append(CallSize(templates.update + memory + recalled + tokens, reply))
+        memory = full
+        recalled = full if reader == "rememr1" else 0
+    return [*calls, CallSize(templates.final + memory + recalled, answer)]
 
 
-def call_seconds(call: CallSize, speed: Speed) -> float:
+def _part(tokens: int, fraction: float) -> int:
+    """`fraction` of `tokens`, a token at least."""
+    return max(round(tokens * fraction), 1)
+
+
+def call_seconds(call: CallSize, speed: Speed, decoding: float = 1.0) -> float:
     """Seconds of one call: its prompt read from an empty context, then its reply decoded
-    one token at a time (the first comes with the prompt)."""
-    return speed.prefill_seconds(call.prompt) + speed.decode_seconds(
+    one token at a time (the first comes with the prompt), that price times `decoding`
+    (History.decode_factor: what drafts saved)."""
+    return speed.prefill_seconds(call.prompt) + decoding * speed.decode_seconds(
         max(call.reply - 1, 0), call.prompt + 1
     )
 
@@ -189,19 +203,26 @@ def estimate_reading(
     settings: Settings,
     report: Reporter = SILENT,
     measure: Callable[[LlamaCppBackend, list[int], int], Speed] | None = None,
+    past: History | None = None,
 ) -> dict[str, Any]:
     """Seconds one question takes when `settings.reader` reads every chunk: each call priced
     at the prefill and decode rates of the depths it reaches, measured on this machine
-    (`measure`: speed.measure within MEASURE_BUDGET seconds), its reply as long as allowed."""
+    (`measure`: speed.measure within MEASURE_BUDGET seconds). Its replies run as long, and
+    decode at the cost, that this model's past readings here show (`past`; by default the
+    data folder's traces, history.past_readings); at most, and without any, every reply
+    is as long as allowed."""
     try:
         context = context_needed(backend, [_QUESTION], settings)
     except BudgetError as exc:
         return {"error": exc.message}
+    if past is None:
+        described = backend.describe()
+        past = history.past_readings(described.model, described.engine, settings.reader)
     templates = reader_templates(backend, settings.reader, len(chunks))
     first = len(backend.tokenize(protocol.INITIAL_MEMORY))
-    calls = reading_calls(
-        settings.reader, [c.tokens for c in chunks], templates, settings.memory_tokens, first
-    )
+    sizes = [c.tokens for c in chunks]
+    memory = settings.memory_tokens
+    calls = reading_calls(settings.reader, sizes, templates, memory, first)
     deepest = max(calls, key=lambda call: call.prompt)
     with report.progress("bytes") as progress:
         backend.prepare(context, progress=progress)
@@ -211,12 +232,24 @@ def estimate_reading(
         speed = speeds.measure(backend, sample, deepest.prompt, budget=MEASURE_BUDGET)
     else:
         speed = measure(backend, sample, deepest.prompt)
-    seconds = sum(call_seconds(call, speed) for call in calls)
+    factor = past.decode_factor(speed) or 1.0
+    written, answered = past.written() or 1.0, past.answered() or 1.0
+    # The bound keeps a learned cost of decoding above one token a decode (drafts that cost
+    # more than they saved), never a saving: longer replies may copy less.
+    most = sum(call_seconds(call, speed, max(factor, 1.0)) for call in calls)
+    likely = calls
+    if past.readings:
+        likely = reading_calls(settings.reader, sizes, templates, memory, first, written, answered)
+    seconds = sum(call_seconds(call, speed, factor) for call in likely) if past.readings else most
     stops = _STOPS_EARLY.get(settings.reader)
     return {
+        # The estimate: what past readings of this model here say, else the bound.
         "seconds_per_question": round(seconds, 1),
+        "seconds_at_most": round(most, 1),  # every memory written in full
         # Each call's prompt and longest reply in tokens, and the lines the rates lie on.
         "calls": [[call.prompt, call.reply] for call in calls],
+        "likely_calls": [[call.prompt, call.reply] for call in likely],
+        "learned": _learned(past, written, answered, factor),
         "speed": dataclasses.asdict(speed),
         "prompt_tokens": sum(call.prompt for call in calls),
         "reply_tokens": sum(call.reply for call in calls),
@@ -230,11 +263,45 @@ def estimate_reading(
         "may_stop_sooner": f"the {settings.reader} reader may stop sooner: {stops}"
         if stops
         else None,
-        "assumes": "every chunk is read and every reply is as long as allowed "
-        f"({settings.memory_tokens} tokens a memory, {protocol.FINAL_MAX_TOKENS} the answer); "
-        "one token per decode (drafts that copy the document make replies faster); rates "
-        f"measured to depth {speed.measured_to:,}" + _beyond(speed, deepest.prompt),
+        "assumes": _assumes(past, settings, written, answered, factor)
+        + f"; rates measured to depth {speed.measured_to:,}"
+        + _beyond(speed, deepest.prompt),
     }
+
+
+def _learned(past: History, written: float, answered: float, factor: float) -> dict | None:
+    """What the estimate took from past readings (`--json`), None where there were none."""
+    if not past.readings:
+        return None
+    return {
+        "readings": past.readings,
+        "calls": len(past.calls),
+        "memory_fraction": round(written, 3),
+        "answer_fraction": round(answered, 3),
+        "decode_factor": round(factor, 3),
+    }
+
+
+def _assumes(
+    past: History, settings: Settings, written: float, answered: float, factor: float
+) -> str:
+    """What the estimate assumes, in words."""
+    update, final = history.reply_limits(settings.reader, settings.memory_tokens)
+    if not past.readings:
+        return (
+            "every chunk is read and every reply is as long as allowed "
+            f"({settings.memory_tokens} tokens a memory, {final} the answer), one token per "
+            "decode (drafts that copy the document make replies faster): an upper bound. The "
+            "estimate learns how long this model's replies run, and what drafts save, from "
+            "its readings on this machine"
+        )
+    readings = f"{past.readings} reading{'s' if past.readings != 1 else ''}"
+    return (
+        f"every chunk is read; replies as long as in {readings} with this model on this "
+        f"machine (memories {written:.0%} of the {update:,} tokens allowed, answers "
+        f"{answered:.0%} of {final:,}), each decoded at {factor:.2f}x the price of one "
+        "token per decode; at most, every reply as long as allowed"
+    )
 
 
 def _beyond(speed: Speed, depth: int) -> str:

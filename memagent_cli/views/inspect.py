@@ -61,8 +61,8 @@ def print_report(report: dict[str, Any]) -> None:
         row(
             summary,
             "estimate",
-            f"about {_duration(est['seconds_per_question'])} per question on this machine, "
-            f"reading every chunk{sooner} (an estimate: {len(est['calls']):,} calls; at a step's "
+            f"{_how_long(est)}, reading every chunk{sooner}{_learned(est)} (an estimate: "
+            f"{len(est['calls']):,} calls; at a step's "
             f"depth of {est['depth']:,} tokens the prompt reads at "
             f"{est['prompt_tokens_per_second']:,.0f} tok/s and the reply decodes at "
             f"{est['generation_tokens_per_second']:,.1f} tok/s, measured in "
@@ -92,6 +92,26 @@ def print_pages(pages: list[dict[str, Any]]) -> None:
             mark = " (OCR)" if page["ocr"] else ""
             display.result(f"==> {page['label']}{mark} <==")
         display.result(page["text"], end="\n\f")
+
+
+def _how_long(estimate: dict[str, Any]) -> str:
+    """ "about X ... (at most Y ...)" where past readings taught the estimate; else the bound."""
+    most = _duration(estimate.get("seconds_at_most", estimate["seconds_per_question"]))
+    if not estimate.get("learned"):
+        return f"at most {most} per question on this machine"
+    return (
+        f"about {_duration(estimate['seconds_per_question'])} per question on this machine "
+        f"(at most {most} if every memory is written in full)"
+    )
+
+
+def _learned(estimate: dict[str, Any]) -> str:
+    """Where the estimate learned how long replies run, if it did."""
+    learned = estimate.get("learned")
+    if not learned:
+        return ""
+    readings = learned["readings"]
+    return f"; learned from {readings} reading{'s' if readings != 1 else ''} with this model"
 
 
 def _duration(seconds: float) -> str:

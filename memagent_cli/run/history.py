@@ -1,0 +1,202 @@
+"""What this model's past readings on this machine say about the next one: how long its
+replies run, and what decoding them cost against one token per decode. An estimate
+(run/inspect.py) prices a reading's calls at the rates measured now; these are what the
+rates cannot know, and the traces every `ask` writes hold them.
+
+Measured on the default model (bench/results/2026-11-27-xeon-amx/estimate-smollm2-summary.txt):
+the rates priced the reading's own calls within 11%, while its memories ran to 533 and 884
+of the 1,024 tokens allowed, its answer to 10, and drafts decoded a reply at about half the
+price of single decodes. Those are properties of the model, not of one document."""
+
+from __future__ import annotations
+
+import os
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from memagent_cli import protocol
+from memagent_cli.backends.speed import Speed
+from memagent_cli.readers import DEFAULT, infmem
+from memagent_cli.trace.file import Trace, records, start
+from memagent_cli.trace.folder import default_dir, recent_traces
+from memagent_cli.trace.records import Header, TraceError
+
+# Bounds on what one estimate reads: the newest READINGS traces of this model, among the
+# newest LOOKED_AT files of the folder, none over MAX_BYTES (a reading of 3.5M tokens
+# writes a few MB) or MAX_RECORDS records. A folder of thousands of traces, or one huge
+# or endless file, costs an estimate well under a second.
+READINGS = 20
+LOOKED_AT = 200
+MAX_BYTES = 8 << 20
+MAX_RECORDS = 20_000
+# Replies shorter than this say more about a call's fixed costs than about decoding.
+MIN_DECODED = 16
+# What the engine records of how llama.cpp ran (backends/llama_cpp.py describe()): a past
+# call's seconds compare with the rates measured now only where these are the same.
+ENGINE_KEYS = (
+    "backend",
+    "threads",
+    "gpu_layers",
+    "speculate",
+    "exact",
+    "flash_attn",
+    "cache_type_k",
+    "cache_type_v",
+)
+
+
+def reply_limits(reader: str, memory_tokens: int) -> tuple[int, int]:
+    """The longest reply of one memory-update call and of the answer call of `reader`: the
+    memory's budget and protocol.FINAL_MAX_TOKENS; InfMem thinks first in each call
+    (readers/infmem.py _thought), its planner's call as long as its update's."""
+    if reader == "infmem":
+        reply = infmem.THINKING_TOKENS + memory_tokens
+        return reply, reply
+    return memory_tokens, protocol.FINAL_MAX_TOKENS
+
+
+# What one trace record joins (readers/infmem.py _joined): InfMem's step is its planner's
+# and its update's call, each thinking then replying; its answer one call in two stages.
+_STEP_CALLS = {"infmem": 2}
+_STAGES = {"infmem": 2}
+
+
+@dataclass(frozen=True)
+class PastCall:
+    """One call of a past reading as its trace recorded it."""
+
+    final: bool  # the answer; else a memory update
+    fraction: float  # of the reply the protocol allowed it
+    prompt_tokens: int
+    completion_tokens: int
+    decode_seconds: float  # the whole call less its prompt and first token
+    stages: int = 1  # generations the record joins (InfMem: 4 a step, 2 the answer)
+
+    def decode_price(self, speed: Speed) -> float:
+        """What `speed` gives for its reply decoded one token a time after its prompt, each
+        stage (the mean of them) with its first token coming with its prompt."""
+        tokens, depth = self.completion_tokens / self.stages, self.prompt_tokens / self.stages
+        return self.stages * speed.decode_seconds(max(round(tokens) - 1, 0), round(depth) + 1)
+
+
+@dataclass(frozen=True)
+class History:
+    """The calls of past readings of one model with one reader on this machine."""
+
+    readings: int = 0
+    calls: tuple[PastCall, ...] = ()
+
+    def written(self) -> float | None:
+        """How long a memory update's reply runs: the median fraction of the allowed."""
+        return _median([c.fraction for c in self.calls if not c.final])
+
+    def answered(self) -> float | None:
+        """How long the answer runs: the median fraction of the allowed."""
+        return _median([c.fraction for c in self.calls if c.final])
+
+    def decode_factor(self, speed: Speed) -> float | None:
+        """What decoding a reply cost against one token per decode at `speed`'s rates: the
+        median over past calls of their decoding seconds over that price. Below 1 where
+        drafts copied the document or the memory; above where they cost more than they
+        saved, or the machine was busier then than now."""
+        factors = []
+        for call in self.calls:
+            price = call.decode_price(speed)
+            if call.completion_tokens - call.stages >= MIN_DECODED and price > 0:
+                factors.append(call.decode_seconds / price)
+        return _median(factors)
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def past_readings(
+    model: dict[str, Any],
+    engine: dict[str, Any],
+    reader: str = DEFAULT,
+    folder: Path | None = None,
+) -> History:
+    """The finished readings with `reader` of the model file `model` (a Description's
+    model: its path and size) run by llama.cpp in this process as `engine` says (a
+    Description's engine), newest first, from the traces in `folder` (default: the data
+    folder's). Traces that are damaged, unfinished, too large or of another model, reader,
+    engine or server are passed over."""
+    if engine.get("backend") != "llama":
+        return History()
+    readings, calls = 0, []
+    for path in recent_traces(folder or default_dir())[:LOOKED_AT]:
+        if readings >= READINGS:
+            break
+        trace = _read(path, lambda header: _same(header, model, engine, reader))
+        if trace is None:
+            continue
+        found = _calls(trace, reader)
+        if found:
+            readings += 1
+            calls += found
+    return History(readings, tuple(calls))
+
+
+def _read(path: Path, wanted: Callable[[Header], bool]) -> Trace | None:
+    """The trace at `path` when its header is `wanted` and it is whole: finished, every line
+    a record, within bounds. Of another run only the header is read."""
+    try:
+        if os.stat(path).st_size > MAX_BYTES:
+            return None
+        items = records(path)
+        try:
+            trace = start(path, next(items, None))
+            if not wanted(trace.header):
+                return None
+            for count, item in enumerate(items):
+                if count >= MAX_RECORDS:  # grown past MAX_BYTES since (a run writing it)
+                    return None
+                if item is not None:
+                    trace.add(item)
+        finally:
+            items.close()  # the file, where the reading stopped early
+    except (TraceError, OSError):
+        return None
+    return trace if trace.finished and not trace.problems else None
+
+
+def _same(header: Header, model: dict[str, Any], engine: dict[str, Any], reader: str) -> bool:
+    """Whether `header` names a reading of this model file, by this reader, run as now."""
+    settings = header.settings
+    return (
+        header.model.get("path") == model.get("path")
+        and header.model.get("size") == model.get("size")
+        and settings.get("reader", DEFAULT) == reader
+        and all(settings.get(key) == engine.get(key) for key in ENGINE_KEYS)
+    )
+
+
+def _calls(trace: Trace, reader: str) -> list[PastCall]:
+    """Every call of a finished reading, as far as its records tell them apart."""
+    memory = trace.header.settings.get("memory_tokens")
+    if not isinstance(memory, int) or isinstance(memory, bool) or memory < 1:
+        return []
+    update, answer = reply_limits(reader, memory)
+    step_calls, stages = _STEP_CALLS.get(reader, 1), _STAGES.get(reader, 1)
+    found = [
+        _call(False, s.completion_tokens, update * step_calls, s, step_calls * stages)
+        for s in trace.steps
+    ]
+    final = trace.final
+    assert final is not None
+    return [*found, _call(True, final.completion_tokens, answer, final, stages)]
+
+
+def _call(final: bool, tokens: int, allowed: int, record: Any, stages: int) -> PastCall:
+    return PastCall(
+        final=final,
+        fraction=min(tokens / allowed, 1.0),
+        prompt_tokens=record.prompt_tokens,
+        completion_tokens=tokens,
+        decode_seconds=max(record.seconds - record.prompt_seconds, 0.0),
+        stages=stages,
+    )
