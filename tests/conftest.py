@@ -19,30 +19,6 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-# `make test` runs every test on two workers (pytest-xdist, --dist loadgroup). The tests that
-# run llama.cpp (marked model or real_model) are one group, so one worker runs them one at a
-# time: never two llama.cpp processes at once. Each worker is confined to its own share of
-# the CPUs, so llama.cpp's threads (cpus.usable(): the affinity) and the other worker's tests
-# never ask for more cores than there are: llama.cpp's thread pool slows down 10-100x then.
-LLAMA_GROUP = "llama"
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    if worker.startswith("gw") and workers > 1 and hasattr(os, "sched_setaffinity"):
-        allowed = sorted(os.sched_getaffinity(0))
-        share = allowed[int(worker[2:]) % workers :: workers]
-        if share:  # fewer CPUs than workers: shared, as without this
-            os.sched_setaffinity(0, share)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if item.get_closest_marker("model") or item.get_closest_marker("real_model"):
-            item.add_marker(pytest.mark.xdist_group(LLAMA_GROUP))
-
-
 @pytest.fixture(scope="session", autouse=True)
 def _no_user_data_folder(tmp_path_factory: pytest.TempPathFactory):
     """What the suite does in this process (a backend built in-process keeps its calibration
