@@ -43,9 +43,14 @@ from memagent_cli.run.inspect import CallSize, call_seconds  # noqa: E402
 QUESTION = "What is the secret password for the vault?"
 
 
+# The private data folder of a run, named as DATA in what is kept (a temporary folder).
+PRIVATE: list[tuple[str, str]] = []
+
+
 def scrubbed(text: str) -> str:
     """`text` without this machine's paths."""
     for path, name in (
+        *PRIVATE,
         (str(Path(sys.prefix)), "<python>"),
         (str(ROOT), "."),
         (str(Path.home()), "~"),
@@ -207,6 +212,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         here = Path(folder)
         env = private_home(here / "home")
+        PRIVATE.append((str(here / "home"), "DATA"))
         (here / "village.txt").write_text(story(args.sentences))
         if args.learn_from:
             (here / "another.txt").write_text(story(args.learn_from, seed=2))
