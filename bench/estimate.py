@@ -244,8 +244,8 @@ def main() -> None:
     times = {"inspect": inspect_seconds, "ask": ask_seconds}
     head = (
         f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.machine()}, "
-        f"{len(os.sched_getaffinity(0))} cores, a machine shared with other "
-        "work (timings may include its noise)\n"
+        f"{len(os.sched_getaffinity(0))} cores, load average {os.getloadavg()[0]:.2f} at the "
+        "end (other work on the machine slows the runs)\n"
     )
     text = head + summary(inspected, asked, times, first)
     print(scrubbed(text), end="")
