@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -153,9 +152,12 @@ def test_damaged_unfinished_and_huge_traces_are_passed_over_in_bounded_time(tmp_
     (tmp_path / "folder.jsonl").mkdir()
     huge = write_reading(tmp_path / "huge.jsonl", steps, final)
     os.truncate(huge, 900 << 20)  # sparse: 900 MB that take no disk, and must not be read
-    began = time.perf_counter()
+    opened = []
+    read = history.records
+    monkeypatch.setattr(history, "records", lambda path: opened.append(path) or read(path))
     assert past_readings(MODEL, ENGINE, folder=tmp_path) == History()
-    assert time.perf_counter() - began < 1
+    assert huge not in opened and cut in opened  # passed over by its size, unopened
+    monkeypatch.setattr(history, "records", read)
     write_reading(tmp_path / "whole.jsonl", steps, final)
     assert past_readings(MODEL, ENGINE, folder=tmp_path).readings == 1
     # One that grows past its bound while it is read (a run writing it) is left there.
