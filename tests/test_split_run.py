@@ -1,0 +1,61 @@
+"""`make test`'s runner: the model tests one at a time on their own CPUs, never beside
+llama.cpp threads of another run (tests/support/split_run.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+from support import split_run
+
+
+class Started:
+    """The runs split_run starts, with the CPUs each asked for, instead of starting them."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, cpus: set[int]) -> None:
+        self.runs: list[tuple[list[str], set[int] | None]] = []
+        pinned: list[set[int]] = []
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: cpus, raising=False)
+        monkeypatch.setattr(
+            os, "sched_setaffinity", lambda pid, s: pinned.append(set(s)), raising=False
+        )
+
+        def record(command, preexec_fn=None, **_):
+            if preexec_fn is not None:
+                preexec_fn()
+            self.runs.append((command, pinned.pop() if pinned else None))
+            return 0
+
+        class Process:
+            def __init__(self, command, **kw):
+                record(command, **kw)
+
+            def wait(self):
+                return 0
+
+        monkeypatch.setattr(subprocess, "call", record)
+        monkeypatch.setattr(subprocess, "Popen", Process)
+
+    def selections(self) -> list[tuple[str, set[int] | None]]:
+        return [(command[command.index("-m", 3) + 1], cpus) for command, cpus in self.runs]
+
+
+def test_model_tests_get_half_the_cpus_and_the_rest_the_other_half(monkeypatch, tmp_path):
+    monkeypatch.setattr(split_run, "ROOT", tmp_path)
+    started = Started(monkeypatch, {0, 1, 2, 3})
+    assert split_run.main([]) == 0
+    assert started.selections() == [
+        ("model and not real_model", {0, 1}),
+        ("not model and not real_model", {2, 3}),
+    ]
+
+
+def test_with_one_cpu_the_two_run_one_after_the_other_unpinned(monkeypatch, tmp_path):
+    monkeypatch.setattr(split_run, "ROOT", tmp_path)
+    started = Started(monkeypatch, {0})
+    assert split_run.main([]) == 0
+    assert started.selections() == [
+        ("not model and not real_model", None),
+        ("model and not real_model", None),
+    ]
