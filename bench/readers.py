@@ -78,7 +78,7 @@ def main() -> int:
     chunks = make_chunks(tokens, args.chunk_tokens, backend.detokenize, text)
     settings = Settings(args.chunk_tokens, args.memory_tokens, Sampling(0.0))
     widest = Settings(**{**vars(settings), "reader": "infmem"})  # InfMem's calls are longest
-    needed = readers.context_needed(backend, [QUESTION], widest)
+    needed = readers.get("infmem").context_needed(backend, [QUESTION], widest)
     backend.prepare(needed)
     print(
         f"{datetime.now(UTC):%Y-%m-%d} · {platform.machine()} · {found.name} · "
@@ -94,7 +94,9 @@ def main() -> int:
         for _ in range(args.runs):
             model = ForcedPlanner(backend, args.stop_at) if name == "infmem" else backend
             began = time.perf_counter()
-            answer = read(model, QUESTION, chunks, how, reader=readers.make(name, backend, tokens))
+            answer = read(
+                model, QUESTION, chunks, how, reader=readers.get(name).loop(backend, tokens)
+            )
             seconds.append(time.perf_counter() - began)
             read_chunks = len(answer.steps)
         rows[name] = {

@@ -58,16 +58,23 @@ from memagent_cli.reader import (
     StepFinished,
     StepStarted,
 )
-from memagent_cli.readers import context_needed
 from memagent_cli.run import ask as run
 from memagent_cli.run import batch as run_batch
-from memagent_cli.run.engine import BackendKind, BackendOptions, Engine, open_backend
+from memagent_cli.run.engine import (
+    AUTHORS_SAMPLING,
+    BackendKind,
+    BackendOptions,
+    Engine,
+    ReadOptions,
+)
+from memagent_cli.run.engine import open_model as open_reading
 from memagent_cli.run.session import open_session
 from memagent_cli.trace import Trace
 
 __all__ = [
     "NEEDLE_VARIANTS",
     "Answering",
+    "BackendOptions",
     "Batch",
     "EvalResults",
     "EvalStopped",
@@ -75,6 +82,7 @@ __all__ = [
     "LlamaOptions",
     "Model",
     "OcrOptions",
+    "ReadOptions",
     "Result",
     "Sampling",
     "ServerOptions",
@@ -120,20 +128,30 @@ class Model:
     settings: Settings = field(default_factory=Settings)
     _engine: Engine | None = field(default=None, init=False, repr=False)
 
+    @classmethod
+    def open(
+        cls, options: ReadOptions, note: Note = silent, progress: Progress | None = None
+    ) -> Model:
+        """The model `options` name, read by its reader (the one given, else the model's
+        own) and sampled as that reader's authors did wherever `options.given` does not
+        name a value: what `memagent ask`, `inspect` and `eval` open."""
+        return cls(*open_reading(options, note, progress))
+
     def engine(self, questions: Sequence[str]) -> Engine:
         """An engine whose context holds one step of the longest of `questions`."""
-        needed = context_needed(self.backend, list(questions), self.settings)
-        if self._engine is None or self._engine.context < needed:
-            self._engine = Engine(self.backend, self.settings, needed)
+        wanted = Engine.for_questions(self.backend, self.settings, list(questions))
+        if self._engine is None or self._engine.context < wanted.context:
+            self._engine = wanted
         return self._engine
 
 
 def open_model(
     model: str | Path | None = None,
     *,
+    reader: str | None = None,
+    sampling: Sampling | None = None,
     chunk_tokens: int = protocol.DEFAULT_CHUNK_TOKENS,
     memory_tokens: int = protocol.DEFAULT_MEMORY_TOKENS,
-    sampling: Sampling | None = None,
     llama: LlamaOptions | None = None,
     server: ServerOptions | None = None,
     note: Note = silent,
@@ -141,11 +159,14 @@ def open_model(
 ) -> Model:
     """A model as `--model` names it (a GGUF path, a registry name, `hf:OWNER/NAME[:QUANT]`,
     None for $MEMAGENT_MODEL or the default model), run by llama.cpp with `llama`'s options;
-    or, given `server`, the model an OpenAI-compatible server serves. An `hf:` model not
-    pulled yet is pulled first, told through `note` and `progress`."""
-    options = _backend(model, llama, server)
+    or, given `server`, the model an OpenAI-compatible server serves. It reads with
+    `reader` (a name of readers.names()), else the reader the model was trained for, and
+    samples with `sampling`, else as that reader's authors did. An `hf:` model not pulled
+    yet is pulled first, told through `note` and `progress`."""
+    given = frozenset(AUTHORS_SAMPLING) if sampling is not None else frozenset()
     settings = Settings(chunk_tokens, memory_tokens, sampling or Sampling())
-    return Model(open_backend(options, note, progress), settings)
+    options = ReadOptions(_backend(model, llama, server), settings, reader=reader, given=given)
+    return Model.open(options, note, progress)
 
 
 def _backend(
@@ -369,6 +390,8 @@ def eval_files(
     llama: LlamaOptions | None = None,
     server: ServerOptions | None = None,
     settings: Settings | None = None,
+    reader: str | None = None,
+    read: ReadOptions | None = None,
     limit: int | None = None,
     output: Path | None = None,
     traces: bool = True,
@@ -382,8 +405,11 @@ def eval_files(
     as `open_model` does. Results go to `output` (default: a new file in the data folder),
     one line per case; the same call on the same file continues it. A greedy case run before
     is not read again unless `reuse` is False; `traces=False` writes no trace per case;
-    `parallel` cases are read at once. The finished results, or EvalStopped."""
-    options = _eval_options(model, llama, server, settings, output, traces, reuse, parallel, report)
+    `parallel` cases are read at once. Cases are read by `reader`, else the model's own, and
+    sampled as `settings` say, else as that reader's authors did; `read`, where given, says
+    all of that at once, as the command's flags do. The finished results, or EvalStopped."""
+    read = read or _read_options(model, llama, server, settings, reader)
+    options = _eval_options(read, output, traces, reuse, parallel, report)
     return evaluate.eval_files([str(path) for path in data], limit, options)
 
 
@@ -398,6 +424,8 @@ def eval_niah(
     llama: LlamaOptions | None = None,
     server: ServerOptions | None = None,
     settings: Settings | None = None,
+    reader: str | None = None,
+    read: ReadOptions | None = None,
     output: Path | None = None,
     traces: bool = True,
     reuse: bool = True,
@@ -410,14 +438,15 @@ def eval_niah(
     does; `needles` is one of NEEDLE_VARIANTS. The sampling's seed seeds the cases (keys,
     values, other needles); without one, 0 seeds both, so the cases are reproducible. The
     other arguments are `eval_files`'s. The finished results, or EvalStopped."""
-    settings = settings or Settings()
-    seed = settings.sampling.seed
+    read = read or _read_options(model, llama, server, settings, reader)
+    seed = read.settings.sampling.seed
     if seed is None:
         seed = 0
-        settings = dataclasses.replace(
-            settings, sampling=dataclasses.replace(settings.sampling, seed=seed)
+        sampling = dataclasses.replace(read.settings.sampling, seed=seed)
+        read = dataclasses.replace(
+            read, settings=dataclasses.replace(read.settings, sampling=sampling)
         )
-    options = _eval_options(model, llama, server, settings, output, traces, reuse, parallel, report)
+    options = _eval_options(read, output, traces, reuse, parallel, report)
     return evaluate.eval_niah(
         str(haystack),
         lengths=lengths,
@@ -429,11 +458,23 @@ def eval_niah(
     )
 
 
-def _eval_options(
+def _read_options(
     model: str | Path | None,
     llama: LlamaOptions | None,
     server: ServerOptions | None,
     settings: Settings | None,
+    reader: str | None,
+) -> ReadOptions:
+    """What eval_files' and eval_niah's arguments say: `settings`, where given, with the
+    sampling the caller chose."""
+    given = frozenset(AUTHORS_SAMPLING) if settings is not None else frozenset()
+    return ReadOptions(
+        _backend(model, llama, server), settings or Settings(), reader=reader, given=given
+    )
+
+
+def _eval_options(
+    read: ReadOptions,
     output: Path | None,
     traces: bool,
     reuse: bool,
@@ -441,8 +482,7 @@ def _eval_options(
     report: Reporter,
 ) -> evaluate.EvalOptions:
     return evaluate.EvalOptions(
-        backend=_backend(model, llama, server),
-        settings=settings or Settings(),
+        read=read,
         output=output,
         reuse=reuse,
         parallel=parallel,

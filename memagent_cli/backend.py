@@ -73,6 +73,10 @@ class Backend(Protocol):
 
     name: str
     context_limit: int  # tokens the model was trained on
+    # Whether readings at once are calls in flight from threads (a server, which replies to
+    # each on its own), rather than sequences of one context decoded together.
+    threaded: bool
+    local: bool  # the model runs in this process: its speed here can be measured
 
     def tokenize(self, text: str) -> list[int]:
         """Model tokens of plain text, without BOS or special tokens."""
@@ -110,6 +114,22 @@ class Backend(Protocol):
         """Reply to one user message sent through the model's chat template."""
         ...
 
+    def complete(self, raw: Raw, *, max_tokens: int, sampling: Sampling) -> Generation:
+        """Reply to a prompt a reader wrote whole, chat markup included (Call.raw)."""
+        ...
+
+    def needs_measuring(self) -> bool:
+        """Whether `pays_together` needs the weights loaded first (to measure, once)."""
+        ...
+
+    def pays_together(self, most: int) -> int:
+        """How many of `most` readings pay to read together, by what was measured here."""
+        ...
+
+    def calibration_record(self) -> str | None:
+        """What drafts may do here, in one plain value for the trace header; None."""
+        ...
+
     def next_replies(
         self, calls: Sequence[Call], *, sampling: Sampling
     ) -> list[tuple[int, Generation]]:
@@ -125,18 +145,12 @@ class Backend(Protocol):
         ...
 
 
-def reply(backend: Any, call: Call, sampling: Sampling) -> Generation:
+def reply(backend: Backend, call: Call, sampling: Sampling) -> Generation:
     """`backend`'s reply to one call: a chat message through `generate`, or a prompt a
-    reader wrote whole through `complete`, which only some backends have."""
+    reader wrote whole through `complete`."""
     if call.raw is None:
         return backend.generate(call.message, max_tokens=call.max_tokens, sampling=sampling)
-    complete = getattr(backend, "complete", None)
-    if complete is None:
-        raise UserError(
-            f"The {backend.name} backend cannot send a prompt a reader writes whole "
-            "(--reader infmem); read with llama.cpp in this process."
-        )
-    return complete(call.raw, max_tokens=call.max_tokens, sampling=sampling)
+    return backend.complete(call.raw, max_tokens=call.max_tokens, sampling=sampling)
 
 
 def _sequence(call: Call) -> int:
@@ -148,7 +162,26 @@ class InTurn:
     every call is answered before `next_replies` returns, in sequence order, and none is ever
     left in flight. Nothing is kept between calls, so threads may share the backend."""
 
+    name: str
     generate: Callable[..., Generation]  # the backend's own
+    threaded = False
+    local = False
+
+    def complete(self, raw: Raw, *, max_tokens: int, sampling: Sampling) -> Generation:
+        """A backend that only chats cannot send a prompt written whole (its own may)."""
+        raise UserError(
+            f"The {self.name} backend cannot send a prompt a reader writes whole; read with "
+            "llama.cpp in this process or through a server."
+        )
+
+    def needs_measuring(self) -> bool:
+        return False
+
+    def pays_together(self, most: int) -> int:
+        return most  # nothing measured: all that fit
+
+    def calibration_record(self) -> str | None:
+        return None
 
     def next_replies(
         self, calls: Sequence[Call], *, sampling: Sampling

@@ -31,7 +31,10 @@ _SCALARS = {
 _STRING, _ARRAY = 8, 9
 _KEPT_ARRAYS = {"tokenizer.ggml.tokens"}  # arrays whose length is reported
 # The pairs memagent reads (models/gguf.py), and those named after the architecture.
+# The reader a model was trained for, which memagent's converter records (readers/).
+READER_KEY = "memagent.reader"
 _KEPT = {
+    READER_KEY,
     "general.architecture",
     "general.name",
     "general.size_label",

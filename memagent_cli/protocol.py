@@ -7,7 +7,6 @@ copy made by hand.
 
 from __future__ import annotations
 
-import hashlib
 import re
 import string
 
@@ -27,6 +26,7 @@ FINAL_TEMPLATE = (
 )
 
 INITIAL_MEMORY = "No previous memory"
+READER = "memagent"  # the reader these templates are (readers/memagent.py)
 FINAL_MAX_TOKENS = 1024
 DEFAULT_CHUNK_TOKENS = 5000
 DEFAULT_MEMORY_TOKENS = 1024
@@ -42,12 +42,8 @@ def render_final(question: str, memory: str) -> str:
     return FINAL_TEMPLATE.format(prompt=question, memory=memory)
 
 
-def templates_sha256() -> dict[str, str]:
-    """Fingerprints of both templates, recorded in traces to catch prompt drift."""
-    return {
-        "update": hashlib.sha256(UPDATE_TEMPLATE.encode()).hexdigest(),
-        "final": hashlib.sha256(FINAL_TEMPLATE.encode()).hexdigest(),
-    }
+# Both prompts with nothing filled in: what a call adds to its parts.
+BARE_TEMPLATES = (render_update("", "", ""), render_final("", ""))
 
 
 def strip_think(reply: str) -> str:

@@ -160,10 +160,10 @@ def sources(
         credited = _credited(step.words, chunk, [_text(chunks, chars) for _, chars in units])
         if credited[0] or not any(credited[1:]):
             tokens, chars = (chunk.token_start, chunk.token_end), (chunk.char_start, chunk.char_end)
-            place(chunk.index + 1, credited[0] or step.words, tokens, chars, False)
+            place(step.index + 1, credited[0] or step.words, tokens, chars, False)
         for (tokens, chars), words_ in zip(units, credited[1:], strict=True):
             if words_:
-                place(chunk.index + 1, words_, tokens, chars, True)
+                place(step.index + 1, words_, tokens, chars, True)
     return placed
 
 

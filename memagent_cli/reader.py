@@ -21,7 +21,7 @@ class Settings:
     chunk_tokens: int = protocol.DEFAULT_CHUNK_TOKENS
     memory_tokens: int = protocol.DEFAULT_MEMORY_TOKENS
     sampling: Sampling = field(default_factory=Sampling)
-    reader: str = "memagent"  # readers/: how the chunks are read (--reader)
+    reader: str = protocol.READER  # the registry's name of how chunks are read (readers/)
 
 
 @dataclass(frozen=True)
@@ -166,8 +166,6 @@ def evidence(answer: Answer) -> Provenance | None:
     return trace_answer(said, answer.question, [step.memory for step in answer.steps])
 
 
-# MemAgent's prompts with nothing filled in: what one step needs beyond its parts.
-_TEMPLATES = (protocol.render_update("", "", ""), protocol.render_final("", ""))
 # Detokenized windows can re-tokenize a little longer inside the prompt.
 _RETOKENIZE_SLACK = 32
 
@@ -177,10 +175,7 @@ def context_needed(
     questions: Sequence[str],
     settings: Settings,
     *,
-    templates: tuple[str, str] = (
-        protocol.render_update("", "", ""),
-        protocol.render_final("", ""),
-    ),
+    templates: tuple[str, str] = protocol.BARE_TEMPLATES,
     memories: int = 1,
     extra: int = 0,
 ) -> int:

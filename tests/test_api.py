@@ -14,6 +14,7 @@ from support.scripted import ScriptedBackend
 from support.story import FACT_QUESTION, story
 
 from memagent_cli import api
+from memagent_cli.run import engine
 from memagent_cli.api import Finished, Sampling, StepFinished, StepStarted
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "python-api.md"
@@ -30,7 +31,7 @@ def test_the_python_api_example_runs_as_written(tmp_path, monkeypatch):
     """The example as printed, with a stand-in backend for the default model."""
     (tmp_path / "book.txt").write_text("The vault is in the old tower. " * 3)
     stand_in = ScriptedBackend(["The vault is in the tower.", "It is \\boxed{the tower}."])
-    monkeypatch.setattr(api, "open_backend", lambda options, note, progress: stand_in)
+    monkeypatch.setattr(engine, "open_backend", lambda options, note, progress: stand_in)
     monkeypatch.chdir(tmp_path)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):

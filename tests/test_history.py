@@ -11,7 +11,7 @@ import pytest
 from support.scripted import ScriptedBackend
 from support.story import story
 
-from memagent_cli import protocol
+from memagent_cli import protocol, readers
 from memagent_cli.backend import Generation
 from memagent_cli.backends.speed import Speed
 from memagent_cli.chunking import make_chunks
@@ -119,8 +119,8 @@ def test_a_reading_teaches_how_long_replies_run_and_what_decoding_costs(tmp_path
 def test_infmem_records_join_their_calls_and_stages():
     """An InfMem step joins its planner's and its update's calls, each thinking then
     replying: the allowed reply and the decoding price count all four stages."""
-    update, final = history.reply_limits("infmem", 100)
-    assert update == final == infmem.THINKING_TOKENS + 100
+    limits = readers.get("infmem").replies(100)
+    assert limits.update == limits.answer == infmem.THINKING_TOKENS + 100
     joined = PastCall(False, 0.5, 4000, 400, 0.0, stages=4)
     assert joined.decode_price(FLAT) == pytest.approx(4 * 99 * 1e-2)
 

@@ -15,8 +15,10 @@ from support.fake_openai import served
 from support.scripted import ScriptedBackend
 from support.story import FACT_QUESTION, story
 
-from memagent_cli import readers
+from memagent_cli import api, readers
+from memagent_cli.backend import Sampling
 from memagent_cli.chunking import make_chunks
+from memagent_cli.errors import UserError
 from memagent_cli.provenance import Source
 from memagent_cli.reader import Settings, read
 from memagent_cli.readers import infmem, rememr1
@@ -40,7 +42,7 @@ def chunks():
 
 
 def rememr1_reading(backend, done=()):
-    reader = readers.make("rememr1", backend)
+    reader = readers.get("rememr1").loop(backend, ())
     return read(backend, "When?", chunks(), SETTINGS, done=done, reader=reader)
 
 
@@ -65,7 +67,7 @@ def test_rememr1_read_together_equals_read_alone_and_resumes_to_the_same_prompts
     alone = ScriptedBackend(list(REPLIES))
     whole = rememr1_reading(alone)
     together = ScriptedBackend([reply for reply in REPLIES for _ in range(2)])
-    reader = readers.make("rememr1", together)
+    reader = readers.get("rememr1").loop(together, ())
     jobs = [Job("When?", reader=reader), Job("When?", reader=reader)]
     answers = read_together(together, jobs, chunks(), SETTINGS)
     assert [a.reply for a in answers] == [whole.reply] * 2
@@ -78,8 +80,8 @@ def test_rememr1_read_together_equals_read_alone_and_resumes_to_the_same_prompts
 
 
 def test_a_reader_not_built_in_says_so():
-    with pytest.raises(Exception, match="not in this memagent yet"):
-        readers.make("nosuch", ScriptedBackend([]))
+    with pytest.raises(UserError, match="There is no reader 'nosuch'.*memagent, infmem, rememr1"):
+        readers.get("nosuch")
 
 
 SMALL = ["--chunk-tokens", "300", "--memory-tokens", "48", "--temperature", "0"]
@@ -134,7 +136,7 @@ SEARCH = '✿FUNCTION✿: retrievesearch\n✿ARGS✿: {"query": "bell noon", "to
 def infmem_reading(backend, done=(), text=TEXT):
     tokens = list(text.encode())
     cut = make_chunks(tokens, INFMEM.chunk_tokens, bytes)
-    reader = readers.make("infmem", backend, tokens)
+    reader = readers.get("infmem").loop(backend, tokens)
     return read(backend, "When?", cut, INFMEM, done=done, reader=reader), cut
 
 
@@ -183,7 +185,7 @@ def test_infmem_read_together_equals_read_alone_and_resumes_to_the_same_prompts(
     whole, cut = infmem_reading(alone)
     together = CompletingBackend([reply for reply in STOPPING for _ in range(2)])
     tokens = list(TEXT.encode())
-    reader = readers.make("infmem", together, tokens)
+    reader = readers.get("infmem").loop(together, tokens)
     jobs = [Job("When?", reader=reader), Job("When?", reader=reader)]
     answers = read_together(together, jobs, cut, INFMEM)
     assert [a.reply for a in answers] == [whole.reply] * 2
@@ -557,12 +559,12 @@ def test_eval_reads_with_the_reader_its_registry_model_names(memagent, fake_serv
     ],
 )
 def test_a_reader_s_registry_model_pulls_from_the_hub_as_memagent_7b_does(
-    memagent, env, tmp_path, name, repo, qwen3, reader
+    memagent, env, tmp_path, monkeypatch, name, repo, qwen3, reader
 ):
     """`models pull NAME` finds the registry's repository on the Hub (a fake one holding a
     tiny model of the same architecture), downloads its safetensors and converts them where
     `-m NAME:F16` finds them (F16: no quantizer run); the model, however named, reads with
-    its reader by default."""
+    its reader by default, in the command and the library alike."""
     from support.fake_hub import FakeHub, HubFile
     from support.hf_model import build
 
@@ -588,6 +590,19 @@ def test_a_reader_s_registry_model_pulls_from_the_hub_as_memagent_7b_does(
 
     for named in (name, f"{name}:F16", f"hf:{repo}:F16", f"hf:{repo.lower()}"):
         assert registry.reader_for(named) == reader, named
+    # The library reads it so too, sampled as the reader's authors did: by its registry
+    # name, and by the path of its file (which records its reader), wherever it is kept.
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    authors = readers.get(reader).sampling
+    elsewhere = tmp_path / "mine.gguf"
+    elsewhere.write_bytes(path.read_bytes())
+    for named in (f"{name}:F16", str(path), str(elsewhere)):
+        model = api.open_model(named)
+        assert (model.settings.reader, model.settings.sampling) == (reader, authors), named
+    # What the caller says wins.
+    chosen = api.open_model(str(elsewhere), reader="memagent", sampling=Sampling(0.3, 0.5))
+    assert chosen.settings.reader == "memagent" and chosen.settings.sampling == Sampling(0.3, 0.5)
 
 
 def test_trace_markdown_shows_where_infmem_stopped_and_each_search(memagent, tmp_path):
@@ -611,3 +626,41 @@ def test_a_unit_is_placed_in_characters_as_a_chunk_would_be():
     placed = infmem.unit_chars(found, raw, [chunk])
     as_chunks = make_chunks(tokens, 4, bytes)
     assert placed == [(c.char_start, c.char_end) for c in as_chunks] == [(0, 3), (3, 7)]
+
+
+@pytest.mark.model
+def test_a_file_memagent_converted_reads_with_the_reader_it_was_converted_for(
+    memagent, env, tmp_path, monkeypatch
+):
+    """`models convert --reader` records the reader in the GGUF; the file, under any name,
+    reads with it. A file that records none reads with MemAgent and says so once."""
+    from support.hf_model import build
+
+    folder = tmp_path / "my-infmem"
+    build(folder, qwen3=True)
+    converted = memagent("models", "convert", str(folder), "--quant", "F16", "--reader", "infmem")
+    assert converted.returncode == 0, converted.stderr
+    path = Path(converted.stdout.strip())
+    info = json.loads(memagent("models", "info", str(path), "--json").stdout)
+    assert info["reader"] == "infmem"
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    model = api.open_model(str(path))
+    assert model.settings.reader == "infmem"
+    assert model.settings.sampling == readers.get("infmem").sampling
+
+    # A file from another converter records no reader (here: the key renamed in place):
+    # it reads with MemAgent, said in one note.
+    bare = tmp_path / "foreign.gguf"
+    data = path.read_bytes()
+    assert data.count(b"memagent.reader") == 1
+    bare.write_bytes(data.replace(b"memagent.reader", b"memagent.xxxxxx"))
+    notes: list[str] = []
+    foreign = api.open_model(str(bare), note=notes.append)
+    assert foreign.settings.reader == "memagent"
+    assert [n for n in notes if "does not say which reader" in n] == [
+        "foreign.gguf does not say which reader it was trained for: it reads with memagent "
+        "(--reader to choose another)."
+    ]
+    bad = memagent("models", "convert", str(folder), "--reader", "nosuch", "--out", str(bare))
+    assert bad.returncode == 2 and "nosuch" in bad.stderr

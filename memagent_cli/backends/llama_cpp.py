@@ -134,6 +134,8 @@ class LlamaOptions:
 
 
 class LlamaCppBackend:
+    threaded = False  # readings at once are sequences of one context, decoded together
+    local = True
     """A GGUF model run in this process.
 
     Opened in two stages: the vocabulary first (fast, enough to tokenize and to size the
@@ -294,6 +296,24 @@ class LlamaCppBackend:
         else:
             max_rows = MOST
         return found.readings_at_once(most, min_rows, max_rows, exact=self.exact)
+
+    def needs_measuring(self) -> bool:
+        """Whether deciding how many readings pay at once needs the weights loaded first:
+        drafts here with no calibration kept yet, measured when they load."""
+        return self.speculate and self.calibration is None
+
+    def pays_together(self, most: int) -> int:
+        """How many of `most` readings pay to read together here (readings_at_once); all
+        of them where nothing was measured to say otherwise."""
+        if not self.speculate:
+            return most  # no calibration: the default of before it, all that fit
+        paying = self.readings_at_once(most)
+        return most if paying is None else paying  # None: a recurrent model never drafts
+
+    def calibration_record(self) -> str | None:
+        """The calibration in one plain value for the trace header; None without one."""
+        found = self.calibration
+        return None if found is None else found.record()
 
     def calibration_key(self) -> dict[str, object]:
         """What picks llama.cpp's kernels for this model here (backends/calibration.py)."""

@@ -28,7 +28,6 @@ from memagent_cli.cli.options import (
     OcrOpt,
     PasswordOpt,
     QuietOpt,
-    ReaderOpt,
     Reading,
     WatchOpt,
     reads,
@@ -130,7 +129,6 @@ def ask(
     no_document_cache: NoDocumentCacheOpt = False,
     ocr: OcrOpt = OCR.mode,
     ocr_lang: OcrLangOpt = OCR.languages,
-    reader: ReaderOpt = None,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
     trace: TraceOpt = None,
@@ -145,8 +143,6 @@ def ask(
     """Read DOCUMENT chunk by chunk into a memory and answer each QUESTION from it."""
     from memagent_cli import api
     from memagent_cli.documents import inputs
-    from memagent_cli.models import registry
-    from memagent_cli.run import engine
 
     if documents_file is not None and document is not None:
         # The documents come from the file, so every argument is a question, as `rg -f FILE`
@@ -173,10 +169,9 @@ def ask(
 
     def open_model() -> api.Model:
         with report.progress("bytes") as progress:  # an hf: model may be pulled
-            opened = engine.open_backend(read.backend, report.note, progress)
-        _say_if_install_check(opened.name)
-        how = reader.value if reader else registry.reader_for(opened.name)
-        return api.Model(opened, options.reader_settings(ctx, read.settings, how, report.note))
+            opened = api.Model.open(read, report.note, progress)
+        _say_if_install_check(opened.backend.name)
+        return opened
 
     batch = api.ask_batch(
         paths, asked, open_model, traces=not no_trace, trace_path=trace, resume=resume,

@@ -12,7 +12,6 @@ from memagent_cli.cli import options
 from memagent_cli.cli.options import (
     FROM_FLAGS,
     OCR,
-    BackendKind,
     Command,
     Group,
     JsonOpt,
@@ -21,7 +20,6 @@ from memagent_cli.cli.options import (
     OcrLangOpt,
     OcrOpt,
     QuietOpt,
-    ReaderOpt,
     Reading,
     ReadOptions,
     choices,
@@ -84,30 +82,18 @@ def _run_keywords(
     no_reuse: bool,
     quiet: bool,
     plot: Path | None,
-    ctx: typer.Context | None = None,
-    reader: Any = None,
 ) -> dict[str, Any]:
     """The keywords of api.eval_files and api.eval_niah that every eval run shares, from
-    the engine flags (one ReadOptions) and the eval options, checked before any model loads.
-    `reader`: the --reader given (when none, the one the registry names for the model),
-    sampling as its authors did unless told."""
+    the engine flags (one ReadOptions, read as `ask` reads it) and the eval options, checked
+    before any model loads."""
     from memagent_cli.views import evaluation as views
 
     if plot is not None:
         views.require_plot()  # fails in seconds, before any model loads
     options.stop_on_sigterm()
     report = reporter(quiet)
-    settings = read.settings
-    backend = read.backend
-    # As `ask` does: the --reader given, else the one the registry names for the model.
-    how = reader.value if reader is not None else options.reader_of(backend.model)
-    if ctx is not None:
-        settings = options.reader_settings(ctx, settings, how, report.note)
     return {
-        "model": backend.model,
-        "llama": backend.llama,
-        "server": backend.server if backend.kind is BackendKind.openai else None,
-        "settings": settings,
+        "read": read,
         "output": output,
         "reuse": not no_reuse,
         # One case at a time unless --parallel says more: in-process read together in one
@@ -122,7 +108,6 @@ def _run_keywords(
 @user_errors
 @reads
 def eval_run(
-    ctx: typer.Context,
     data: Annotated[
         list[str],
         typer.Argument(
@@ -142,7 +127,6 @@ def eval_run(
     output: EvalOutputOpt = None,
     as_json: JsonOpt = False,
     plot: PlotOpt = None,
-    reader: ReaderOpt = None,
     read: Reading = FROM_FLAGS,
     no_trace: NoTraceOpt = False,
     no_reuse: NoReuseOpt = False,
@@ -154,7 +138,6 @@ def eval_run(
 
     how = _run_keywords(
         read, output=output, no_trace=no_trace, no_reuse=no_reuse, quiet=quiet, plot=plot,
-        ctx=ctx, reader=reader,
     )  # fmt: skip
     try:
         finished = api.eval_files(data, limit=limit, **how)
@@ -167,7 +150,6 @@ def eval_run(
 @user_errors
 @reads
 def eval_niah(
-    ctx: typer.Context,
     haystack: Annotated[
         str,
         typer.Option(
@@ -194,7 +176,6 @@ def eval_niah(
     output: EvalOutputOpt = None,
     as_json: JsonOpt = False,
     plot: PlotOpt = None,
-    reader: ReaderOpt = None,
     read: Reading = FROM_FLAGS,
     no_trace: NoTraceOpt = False,
     no_reuse: NoReuseOpt = False,
@@ -208,7 +189,6 @@ def eval_niah(
 
     how = _run_keywords(
         read, output=output, no_trace=no_trace, no_reuse=no_reuse, quiet=quiet, plot=plot,
-        ctx=ctx, reader=reader,
     )  # fmt: skip
     try:
         finished = api.eval_niah(

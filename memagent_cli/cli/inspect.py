@@ -21,7 +21,6 @@ from memagent_cli.cli.options import (
     OcrOpt,
     PasswordOpt,
     QuietOpt,
-    ReaderOpt,
     choices,
     reads,
     user_errors,
@@ -56,7 +55,6 @@ def inspect(
             help="Estimate a question's time from the model's speed measured at a step's depth."
         ),
     ] = True,
-    reader: ReaderOpt = None,
     password: PasswordOpt = None,
     format: FormatOpt = None,
     no_document_cache: NoDocumentCacheOpt = False,
@@ -75,11 +73,8 @@ def inspect(
     quiet: QuietOpt = False,
 ) -> None:
     """Show DOCUMENT's format, pages, tokens and chunks without asking the model anything."""
-    import dataclasses
-
     from memagent_cli import api
     from memagent_cli.documents import inputs
-    from memagent_cli.models import registry
     from memagent_cli.views import inspect as views
 
     report = reporter(quiet)
@@ -102,16 +97,7 @@ def inspect(
         return
     model = None
     if tokenizer == "model":
-        settings = read.settings
-        model = api.open_model(
-            read.backend.model,
-            chunk_tokens=settings.chunk_tokens,
-            memory_tokens=settings.memory_tokens,
-            llama=read.backend.llama,
-            note=report.note,
-        )
-        how = reader.value if reader else registry.reader_for(model.backend.name)
-        model.settings = dataclasses.replace(model.settings, reader=how)
+        model = api.Model.open(read, report.note)
     found = api.inspect(
         loaded,
         model,

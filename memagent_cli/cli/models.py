@@ -7,7 +7,15 @@ from typing import Annotated
 
 import typer
 
-from memagent_cli.cli.options import Command, Group, JsonOpt, QuietOpt, stop_on_sigterm, user_errors
+from memagent_cli.cli.options import (
+    Command,
+    Group,
+    JsonOpt,
+    QuietOpt,
+    ReaderOpt,
+    stop_on_sigterm,
+    user_errors,
+)
 from memagent_cli.errors import ModelError
 from memagent_cli.models.conversion.quantize import NEEDS_IMATRIX, QuantType, quant_type
 from memagent_cli.views import console as display
@@ -163,6 +171,17 @@ def models_convert(
             help="Keep the BF16 or F16 intermediate, to quantize other types from it.",
         ),
     ] = False,
+    reader: Annotated[
+        str | None,
+        typer.Option(
+            "--reader",
+            metavar=ReaderOpt.__metadata__[0].metavar,
+            callback=ReaderOpt.__metadata__[0].callback,
+            show_default=False,
+            help="The reader the model was trained for, recorded in the GGUF \\[default: the "
+            "registry's for its repository, else memagent].",
+        ),
+    ] = None,
     quiet: QuietOpt = False,
 ) -> None:
     """Convert a local Hugging Face model to GGUF and quantize it; prints the GGUF's path."""
@@ -176,6 +195,7 @@ def models_convert(
             quant=quant,
             out=out,
             keep_intermediate=keep_intermediate,
+            reader=reader,
             note=report.note,
             progress=progress,
         )

@@ -14,7 +14,7 @@ import sys
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import Enum, StrEnum
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -34,7 +34,7 @@ from memagent_cli.documents.document import DocumentFormat
 from memagent_cli.documents.ocr import OcrMode, OcrOptions
 from memagent_cli.errors import Interrupted, UserError
 from memagent_cli.reader import Settings
-from memagent_cli.run.engine import BackendKind, BackendOptions, ReadOptions
+from memagent_cli.run.engine import AUTHORS_SAMPLING, BackendKind, BackendOptions, ReadOptions
 from memagent_cli.text import printable
 from memagent_cli.views import console
 
@@ -300,47 +300,31 @@ MemoryTokensOpt = Annotated[
         rich_help_panel=READING,
     ),
 ]
-# The readers of readers/, as an Enum so that --help lists them.
-ReaderName = StrEnum("ReaderName", {name: name for name in readers.NAMES})
+
+
+def _reader_name(value: str | None) -> str | None:
+    """A name the reader registry knows (readers.get), else Typer's one-line error."""
+    if value is not None:
+        try:
+            readers.get(value)
+        except UserError as exc:
+            raise typer.BadParameter(exc.message.removeprefix("There is no reader ")) from None
+    return value
+
+
 ReaderOpt = Annotated[
-    ReaderName | None,
+    str | None,
     typer.Option(
         "--reader",
-        metavar=choices(ReaderName),
+        metavar="|".join(readers.BUILT_IN),
+        callback=_reader_name,
         show_default=False,
         help="How the chunks are read: memagent (every chunk into the memory), rememr1 "
-        "(recalls earlier memories), infmem (searches, stops early) \\[default: the model's "
-        "own, from the registry, else memagent].",
+        "(recalls earlier memories), infmem (searches, stops early), or a plugin's "
+        "\\[default: the model's own, from the registry or its file, else memagent].",
         rich_help_panel=READING,
     ),
 ]
-
-
-def reader_of(model: str | None) -> str:
-    """The reader of the model a user names (--model), as its registry entry says; MemAgent's
-    for a model the registry does not know."""
-    from memagent_cli.models import registry
-
-    return registry.reader_for(model or "")
-
-
-def reader_settings(
-    ctx: typer.Context, settings: Settings, reader: str, note: Callable[[str], None]
-) -> Settings:
-    """`settings` read by `reader`, sampling as its authors did (readers.sampling) wherever
-    the command line did not say --temperature or --top-p; `note` says so when that is not
-    what MemAgent's protocol samples with."""
-    authors = readers.sampling(reader)
-    given = settings.sampling
-    sources = {name: ctx.get_parameter_source(name) for name in ("temperature", "top_p")}
-    unsaid = [
-        name for name, source in sources.items() if source is None or source.name == "DEFAULT"
-    ]
-    sampling = dataclasses.replace(given, **{name: getattr(authors, name) for name in unsaid})
-    if unsaid and sampling != given:
-        said = ", ".join(f"{name} {getattr(authors, name):g}" for name in unsaid)
-        note(f"{reader} samples as its authors did: {said} (--temperature, --top-p to change).")
-    return dataclasses.replace(settings, reader=reader, sampling=sampling)
 
 
 TemperatureOpt = Annotated[
@@ -542,6 +526,7 @@ class ModelFlags:
     threads: ThreadsOpt = LLAMA.threads
     chunk_tokens: ChunkTokensOpt = protocol.DEFAULT_CHUNK_TOKENS
     memory_tokens: MemoryTokensOpt = protocol.DEFAULT_MEMORY_TOKENS
+    reader: ReaderOpt = None
     encoding: EncodingOpt = SERVER.encoding
     verbose: VerboseOpt = LLAMA.verbose
     speculate: SpeculateOpt = LLAMA.speculate
@@ -569,13 +554,14 @@ class ModelFlags:
             repack=self.repack,
         )
 
-    def options(self) -> ReadOptions:
+    def options(self, ctx: typer.Context | None = None) -> ReadOptions:
         """What the flags say, checked: an in-process model and its windows."""
         return ReadOptions(
             BackendOptions(
                 model=self.model, llama=self.llama(), server=ServerOptions(encoding=self.encoding)
             ),
             Settings(self.chunk_tokens, self.memory_tokens),
+            reader=self.reader,
         )
 
 
@@ -598,8 +584,9 @@ class ReadFlags(ModelFlags):
     def llama(self) -> LlamaOptions:
         return dataclasses.replace(super().llama(), recalibrate=self.recalibrate)
 
-    def options(self) -> ReadOptions:
-        """What the flags say, checked; with a server, the key it gets (--api-key, else
+    def options(self, ctx: typer.Context | None = None) -> ReadOptions:
+        """What the flags say, checked (`ctx`: the command line, which says which sampling
+        flags were given: the others are the reader's authors'); with a server, the key it gets (--api-key, else
         $OPENAI_API_KEY where that key belongs), said once on stderr if it goes in the clear."""
         api_key = self.api_key
         if self.backend == BackendKind.openai:
@@ -620,7 +607,20 @@ class ReadFlags(ModelFlags):
                 Sampling(self.temperature, self.top_p, self.seed),
             ),
             self.parallel,
+            reader=self.reader,
+            given=_given(ctx, AUTHORS_SAMPLING),
         )
+
+
+def _given(ctx: typer.Context | None, names: tuple[str, ...]) -> frozenset[str]:
+    """Which of the options `names` the command line gave: the others are the reader's
+    authors' (run/engine.py reading_settings)."""
+    if ctx is None:
+        return frozenset(names)  # not from a command line: every value is the caller's
+    sources = {name: ctx.get_parameter_source(name) for name in names}
+    return frozenset(
+        name for name, source in sources.items() if source is not None and source.name != "DEFAULT"
+    )
 
 
 # A command's parameter of one of these types receives its engine flags (`reads`); its
@@ -649,12 +649,18 @@ def reads(command: F) -> F:
     params: list[inspect.Parameter] = []
     for param in signature.parameters.values():
         params += flags if param is marker else [param.replace(kind=keyword)]
+    # Typer hands the command line's context to a parameter of this type: which flags it
+    # gave, and which are defaults (ModelFlags.options).
+    wants_context = "ctx" in signature.parameters
+    if not wants_context:
+        params.append(inspect.Parameter("ctx", keyword, annotation=typer.Context))
     params.sort(key=_panel_rank)
 
     @functools.wraps(command)
     def wrapper(**kwargs: Any) -> Any:
         given = kind(**{name: kwargs.pop(name) for name in names})
-        return command(**kwargs, **{marker.name: given.options()})
+        ctx = kwargs["ctx"] if wants_context else kwargs.pop("ctx")
+        return command(**kwargs, **{marker.name: given.options(ctx)})
 
     wrapper.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
     wrapper.__annotations__ = {p.name: p.annotation for p in params}

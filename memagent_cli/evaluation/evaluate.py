@@ -27,17 +27,9 @@ from memagent_cli.evaluation import data, niah, results
 from memagent_cli.evaluation.data import Case
 from memagent_cli.evaluation.runner import Answered, check_resumable, evaluate
 from memagent_cli.progress import SILENT, Layout, Note, Reporter
-from memagent_cli.reader import Settings
-from memagent_cli.readers import context_needed
 from memagent_cli.run import ask as run
 from memagent_cli.run import journal
-from memagent_cli.run.engine import (
-    BackendKind,
-    BackendOptions,
-    Engine,
-    open_backend,
-    open_engine,
-)
+from memagent_cli.run.engine import Engine, ReadOptions, open_model
 from memagent_cli.run.session import open_session
 
 _BIG_FILE = 256 << 20  # the authors' eval_6400.json is about 2 GB: say what takes a while
@@ -47,8 +39,7 @@ _BIG_FILE = 256 << 20  # the authors' eval_6400.json is about 2 GB: say what tak
 class EvalOptions:
     """How an evaluation runs, apart from its cases."""
 
-    backend: BackendOptions
-    settings: Settings
+    read: ReadOptions  # the model, its reader and the settings, as for `ask`
     output: Path | None = None  # results file; default: a new one in the data folder
     reuse: bool = True  # a greedy case already run (same trace header) is not read again
     parallel: int = 1
@@ -83,7 +74,8 @@ def eval_files(paths: Sequence[str], limit: int | None, options: EvalOptions) ->
     output = options.output or results.default_path(files[0])
     results.read(output, missing_ok=True)  # fails in seconds, before any model loads
     with _writer(output, options) as writer:
-        engine = open_engine(options.backend, options.settings, questions, _note(options))
+        backend, settings = open_model(options.read, _note(options))
+        engine = Engine.for_questions(backend, settings, questions)
         return _run(cases(), total, writer, options, engine)
 
 
@@ -120,7 +112,7 @@ def eval_niah(
     results.read(output, missing_ok=True)
     with _writer(output, options) as writer:
         # Cases are cut with the model's own tokenizer, so the backend comes first.
-        backend = open_backend(options.backend, _note(options))
+        backend, settings = open_model(options.read, _note(options))
         _note(options)(f"building {len(parsed_lengths) * len(parsed_depths)} needle cases")
         cases = niah.build_cases(
             document.text,
@@ -131,8 +123,7 @@ def eval_niah(
             seed=seed,
         )
         questions = sorted({case.question for case in cases})
-        needed = context_needed(backend, questions, options.settings)
-        engine = Engine(backend, options.settings, needed)
+        engine = Engine.for_questions(backend, settings, questions)
         return _run(cases, len(cases), writer, options, engine)
 
 
@@ -159,7 +150,7 @@ def _run(
         cases_journal = journal.open_journal(named | journal.run_identity(engine))
     answer = _answerer(engine, options, cases_journal)
     answer_all = None
-    if options.parallel > 1 and options.backend.kind != BackendKind.openai:
+    if options.parallel > 1 and not engine.threaded:
         # In-process: one context reads `parallel` cases at once, continuously.
         slots = engine.together(left if left > 0 else 1, options.parallel)
         answer_all = _continuous(engine, options, cases_journal, slots)

@@ -24,6 +24,7 @@ from memagent_cli.files import check_gguf
 from memagent_cli.text import json_count
 
 _TAG = re.compile(r"[-.]([A-Z0-9_]+)$", re.IGNORECASE)
+READER_KEY = gguf_header.READER_KEY  # the reader memagent converted a model for
 _MAX_TYPES = 256  # tensor types counted: ggml has about 40, a hostile list could name millions
 
 
@@ -43,6 +44,7 @@ class GGUFInfo:
     vocabulary: int | None
     tensors: int
     parts: int  # files of a split model (1 when not split)
+    reader: str | None = None  # READER_KEY: the reader memagent converted it for
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -58,6 +60,7 @@ class GGUFInfo:
             "vocabulary": self.vocabulary,
             "tensors": self.tensors,
             "parts": self.parts,
+            "reader": self.reader,
         }
 
 
@@ -108,6 +111,7 @@ def read(path: Path) -> GGUFInfo:
         vocabulary=_value(path, fields, "tokenizer.ggml.tokens", int),
         tensors=header.tensor_count,
         parts=max(count, _value(path, fields, "split.count", int) or 1),
+        reader=_value(path, fields, READER_KEY, str),
     )
 
 

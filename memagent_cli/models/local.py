@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from memagent_cli import readers
 from memagent_cli.errors import ModelError
 from memagent_cli.gguf_header import split_parts
 from memagent_cli.models import gguf, hub, pulling, registry
@@ -99,7 +100,7 @@ class Listed:
     summary: str = ""  # what it is for, in a few words (the registry's `summary`)
     default: bool = False  # the model every command reads with when none is named
     download: int | None = None  # bytes a pull fetches, from the registry
-    reader: str = "memagent"  # how the model was trained to read (readers/, --reader)
+    reader: str = readers.DEFAULT  # how the model was trained to read (readers/, --reader)
 
     def to_json(self, template: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "path": str(self.path) if self.path else None}
@@ -151,16 +152,38 @@ def catalogue() -> list[Listed]:
     return rows
 
 
+def model_reader(name: str, path: Path | None) -> str | None:
+    """The reader the model `name` (a backend's name for it) at `path` was trained for: the
+    registry's, for its name or its file, else the one its GGUF records (gguf.READER_KEY);
+    None where neither says."""
+    if found := registry.known_reader(name):
+        return found
+    if path is None or not path.is_file():
+        return None
+    if found := registry.known_reader(registry.hub_name(path)):
+        return found
+    for key in registry.registry():
+        if (file := registry.find_file(key)) is not None and file.resolve() == path.resolve():
+            return registry.known_reader(key)
+    try:
+        return gguf.read(path).reader
+    except ModelError:
+        return None
+
+
 def describe(value: str) -> Listed:
     """One model, named as `--model` names it (an `hf:` model must have been pulled)."""
     model = _resolve_one(value, "model", fetch=False)
     description = str(registry.registry().get(value, {}).get("description", ""))
-    reader = registry.reader_for(value)
-    return Listed(model.name, model.path, gguf.read(model.path), "", description, reader=reader)
+    info = gguf.read(model.path)
+    reader = model_reader(value, model.path) or readers.DEFAULT
+    return Listed(model.name, model.path, info, "", description, reader=reader)
 
 
 def _listed(name: str, path: Path, **known: Any) -> Listed:
     try:
-        return Listed(name, path, gguf.read(path), "", **known)
+        info = gguf.read(path)
+        known.setdefault("reader", info.reader or readers.DEFAULT)  # what the file records
+        return Listed(name, path, info, "", **known)
     except ModelError as exc:
         return Listed(name, path, None, exc.message, **known)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from rich.filesize import decimal
 
+from memagent_cli import readers
 from memagent_cli.errors import STOPS, ModelError
 from memagent_cli.models import gguf, hub, registry
 from memagent_cli.models.conversion import architecture, quantize, vocabulary
@@ -165,6 +166,7 @@ def pull_and_convert(
                 dest,
                 quant,
                 name=name,
+                reader=registry.reader_for(hub.PREFIX + spec.repo),
                 note=note,
                 progress=progress,
                 release=release if delete_shards else None,
@@ -325,12 +327,14 @@ def convert(
     quant: str = "Q4_K_M",
     out: Path | None = None,
     keep_intermediate: bool = False,
+    reader: str | None = None,
     note: Note = silent,
     progress: Progress | None = None,
 ) -> Model:
     """Convert a local Hugging Face model folder to a GGUF quantized to `quant`. Without
     `out`, the file goes where `--model` finds it: beside the pulls of the registry model
-    whose repository has the folder's name, else in the models folder."""
+    whose repository has the folder's name, else in the models folder. The file records
+    `reader`, else that registry model's reader, else MemAgent's."""
     folder = folder.expanduser()
     tag = quantize.quant_type(quant).value
     name = folder.resolve().name
@@ -356,11 +360,14 @@ def convert(
         largest = max(tensor.elements for _, tensor in work.source.tensors)
         memory = quantize.memory_needed(largest, tag)
         check_room(out.parent, work.needed, memory, f"converting {folder}", note)
+    if reader is None:
+        reader = registry.reader_for(registered[0]) if registered else readers.DEFAULT
     convert_folder(
         folder,
         out,
         tag,
         keep_intermediate=keep_intermediate,
+        reader=reader,
         note=note,
         progress=progress,
     )

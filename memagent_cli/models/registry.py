@@ -38,16 +38,22 @@ def registry() -> dict[str, dict[str, object]]:
 def reader_of(name: str, entry: dict[str, object]) -> str:
     """The reader a registry entry's model was trained for: its `reader`, else MemAgent's."""
     reader = entry.get("reader", readers.DEFAULT)
-    if reader not in readers.NAMES:
-        known = ", ".join(readers.NAMES)
+    if reader not in readers.names():
+        known = ", ".join(readers.names())
         raise ValueError(f"registry entry {name} names reader {reader!r}; known: {known}")
     return str(reader)
 
 
 def reader_for(name: str) -> str:
     """The reader of the model a user names: its registry entry's, else MemAgent's (a file
-    or a Hub repository the registry does not know). NAME:QUANT, another quantization of an
-    entry, and hf:OWNER/REPO[:QUANT] of an entry's repository are the entry's model too."""
+    or a Hub repository the registry does not know)."""
+    return known_reader(name) or readers.DEFAULT
+
+
+def known_reader(name: str) -> str | None:
+    """The reader of the registry's model `name`; None where the registry does not know
+    it. NAME:QUANT, another quantization of an entry, and hf:OWNER/REPO[:QUANT] of an
+    entry's repository are the entry's model too."""
     entries = registry()
     base = name.partition(":")[0]
     if name in entries or base in entries:
@@ -58,7 +64,7 @@ def reader_for(name: str) -> str:
         for key, entry in entries.items():
             if entry.get("hf") and hub.parse(str(entry["hf"])).repo.lower() == repo:
                 return reader_of(key, entry)
-    return readers.DEFAULT
+    return None
 
 
 def install_check(name: str) -> bool:

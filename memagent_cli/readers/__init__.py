@@ -1,74 +1,101 @@
-"""The readers after MemAgent: each a small module of templates, reply parsing, retrieval
-and the state carried between steps, as its authors' released evaluation code runs it
-(docs/readers.md). MemAgent's own templates stay in `memagent_cli/protocol.py`."""
+"""The readers: how a question is read over a document's chunks. Each is one module that
+defines one `Spec` (readers/spec.py), and this registry keeps them by name: MemAgent's
+(readers/memagent.py), and those that came after it, each as its authors' released
+evaluation code runs it (docs/readers.md).
+
+A reader from outside memagent joins the same way: a package that declares a `Spec` under
+the entry point group `memagent.readers` (docs/development.md, Adding a reader).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Mapping
+from importlib import metadata
+from typing import Any
 
-from memagent_cli import reader
-from memagent_cli.backend import Backend, Sampling
-from memagent_cli.chunking import Tokenizer
+from memagent_cli import protocol
 from memagent_cli.errors import UserError
-from memagent_cli.reader import Reader, Settings, memagent
+from memagent_cli.readers.spec import Spec
 
-NAMES = ("memagent", "infmem", "rememr1")
-DEFAULT = "memagent"
+DEFAULT = protocol.READER  # what a model no one says otherwise of reads with
+ENTRY_POINTS = "memagent.readers"
+BUILT_IN = ("memagent", "infmem", "rememr1")  # their modules, in readers/
 
-
-def make(name: str, tokenizer: Tokenizer, tokens: Sequence[int] = ()) -> Reader:
-    """The reader `name` (one of NAMES) of a document of `tokens`, with the model's
-    tokenizer where it needs one."""
-    if name == "infmem":
-        from memagent_cli.readers import infmem
-
-        return infmem.reader(tokenizer, tokens)
-    if name == "rememr1":
-        from memagent_cli.readers import rememr1
-
-        return rememr1.reader(
-            lambda text: [tokenizer.detokenize([t]) for t in tokenizer.tokenize(text)]
-        )
-    if name == DEFAULT:
-        return memagent
-    raise UserError(f"The {name} reader is not in this memagent yet; use --reader memagent.")
+_registry: dict[str, Spec] = {}
+_broken: dict[str, str] = {}  # a plugin that cannot be loaded: why, said when it is asked for
+_lock = threading.Lock()
+_loaded = False
 
 
-def sampling(name: str) -> Sampling:
-    """How the authors of reader `name` sampled for their reported numbers: InfMem's
-    evaluation greedily (ruler_hqa.py: temperature 0, top_p 1), ReMemR1's at 0.7 and 0.95
-    (test_qa.py), MemAgent's as its protocol says (0.7 and 0.95; protocol.md)."""
-    if name == "infmem":
-        from memagent_cli.readers import infmem
-
-        return Sampling(infmem.TEMPERATURE, infmem.TOP_P)
-    if name == "rememr1":
-        from memagent_cli.readers import rememr1
-
-        return Sampling(rememr1.TEMPERATURE, rememr1.TOP_P)
-    return Sampling()
+def register(spec: Spec) -> None:
+    """Make `spec` a reader that `--reader`, the registry of models and every command know
+    by its name; a later one of the same name replaces it."""
+    with _lock:
+        _registry[spec.name] = spec
 
 
-def context_needed(backend: Backend, questions: Sequence[str], settings: Settings) -> int:
-    """Context tokens one call of `settings.reader` needs (reader.context_needed)."""
-    if settings.reader == "rememr1":
-        from memagent_cli.readers import rememr1
+def get(name: str) -> Spec:
+    """The reader named `name`; a sentence naming those there are when there is none."""
+    _load()
+    spec = _registry.get(name)
+    if spec is None and name in _broken:
+        raise UserError(_broken[name])
+    if spec is None:
+        known = ", ".join(names())
+        raise UserError(f"There is no reader {name!r} in this memagent; the readers are {known}.")
+    return spec
 
-        return reader.context_needed(
-            backend, questions, settings, templates=rememr1.TEMPLATES, memories=rememr1.MEMORIES
-        )
-    if settings.reader == "infmem":
-        from memagent_cli.readers import infmem
 
-        if not hasattr(backend, "complete"):
-            raise UserError(
-                f"The {backend.name} backend cannot send a prompt a reader writes whole, "
-                "as --reader infmem does; read with llama.cpp in this process."
-            )
+def names() -> list[str]:
+    """Every reader's name: the built-in ones first, then those registered."""
+    _load()
+    return [*BUILT_IN, *sorted(set(_registry) - set(BUILT_IN))]
 
-        extra = infmem.extra_tokens(settings.chunk_tokens)
-        history = infmem.HISTORY_TOKENS
-        return reader.context_needed(
-            backend, questions, settings, templates=infmem.TEMPLATES, extra=extra + history
-        )
-    return reader.context_needed(backend, questions, settings)
+
+def implied(name: str) -> bool:
+    """Whether `name` is the reader that goes without saying (Spec.implied): records and
+    listings name every other."""
+    _load()
+    spec = _registry.get(name)
+    return spec is not None and spec.implied
+
+
+def recorded(name: str) -> dict[str, str]:
+    """What a trace header's or journal's settings say of reader `name`: nothing for the
+    implied one, so runs from before the readers stay the same runs."""
+    return {} if implied(name) else {"reader": name}
+
+
+def named_in(settings: Mapping[str, Any]) -> str:
+    """The reader of a trace header's or journal's `settings` (recorded's inverse)."""
+    return str(settings.get("reader", DEFAULT))
+
+
+def _load() -> None:
+    """The built-in readers, then the entry points', once."""
+    global _loaded
+    if _loaded:
+        return
+    from memagent_cli.readers import infmem, memagent, rememr1
+
+    with _lock:
+        if _loaded:
+            return
+        for spec in (memagent.SPEC, infmem.SPEC, rememr1.SPEC):
+            _registry.setdefault(spec.name, spec)
+        _loaded = True
+    for point in metadata.entry_points(group=ENTRY_POINTS):
+        # A plugin that cannot be loaded stops no other reader: it is said when asked for.
+        try:
+            spec = point.load()
+        except Exception as exc:
+            _broken[point.name] = f"The reader plugin {point.name} cannot be loaded: {exc}"
+            continue
+        if isinstance(spec, Spec):
+            register(spec)
+        else:
+            _broken[point.name] = f"The reader plugin {point.name} is not a readers.spec.Spec."
+
+
+__all__ = ["DEFAULT", "Spec", "get", "implied", "named_in", "names", "recorded", "register"]

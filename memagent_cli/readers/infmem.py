@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, replace
 
-from memagent_cli.backend import Generation, Raw
+from memagent_cli.backend import Backend, Generation, Raw, Sampling
 from memagent_cli.chunking import Chunk, Tokenizer
 from memagent_cli.reader import (
     Answer,
@@ -35,6 +35,7 @@ from memagent_cli.reader import (
     StepFinished,
     StepStarted,
 )
+from memagent_cli.readers.spec import USUAL_QUESTION, CallSize, Replies, Spec, Templates
 
 PLANNER_TEMPLATE = (
     "\nYou are a Retrieval Planner.  \n\nYour ONLY task is to decide whether to perform "
@@ -572,13 +573,61 @@ def reader(tokenizer: Tokenizer, tokens: Sequence[int]) -> Reader:
     return infmem
 
 
-# The prompts with nothing filled in (the planner's is the longer call before the update's
-# units and chunk); what the units, the thinking and the search history add.
-TEMPLATES = (render_update("", "", [], ""), render_final("", ""))
-HISTORY_TOKENS = 1024  # room for the planner's retrieval history: about 30 searches
+# What an update call holds beyond MemAgent's parts: the units found, the thinking stage
+# the reply continues, and the planner's retrieval history (room for about 30 searches).
+HISTORY_TOKENS = 1024
 
 
 def extra_tokens(chunk_tokens: int) -> int:
-    """Tokens an update call needs beyond MemAgent's parts: the units found, and the
-    thinking stage the reply continues."""
-    return RESULTS * min(UNIT_TOKENS, chunk_tokens) + THINKING_TOKENS
+    """Tokens a call needs beyond MemAgent's parts, for chunks of `chunk_tokens`."""
+    return RESULTS * min(UNIT_TOKENS, chunk_tokens) + THINKING_TOKENS + HISTORY_TOKENS
+
+
+def _price(
+    spec: Spec,
+    chunks: Sequence[int],
+    templates: Templates,
+    replies: Replies,
+    memory: int,
+    first_memory: int,
+) -> list[CallSize]:
+    """A planner call and an update call a chunk, a search every step, then the answer; each
+    call thinks first, and its second stage continues the first's prompt in the cache."""
+    calls, shown = [], first_memory
+    for tokens in chunks:
+        units = RESULTS * min(UNIT_TOKENS, tokens)
+        calls.append(CallSize(templates.planner + shown, replies.update))
+        calls.append(CallSize(templates.update + shown + units + tokens, replies.update))
+        shown = memory
+    return [*calls, CallSize(templates.final + shown, replies.answer)]
+
+
+def _templates(spec: Spec, backend: Backend, steps: int) -> Templates:
+    """Its calls' tokens with nothing filled in: the prompts it writes whole, chat included."""
+    question = len(backend.tokenize(USUAL_QUESTION))
+
+    def sized(text: str) -> int:
+        return len(backend.tokenize(text)) + question
+
+    return Templates(
+        update=sized(chat(render_update("", "", [], ""))),
+        final=sized(chat(render_final("", ""))),
+        planner=sized(chat(render_planner("", "", 0, steps, ()))),
+    )
+
+
+SPEC = Spec(
+    name="infmem",
+    summary="searches, stops early",
+    loop=reader,
+    templates={"planner": PLANNER_TEMPLATE, "update": UPDATE_TEMPLATE, "final": FINAL_TEMPLATE},
+    bare=(render_update("", "", [], ""), render_final("", "")),
+    sampling=Sampling(TEMPERATURE, TOP_P),
+    answer_tokens=REPLY_TOKENS,
+    thinking_tokens=THINKING_TOKENS,
+    step_calls=2,
+    extra_tokens=extra_tokens,
+    stops_early=f"its planner may say STOP {EARLY_STOP} times in a row",
+    price=_price,
+    template_tokens=_templates,
+)

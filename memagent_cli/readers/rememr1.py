@@ -18,7 +18,8 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from memagent_cli.chunking import Chunk
+from memagent_cli.backend import Sampling
+from memagent_cli.chunking import Chunk, Tokenizer
 from memagent_cli.protocol import FINAL_MAX_TOKENS
 from memagent_cli.reader import (
     Answer,
@@ -33,6 +34,7 @@ from memagent_cli.reader import (
     StepFinished,
     StepStarted,
 )
+from memagent_cli.readers.spec import Spec
 
 UPDATE_TEMPLATE = (
     "You are presented with a problem, a section of an article that may contain the answer "
@@ -257,7 +259,16 @@ def reader(pieces: Pieces) -> Reader:
     return rememr1
 
 
-# The prompts with nothing filled in, and the memories each shows (the last and a recalled
-# one): what one step needs of the context (reader.context_needed).
-TEMPLATES = (render_update("", "", "", ""), render_final("", "", ""))
-MEMORIES = 2
+def _loop(tokenizer: Tokenizer, tokens: Sequence[int]) -> Reader:
+    return reader(lambda text: [tokenizer.detokenize([t]) for t in tokenizer.tokenize(text)])
+
+
+SPEC = Spec(
+    name="rememr1",
+    summary="recalls earlier memories",
+    loop=_loop,
+    templates={"update": UPDATE_TEMPLATE, "final": FINAL_TEMPLATE},
+    bare=(render_update("", "", "", ""), render_final("", "", "")),
+    sampling=Sampling(TEMPERATURE, TOP_P),
+    memories=2,  # the last memory, and a recalled one
+)

@@ -60,7 +60,10 @@ class Result:
 
     def _records(self) -> tuple[trace.Header, list[trace.StepRecord], trace.FinalRecord]:
         s, a = self.session, self.answer
-        steps = [trace.StepRecord.of(step, _span(s, step), s.span_of) for step in a.steps]
+        steps = [
+            trace.StepRecord.of(step, _span(s, step), s.span_of, number)
+            for number, step in enumerate(a.steps)
+        ]
         final = trace.FinalRecord.of(a, s.document.place)
         return s.header(a.question), steps, final
 
@@ -454,11 +457,11 @@ def _steps_of(session: Session, earlier: trace.Trace) -> list[Step]:
     """The finished steps of a trace, checked against this session's chunks."""
     steps = []
     for record in earlier.steps:
-        index = record.index
+        index = record.chunk_index
         chunk = session.chunks[index] if index < len(session.chunks) else None
         if chunk is None or record.chunk_sha256 != trace.chunk_sha256(chunk):
             raise UserError(
-                f"Cannot resume {earlier.path}: its step {index + 1} did not read the chunk "
+                f"Cannot resume {earlier.path}: its step {record.index + 1} did not read the chunk "
                 "this run would read (a different tokenizer or build?)."
             )
         steps.append(record.to_step(chunk))

@@ -3,19 +3,21 @@ server), opened with its options, and the settings and context it reads by (`Eng
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from dataclasses import dataclass, field
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
 
+from memagent_cli import readers
 from memagent_cli.backend import Backend
 from memagent_cli.backends.llama_cpp import LlamaCppBackend, LlamaOptions, can_offload
 from memagent_cli.backends.openai import OpenAIBackend, ServerOptions
 from memagent_cli.errors import BudgetError
-from memagent_cli.models import gguf, resolve
+from memagent_cli.models import gguf, model_reader, resolve
 from memagent_cli.progress import Note, Progress, silent
 from memagent_cli.reader import Settings
-from memagent_cli.readers import DEFAULT, context_needed
 
 
 class BackendKind(StrEnum):
@@ -35,16 +37,24 @@ class BackendOptions:
     server: ServerOptions = field(default_factory=ServerOptions)
 
 
+# The sampling values a reader's authors chose, which a reading takes where no one gave its own.
+AUTHORS_SAMPLING = ("temperature", "top_p")
+
+
 @dataclass(frozen=True)
 class ReadOptions:
-    """How a command reads, as its engine flags say (cli/options.py): the backend and its
-    model, the settings of each reading, and how many readings go at once."""
+    """How a command reads, as its flags say (cli/options.py) or a caller of the API does:
+    the backend and its model, the reader (None: the model's own), the settings of each
+    reading, and how many readings go at once. Of the settings' sampling, only the values
+    named in `given` are the caller's: the others are the reader's authors' (reading_settings)."""
 
     backend: BackendOptions = field(default_factory=BackendOptions)
     settings: Settings = field(default_factory=Settings)
     # --parallel: readings at once, in one context or in flight to a server (run/batch.py,
-    # Engine.threaded); None: not given, which each command decides.
+    # Backend.threaded); None: not given, which Engine.together decides.
     parallel: int | None = None
+    reader: str | None = None
+    given: frozenset[str] = frozenset()
 
 
 def open_backend(
@@ -67,6 +77,46 @@ def open_backend(
     return backend
 
 
+def open_model(
+    options: ReadOptions, note: Note = silent, progress: Progress | None = None
+) -> tuple[Backend, Settings]:
+    """The backend `options` name and the settings it reads by: the reader given, else the
+    model's own, sampled as its authors did wherever the caller gave no value."""
+    backend = open_backend(options.backend, note, progress)
+    return backend, reading_settings(backend, options, note)
+
+
+def reading_settings(backend: Backend, options: ReadOptions, note: Note = silent) -> Settings:
+    """`options.settings` read by `options.reader`, else the reader `backend`'s model was
+    trained for; each sampling value not in `options.given` as that reader's authors chose
+    it, which `note` hears of where that is not what the settings held."""
+    name = options.reader or _model_reader(backend, options.backend.model, note)
+    authors = readers.get(name).sampling
+    held = options.settings.sampling
+    unsaid = [key for key in AUTHORS_SAMPLING if key not in options.given]
+    sampling = dataclasses.replace(held, **{key: getattr(authors, key) for key in unsaid})
+    if sampling != held:
+        said = ", ".join(f"{key} {getattr(authors, key):g}" for key in unsaid)
+        note(f"{name} samples as its authors did: {said} (--temperature, --top-p to change).")
+    return dataclasses.replace(options.settings, reader=name, sampling=sampling)
+
+
+def _model_reader(backend: Backend, named: str | None, note: Note) -> str:
+    """The reader the model was trained for (models.model_reader), the model as the user
+    `named` it (--model, which also names a server's model) or as the backend does;
+    MemAgent's for a model file that records none, said once."""
+    path = backend.describe().model.get("path")
+    found = model_reader(named or backend.name, Path(path) if path else None)
+    if found is not None:
+        return found
+    if path:
+        note(
+            f"{Path(path).name} does not say which reader it was trained for: it reads with "
+            f"{readers.DEFAULT} (--reader to choose another)."
+        )
+    return readers.DEFAULT
+
+
 class Engine:
     """A backend with the settings it reads by and the context one step needs."""
 
@@ -87,11 +137,17 @@ class Engine:
                 self.backend.prepare(self.context, sequences, progress)
                 self._sequences = sequences
 
+    @classmethod
+    def for_questions(cls, backend: Backend, settings: Settings, questions: list[str]) -> Engine:
+        """`backend` with its context sized for one call of the longest of `questions`;
+        fails with a sentence when one cannot fit."""
+        spec = readers.get(settings.reader)
+        return cls(backend, settings, spec.context_needed(backend, questions, settings))
+
     @property
     def threaded(self) -> bool:
-        """Whether readings at once are calls in flight from threads (a server, which
-        replies to each call on its own), rather than sequences of one context."""
-        return isinstance(self.backend, OpenAIBackend)
+        """Whether readings at once are calls in flight from threads (Backend.threaded)."""
+        return self.backend.threaded
 
     def together(
         self,
@@ -128,18 +184,14 @@ class Engine:
     def _paying(self, most: int, progress: Progress | None) -> int:
         """How many of `most` readings pay to read together in one context: all of them
         where nothing was measured to say otherwise (a server's calls, or no calibration)."""
-        backend = self.backend
-        if not isinstance(backend, LlamaCppBackend) or not backend.speculate:
-            return most  # no calibration: the default of before it, all that fit
-        if backend.calibration is None:
+        if self.backend.needs_measuring():
             # A first use on this machine: measure first. The calibration needs the weights
             # loaded, so they load for one reading and measure (a few seconds, once); they
             # load again only where the calibration says that more at once pay. Reading all
             # at once unmeasured would cost the first batch 8-10% where a batch does not
             # pay (docs/performance.md, Several documents at once).
             self.prepare(1, progress)
-        paying = backend.readings_at_once(most)
-        return most if paying is None else paying  # None: a recurrent model never drafts
+        return self.backend.pays_together(most)
 
     @property
     def model_record(self) -> dict[str, Any]:
@@ -147,7 +199,7 @@ class Engine:
 
     def settings_record(self) -> dict[str, Any]:
         sampling = self.settings.sampling
-        calibration = getattr(self.backend, "calibration", None)
+        calibration = self.backend.calibration_record()
         return {
             "chunk_tokens": self.settings.chunk_tokens,
             "memory_tokens": self.settings.memory_tokens,
@@ -155,22 +207,9 @@ class Engine:
             "top_p": sampling.top_p,
             "seed": sampling.seed,
             # MemAgent's runs say nothing, so traces from before the readers are the same run.
-            **({"reader": self.settings.reader} if self.settings.reader != DEFAULT else {}),
+            **readers.recorded(self.settings.reader),
             "context_tokens": self.context,
             **self.description.engine,
             # What drafts may do here, measured once per model and machine: one plain value.
-            **({"calibration": calibration.record()} if calibration is not None else {}),
+            **({"calibration": calibration} if calibration is not None else {}),
         }
-
-
-def open_engine(
-    options: BackendOptions,
-    settings: Settings,
-    questions: list[str],
-    note: Note = silent,
-    progress: Progress | None = None,
-) -> Engine:
-    """The backend, with its context sized for the longest question; fails with a sentence
-    when one step cannot fit. `note` and `progress` tell of a model being pulled."""
-    backend = open_backend(options, note, progress)
-    return Engine(backend, settings, context_needed(backend, questions, settings))

@@ -17,9 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memagent_cli import protocol
+from memagent_cli import readers
 from memagent_cli.backends.speed import Speed
-from memagent_cli.readers import DEFAULT, infmem
 from memagent_cli.trace.file import Trace, records, start
 from memagent_cli.trace.folder import default_dir, recent_traces
 from memagent_cli.trace.records import Header, TraceError
@@ -46,22 +45,6 @@ ENGINE_KEYS = (
     "cache_type_k",
     "cache_type_v",
 )
-
-
-def reply_limits(reader: str, memory_tokens: int) -> tuple[int, int]:
-    """The longest reply of one memory-update call and of the answer call of `reader`: the
-    memory's budget and protocol.FINAL_MAX_TOKENS; InfMem thinks first in each call
-    (readers/infmem.py _thought), its planner's call as long as its update's."""
-    if reader == "infmem":
-        reply = infmem.THINKING_TOKENS + memory_tokens
-        return reply, reply
-    return memory_tokens, protocol.FINAL_MAX_TOKENS
-
-
-# What one trace record joins (readers/infmem.py _joined): InfMem's step is its planner's
-# and its update's call, each thinking then replying; its answer one call in two stages.
-_STEP_CALLS = {"infmem": 2}
-_STAGES = {"infmem": 2}
 
 
 @dataclass(frozen=True)
@@ -117,7 +100,7 @@ def _median(values: list[float]) -> float | None:
 def past_readings(
     model: dict[str, Any],
     engine: dict[str, Any],
-    reader: str = DEFAULT,
+    reader: str = readers.DEFAULT,
     folder: Path | None = None,
 ) -> History:
     """The finished readings with `reader` of the model file `model` (a Description's
@@ -170,7 +153,7 @@ def _same(header: Header, model: dict[str, Any], engine: dict[str, Any], reader:
     return (
         header.model.get("path") == model.get("path")
         and header.model.get("size") == model.get("size")
-        and settings.get("reader", DEFAULT) == reader
+        and readers.named_in(settings) == reader
         and all(settings.get(key) == engine.get(key) for key in ENGINE_KEYS)
     )
 
@@ -180,8 +163,12 @@ def _calls(trace: Trace, reader: str) -> list[PastCall]:
     memory = trace.header.settings.get("memory_tokens")
     if not isinstance(memory, int) or isinstance(memory, bool) or memory < 1:
         return []
-    update, answer = reply_limits(reader, memory)
-    step_calls, stages = _STEP_CALLS.get(reader, 1), _STAGES.get(reader, 1)
+    spec = readers.get(reader)
+    limits = spec.replies(memory)
+    update, answer = limits.update, limits.answer
+    # What one record joins (readers/infmem.py _joined): a step's calls and their stages;
+    # the answer is one call.
+    step_calls, stages = spec.step_calls, spec.stages
     found = [
         _call(False, s.completion_tokens, update * step_calls, s, step_calls * stages)
         for s in trace.steps

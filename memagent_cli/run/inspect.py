@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from memagent_cli import cpus, protocol
+from memagent_cli import cpus, protocol, readers
 from memagent_cli.backend import Backend
 from memagent_cli.backends import speed as speeds
 from memagent_cli.backends.llama_cpp import LlamaCppBackend
@@ -19,18 +18,14 @@ from memagent_cli.documents.document import Document
 from memagent_cli.errors import BudgetError
 from memagent_cli.progress import SILENT, Reporter
 from memagent_cli.reader import Settings
-from memagent_cli.readers import context_needed, infmem, rememr1
+from memagent_cli.readers.spec import USUAL_QUESTION, CallSize, Replies, Templates
 from memagent_cli.run import history
 from memagent_cli.run.history import History
 from memagent_cli.run.session import cut, describe_document
 
-# A question of a usual length, for the prompts priced before any question is asked.
-_QUESTION = "What is this document about?"
 # Seconds the measurement may take before it stops short of a step's depth (speed.measure):
 # on the default model it reaches the depth well before, on a 7B it does not.
 MEASURE_BUDGET = 60.0
-# Readers that may answer before the last chunk, and why (readers/infmem.py's EARLY_STOP).
-_STOPS_EARLY = {"infmem": f"its planner may say STOP {infmem.EARLY_STOP} times in a row"}
 
 
 def inspect_document(
@@ -67,7 +62,7 @@ def inspect_document(
         "ocr_estimate": ocr_estimate(document.ocr.needed),
         "estimate": None,
     }
-    if estimate and chunks and isinstance(backend, LlamaCppBackend):  # none: a scan unread
+    if estimate and chunks and backend is not None and backend.local:  # none: a scan unread
         settings = Settings(chunk_tokens, memory_tokens, reader=reader)
         found["estimate"] = estimate_reading(backend, chunks, settings, report)
     return found
@@ -106,24 +101,6 @@ def document_pages(document: Document) -> list[dict[str, Any]]:
     ]
 
 
-@dataclass(frozen=True)
-class CallSize:
-    """One call of a reading as the estimate prices it: its prompt and reply in tokens."""
-
-    prompt: int
-    reply: int
-
-
-@dataclass(frozen=True)
-class Templates:
-    """Prompt tokens of a reader's calls before any memory, chunk or units are put in: chat
-    markup, template and question. `planner`: InfMem's planner call (0 for other readers)."""
-
-    update: int
-    final: int
-    planner: int = 0
-
-
 def reading_calls(
     reader: str,
     chunks: Sequence[int],
@@ -133,30 +110,15 @@ def reading_calls(
     written: float = 1.0,
     answered: float = 1.0,
 ) -> list[CallSize]:
-    """Every call of a reading of chunks of `chunks` tokens by `reader`, each memory
-    update's reply `written` and the answer's `answered` of what the protocol allows (the
-    memory's budget, the final answer's; history.reply_limits), every memory after the first
-    (`first_memory` tokens) as long as an update's reply. At 1 and 1, the default: what
-    reading everything costs at most."""
-    update, final = history.reply_limits(reader, memory_tokens)
-    reply, answer = _part(update, written), _part(final, answered)
+    """Every call of a reading of chunks of `chunks` tokens by `reader` (Spec.calls), each
+    memory update's reply `written` and the answer's `answered` of what the reader allows
+    (Spec.replies), every memory after the first (`first_memory` tokens) as long as an
+    update's reply. At 1 and 1, the default: what reading everything costs at most."""
+    spec = readers.get(reader)
+    limits = spec.replies(memory_tokens)
+    replies = Replies(_part(limits.update, written), _part(limits.answer, answered))
     full = _part(memory_tokens, written)  # what the next prompt shows of a memory
-    calls, memory = [], first_memory
-    if reader == "infmem":
-        # Each call thinks first (at most THINKING_TOKENS), then replies; the second stage
-        # continues the first's prompt, which stays in the cache.
-        for tokens in chunks:
-            units = infmem.RESULTS * min(infmem.UNIT_TOKENS, tokens)  # a search every step
-            calls.append(CallSize(templates.planner + memory, reply))
-            calls.append(CallSize(templates.update + memory + units + tokens, reply))
-            memory = full
-        return [*calls, CallSize(templates.final + memory, answer)]
-    recalled = 0  # ReMemR1 shows an earlier memory beside the last once one exists
-    for tokens in chunks:
-        calls.append(CallSize(templates.update + memory + recalled + tokens, reply))
-        memory = full
-        recalled = full if reader == "rememr1" else 0
-    return [*calls, CallSize(templates.final + memory + recalled, answer)]
+    return spec.calls(chunks, templates, replies, full, first_memory)
 
 
 def _part(tokens: int, fraction: float) -> int:
@@ -173,30 +135,6 @@ def call_seconds(call: CallSize, speed: Speed, decoding: float = 1.0) -> float:
     )
 
 
-def reader_templates(backend: Backend, reader: str, steps: int) -> Templates:
-    """The tokens of `reader`'s calls with nothing filled in, with a usual question."""
-    question = len(backend.tokenize(_QUESTION))
-    if reader == "infmem":
-
-        def sized(text: str) -> int:
-            return len(backend.tokenize(text)) + question
-
-        return Templates(
-            update=sized(infmem.chat(infmem.render_update("", "", [], ""))),
-            final=sized(infmem.chat(infmem.render_final("", ""))),
-            planner=sized(infmem.chat(infmem.render_planner("", "", 0, steps, ()))),
-        )
-    update, final = rememr1.TEMPLATES if reader == "rememr1" else _MEMAGENT_TEMPLATES
-    overhead = backend.chat_overhead() + question
-    return Templates(
-        update=overhead + len(backend.tokenize(update)),
-        final=overhead + len(backend.tokenize(final)),
-    )
-
-
-_MEMAGENT_TEMPLATES = (protocol.render_update("", "", ""), protocol.render_final("", ""))
-
-
 def estimate_reading(
     backend: LlamaCppBackend,
     chunks: list[Chunk],
@@ -211,14 +149,15 @@ def estimate_reading(
     decode at the cost, that this model's past readings here show (`past`; by default the
     data folder's traces, history.past_readings); at most, and without any, every reply
     is as long as allowed."""
+    spec = readers.get(settings.reader)
     try:
-        context = context_needed(backend, [_QUESTION], settings)
+        context = spec.context_needed(backend, [USUAL_QUESTION], settings)
     except BudgetError as exc:
         return {"error": exc.message}
     if past is None:
         described = backend.describe()
         past = history.past_readings(described.model, described.engine, settings.reader)
-    templates = reader_templates(backend, settings.reader, len(chunks))
+    templates = spec.call_templates(backend, len(chunks))
     first = len(backend.tokenize(protocol.INITIAL_MEMORY))
     sizes = [c.tokens for c in chunks]
     memory = settings.memory_tokens
@@ -227,7 +166,7 @@ def estimate_reading(
     with report.progress("bytes") as progress:
         backend.prepare(context, progress=progress)
     report.note("measuring the model's speed at the depth of a step...")
-    sample = backend.tokenize(chunks[0].text) or backend.tokenize(_QUESTION)
+    sample = backend.tokenize(chunks[0].text) or backend.tokenize(USUAL_QUESTION)
     if measure is None:
         speed = speeds.measure(backend, sample, deepest.prompt, budget=MEASURE_BUDGET)
     else:
@@ -241,7 +180,7 @@ def estimate_reading(
     if past.readings:
         likely = reading_calls(settings.reader, sizes, templates, memory, first, written, answered)
     seconds = sum(call_seconds(call, speed, factor) for call in likely) if past.readings else most
-    stops = _STOPS_EARLY.get(settings.reader)
+    stops = spec.stops_early
     return {
         # The estimate: what past readings of this model here say, else the bound.
         "seconds_per_question": round(seconds, 1),
@@ -286,7 +225,8 @@ def _assumes(
     past: History, settings: Settings, written: float, answered: float, factor: float
 ) -> str:
     """What the estimate assumes, in words."""
-    update, final = history.reply_limits(settings.reader, settings.memory_tokens)
+    limits = readers.get(settings.reader).replies(settings.memory_tokens)
+    update, final = limits.update, limits.answer
     if not past.readings:
         return (
             "every chunk is read and every reply is as long as allowed "

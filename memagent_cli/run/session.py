@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from memagent_cli import __version__, protocol, readers
+from memagent_cli import __version__, readers
 from memagent_cli.chunking import Chunk, Tokenizer, Tokens, make_chunks, tokenize
 from memagent_cli.documents import Document
 from memagent_cli.progress import SILENT, Reporter
@@ -55,7 +55,7 @@ class Session:
         """How the engine's settings say to read this document (one for every question:
         InfMem's search index is built once)."""
         engine = self.engine
-        return readers.make(engine.settings.reader, engine.backend, self.tokens)
+        return readers.get(engine.settings.reader).loop(engine.backend, self.tokens)
 
     def span_of(self, start: int, end: int) -> str:
         return self.document.span(start, end)
@@ -74,7 +74,7 @@ class Session:
             document=self.document_record(),
             model=self.engine.model_record,
             settings=self.engine.settings_record(),
-            templates_sha256=protocol.templates_sha256(),
+            templates_sha256=readers.get(self.engine.settings.reader).templates_sha256(),
             created=datetime.now(UTC).isoformat(timespec="seconds"),
             memagent=__version__,
         )

@@ -323,7 +323,7 @@ class TraceWriter:
         if isinstance(event, StepFinished):
             chunk = event.step.chunk
             span = self._span_of(chunk.char_start, chunk.char_end)
-            record = StepRecord.of(event.step, span, self._span_of)
+            record = StepRecord.of(event.step, span, self._span_of, self._steps_done)
             with _signals_held():  # a Ctrl-C here would leave the record uncounted
                 self._write(record.to_json(self._version))
                 self._steps_done += 1

@@ -83,16 +83,11 @@ def run_identity(model: dict[str, Any], settings: dict[str, Any]) -> dict[str, A
     the key said nothing of it; nor did they of the reader, which was MemAgent's, and is
     named only where it is another."""
     same = {key: settings.get(key) for key in READING_SETTINGS if key != "reader"}
-    if _reader(settings) != readers.DEFAULT:
-        same["reader"] = _reader(settings)
+    same |= readers.recorded(readers.named_in(settings))
     same |= {key: settings.get(key) for key in ENGINE_SETTINGS if key != "speculate"}
     if speculation(settings) is False:
         same["speculate"] = False
     return {"model": {"path": model.get("path"), "size": model.get("size")}, "settings": same}
-
-
-def _reader(settings: dict[str, Any]) -> str:
-    return str(settings.get("reader", readers.DEFAULT))  # runs from before the readers
 
 
 def differences(recorded: Header, current: Header) -> list[str]:
@@ -118,7 +113,7 @@ def _identity(header: Header) -> list[tuple[str, Any]]:
     """What names the run of `header`, in the order differences() tells it: the document,
     the question, run_identity(), and the prompt templates."""
     same = run_identity(header.model, header.settings)
-    settings = same["settings"] | {"reader": _reader(header.settings)}
+    settings = same["settings"] | {"reader": readers.named_in(header.settings)}
     if not settings.get("exact"):  # run_identity() names only a run that did not speculate
         settings["speculate"] = settings.get("speculate", True)
     return [

@@ -177,9 +177,13 @@ class StepRecord:
     found: tuple[tuple[int, int], ...] = ()
     found_chars: tuple[tuple[int, int], ...] = ()
     found_spans: tuple[str, ...] = ()
+    # The chunk it read (from 0), where that is not the step's own: a reader that skips
+    # chunks or reads one again. Records of the others leave it out.
+    chunk: int | None = None
 
     _CHECKS = {
         "step": int,
+        "chunk": int,
         "tokens": "pair",
         "chars": "pair",
         "span": str,
@@ -203,7 +207,9 @@ class StepRecord:
 
     @classmethod
     def parse(cls, record: dict[str, Any], where: str, version: int = FORMAT_VERSION) -> StepRecord:
-        optional = frozenset({"drafted", "accepted", "recall", "searches", "stops", *cls._UNITS})
+        optional = frozenset(
+            {"drafted", "accepted", "recall", "searches", "stops", "chunk", *cls._UNITS}
+        )
         if version == 1:  # counted from 0, as "index"
             record = {("step" if k == "index" else k): v for k, v in record.items() if k != "step"}
             if _valid(record.get("step"), int):
@@ -212,6 +218,8 @@ class StepRecord:
         number = values.pop("step")
         if number < 1:
             raise TraceError(f"{where} has a step number below 1.")
+        if values.get("chunk", 0) < 0:
+            raise TraceError(f"{where} has a chunk number below 0.")
         searches = values.get("searches", [])
         if not all(
             _valid(s, list) and len(s) == 2 and all(_valid(x, str) for x in s) for s in searches
@@ -228,13 +236,18 @@ class StepRecord:
         return cls(index=number - 1, **values)
 
     @classmethod
-    def of(cls, step: Step, span: str, span_of: SpanOf | None = None) -> StepRecord:
-        """The record of `step`, whose chunk `span` labels; `span_of` labels the units it
-        was shown (readers/infmem.py), when there are any."""
+    def of(
+        cls, step: Step, span: str, span_of: SpanOf | None = None, number: int | None = None
+    ) -> StepRecord:
+        """The record of `step`, the `number`th of its reading (from 0; by default its
+        chunk's), whose chunk `span` labels; `span_of` labels the units it was shown
+        (readers/infmem.py), when there are any."""
         chunk, gen = step.chunk, step.generation
         spans = tuple(span_of(*chars) for chars in step.found_chars) if span_of else ()
+        index = chunk.index if number is None else number
         return cls(
-            index=chunk.index,
+            index=index,
+            chunk=None if chunk.index == index else chunk.index,
             tokens=(chunk.token_start, chunk.token_end),
             chars=(chunk.char_start, chunk.char_end),
             span=span,
@@ -254,6 +267,11 @@ class StepRecord:
             found_chars=step.found_chars,
             found_spans=spans,
         )
+
+    @property
+    def chunk_index(self) -> int:
+        """The index of the chunk it read."""
+        return self.index if self.chunk is None else self.chunk
 
     def to_step(self, chunk: Chunk) -> Step:
         """The step again, for the chunk it read (the caller checks `chunk_sha256`)."""
@@ -288,6 +306,8 @@ class StepRecord:
         for name in ("recall", "searches", "stops", *self._UNITS):
             if not record[name]:
                 del record[name]
+        if record["chunk"] is None:
+            del record["chunk"]
         index = record.pop("index")
         number = {"index": index} if version == 1 else {"step": index + 1}
         return {"type": "step", **number, **record}

@@ -8,6 +8,7 @@ from rich.filesize import decimal
 from rich.markup import escape
 from rich.table import Table
 
+from memagent_cli import readers
 from memagent_cli.models import Listed
 from memagent_cli.models.removal import Removal
 from memagent_cli.views import console as display
@@ -28,7 +29,7 @@ def print_catalogue(rows: list[Listed]) -> None:
     for row in rows:
         name = escape(row.name) + (" (default)" if row.default else "")
         about = escape(row.summary)
-        if row.reader != "memagent":  # the registry's readers after MemAgent say so
+        if not readers.implied(row.reader):  # the readers after MemAgent say so
             about += f" (--reader {escape(row.reader)})"
         if row.info is None:
             if row.path is None:

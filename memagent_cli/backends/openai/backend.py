@@ -55,6 +55,8 @@ class OpenAIBackend(InTurn):
     Safe to share between threads: every call is one independent HTTP request.
     """
 
+    threaded = True  # readings at once are calls in flight, each answered on its own
+
     def __init__(
         self,
         options: ServerOptions,

@@ -24,10 +24,12 @@ import gguf.quants
 import numpy as np
 from rich.filesize import decimal
 
+from memagent_cli import readers
 from memagent_cli.errors import ModelError
 from memagent_cli.models.conversion import architecture, quantize, vocabulary
 from memagent_cli.models.conversion.safetensors import Tensor, read_tensors
 from memagent_cli.models.disk import check_space, durable_rename
+from memagent_cli.models.gguf import READER_KEY
 from memagent_cli.progress import Note, Progress, silent
 from memagent_cli.text import decoded
 
@@ -170,11 +172,13 @@ def convert(
     *,
     keep_intermediate: bool = False,
     name: str = "",
+    reader: str = readers.DEFAULT,
     note: Note = silent,
     progress: Progress | None = None,
     release: Callable[[Path], None] | None = None,
 ) -> Path:
-    """Convert the model in `folder` into the GGUF `dest`, quantized to `quant`.
+    """Convert the model in `folder` into the GGUF `dest`, quantized to `quant`, recording
+    `reader`, the reader the model was trained for, in its metadata.
 
     `release(file)` is called with each source .safetensors file once all its tensors are
     written (a pull may delete it there, to lower its disk peak)."""
@@ -184,13 +188,13 @@ def convert(
     check_space(dest.parent, needed, "the conversion")
     label = name or folder.name
     if work.intermediate is None:
-        write_gguf(work.source, dest, work.quant, name, progress, note, release)
+        write_gguf(work.source, dest, work.quant, name, progress, note, release, reader)
         return dest
     if work.reuse_intermediate:
         note(f"using {work.intermediate} from an earlier run")
     else:
         kind = work.source.intermediate_kind
-        write_gguf(work.source, work.intermediate, kind, name, progress, note, release)
+        write_gguf(work.source, work.intermediate, kind, name, progress, note, release, reader)
     quantize_intermediate(
         work.intermediate,
         dest,
@@ -246,6 +250,7 @@ def write_gguf(
     progress: Progress | None = None,
     note: Note = silent,
     release: Callable[[Path], None] | None = None,
+    reader: str = readers.DEFAULT,
 ) -> None:
     """Write `source` as an unquantized GGUF (`kind` F32, F16 or BF16) at `dest`, via a
     .part file, named `name` (else as llama.cpp names it, from the folder). F16 made from
@@ -265,6 +270,8 @@ def write_gguf(
     meta.set_gguf_meta_model(writer)
     source.arch.write_parameters(writer)
     writer.add_file_type(quantize.file_type(kind))
+    # The quantizer copies every key: a file made from this one reads with the same reader.
+    writer.add_string(READER_KEY, reader)
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     vocabulary.write(writer, source.folder, source.pre, source.arch.config.get("vocab_size"))
     for tensor_name, tensor in source.tensors:

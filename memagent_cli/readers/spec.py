@@ -1,0 +1,156 @@
+"""What a reader is to the rest of memagent: one `Spec`, defined by the reader's module and
+kept by name in the registry (readers/__init__.py). Whatever the code needs to know of a
+reader (its loop, its prompts and their hashes, its authors' sampling and reply limits,
+what a step costs and what a backend must do for it) it asks the spec, never the name."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from memagent_cli import protocol
+from memagent_cli.backend import Backend, Sampling
+from memagent_cli.chunking import Tokenizer
+from memagent_cli.reader import Reader, Settings, context_needed
+
+# A question of a usual length, for the prompts priced before any question is asked.
+USUAL_QUESTION = "What is this document about?"
+
+
+@dataclass(frozen=True)
+class CallSize:
+    """One call of a reading as an estimate prices it: its prompt and reply in tokens."""
+
+    prompt: int
+    reply: int
+
+
+@dataclass(frozen=True)
+class Templates:
+    """Prompt tokens of a reader's calls before any memory, chunk or units are put in: chat
+    markup, template and question. `planner`: a call before each update (InfMem's)."""
+
+    update: int
+    final: int
+    planner: int = 0
+
+
+@dataclass(frozen=True)
+class Replies:
+    """The most tokens one memory update's reply and the answer's may take."""
+
+    update: int
+    answer: int
+
+
+def _nothing(chunk_tokens: int) -> int:
+    return 0
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One reader: how it reads, and everything else memagent asks of it."""
+
+    name: str
+    summary: str  # what it does, in a few words (--reader's help, `models list`)
+    # The loop over one document of `tokens` (the model's), with the model's tokenizer for
+    # a reader that looks at the text again (InfMem's search units, ReMemR1's TF-IDF).
+    loop: Callable[[Tokenizer, Sequence[int]], Reader]
+    # Its templates as its authors wrote them, by name ("update", "final", ...): their
+    # hashes go in each trace header, to catch prompt drift.
+    templates: Mapping[str, str]
+    bare: tuple[str, str]  # the same prompts with nothing filled in: what a call adds
+    sampling: Sampling = field(default_factory=Sampling)  # as its authors sampled
+    answer_tokens: int = protocol.FINAL_MAX_TOKENS  # the answer's reply
+    thinking_tokens: int = 0  # a thinking stage before each reply, each call (InfMem)
+    memories: int = 1  # memories a call shows: the last, and a recalled one (ReMemR1)
+    step_calls: int = 1  # model calls one step makes (InfMem: its planner and its update)
+    # Tokens a call holds beyond MemAgent's parts, for chunks of `chunk_tokens`.
+    extra_tokens: Callable[[int], int] = _nothing
+    stops_early: str | None = None  # why it may answer before the last chunk
+    # The trace header and the journal name the reader only where it is not this one: runs
+    # from before the readers were MemAgent's, and are the same runs.
+    implied: bool = False
+    # What an estimate prices: every call of reading chunks of these sizes (run/inspect.py);
+    # None: one update call a step, as `steps_in_turn` prices them.
+    price: Callable[[Spec, Sequence[int], Templates, Replies, int, int], list[CallSize]] | None = (
+        None
+    )
+    # The tokens of its calls with nothing filled in; None: each template through the chat
+    # template, as `templates_through_chat` counts them.
+    template_tokens: Callable[[Spec, Backend, int], Templates] | None = None
+
+    def replies(self, memory_tokens: int) -> Replies:
+        """The reply limits of a reading whose memory may take `memory_tokens`; a thinking
+        stage comes before each."""
+        answer = memory_tokens if self.thinking_tokens else self.answer_tokens
+        return Replies(self.thinking_tokens + memory_tokens, self.thinking_tokens + answer)
+
+    @property
+    def stages(self) -> int:
+        """Stages of each call: a thinking one first, where it thinks, then the reply."""
+        return 2 if self.thinking_tokens else 1
+
+    def templates_sha256(self) -> dict[str, str]:
+        """Fingerprints of its templates, recorded in each trace header."""
+        return {
+            name: hashlib.sha256(text.encode()).hexdigest() for name, text in self.templates.items()
+        }
+
+    def context_needed(self, backend: Backend, questions: Sequence[str], settings: Settings) -> int:
+        """Context tokens one call of this reader needs (reader.context_needed); fails with a
+        sentence when the model cannot hold it."""
+        return context_needed(
+            backend,
+            questions,
+            settings,
+            templates=self.bare,
+            memories=self.memories,
+            extra=self.extra_tokens(settings.chunk_tokens),
+        )
+
+    def calls(
+        self,
+        chunks: Sequence[int],
+        templates: Templates,
+        replies: Replies,
+        memory: int,
+        first_memory: int,
+    ) -> list[CallSize]:
+        """Every call of a reading of chunks of `chunks` tokens, each reply as long as
+        `replies`, every memory after the first (`first_memory` tokens) `memory` long."""
+        price = self.price or steps_in_turn
+        return price(self, chunks, templates, replies, memory, first_memory)
+
+    def call_templates(self, backend: Backend, steps: int) -> Templates:
+        """The tokens of its calls with nothing filled in, with a usual question."""
+        count = self.template_tokens or templates_through_chat
+        return count(self, backend, steps)
+
+
+def steps_in_turn(
+    spec: Spec,
+    chunks: Sequence[int],
+    templates: Templates,
+    replies: Replies,
+    memory: int,
+    first_memory: int,
+) -> list[CallSize]:
+    """One update call a chunk, showing the last memory and, once there are earlier ones,
+    the recalled ones (Spec.memories), then the answer."""
+    calls, shown, recalled = [], first_memory, 0
+    for tokens in chunks:
+        calls.append(CallSize(templates.update + shown + recalled + tokens, replies.update))
+        shown, recalled = memory, memory * (spec.memories - 1)
+    return [*calls, CallSize(templates.final + shown + recalled, replies.answer)]
+
+
+def templates_through_chat(spec: Spec, backend: Backend, steps: int) -> Templates:
+    """Each template as one user message through the model's chat template."""
+    overhead = backend.chat_overhead() + len(backend.tokenize(USUAL_QUESTION))
+    update, final = spec.bare
+    return Templates(
+        update=overhead + len(backend.tokenize(update)),
+        final=overhead + len(backend.tokenize(final)),
+    )
