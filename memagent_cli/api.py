@@ -62,6 +62,7 @@ from memagent_cli.run import ask as run
 from memagent_cli.run import batch as run_batch
 from memagent_cli.run.engine import (
     AUTHORS_SAMPLING,
+    READER_DEFAULTS,
     BackendKind,
     BackendOptions,
     Engine,
@@ -151,7 +152,7 @@ def open_model(
     reader: str | None = None,
     sampling: Sampling | None = None,
     chunk_tokens: int = protocol.DEFAULT_CHUNK_TOKENS,
-    memory_tokens: int = protocol.DEFAULT_MEMORY_TOKENS,
+    memory_tokens: int | None = None,
     llama: LlamaOptions | None = None,
     server: ServerOptions | None = None,
     note: Note = silent,
@@ -161,10 +162,13 @@ def open_model(
     None for $MEMAGENT_MODEL or the default model), run by llama.cpp with `llama`'s options;
     or, given `server`, the model an OpenAI-compatible server serves. It reads with
     `reader` (a name of readers.names()), else the reader the model was trained for, and
-    samples with `sampling`, else as that reader's authors did. An `hf:` model not pulled
-    yet is pulled first, told through `note` and `progress`."""
+    samples with `sampling` and lets a memory take `memory_tokens`, else as that reader's
+    authors did. An `hf:` model not pulled yet is pulled first, told through `note` and
+    `progress`."""
     given = frozenset(AUTHORS_SAMPLING) if sampling is not None else frozenset()
-    settings = Settings(chunk_tokens, memory_tokens, sampling or Sampling())
+    given |= {"memory_tokens"} if memory_tokens is not None else set()
+    memory = protocol.DEFAULT_MEMORY_TOKENS if memory_tokens is None else memory_tokens
+    settings = Settings(chunk_tokens, memory, sampling or Sampling())
     options = ReadOptions(_backend(model, llama, server), settings, reader=reader, given=given)
     return Model.open(options, note, progress)
 
@@ -467,7 +471,7 @@ def _read_options(
 ) -> ReadOptions:
     """What eval_files' and eval_niah's arguments say: `settings`, where given, with the
     sampling the caller chose."""
-    given = frozenset(AUTHORS_SAMPLING) if settings is not None else frozenset()
+    given = frozenset(READER_DEFAULTS) if settings is not None else frozenset()
     return ReadOptions(
         _backend(model, llama, server), settings or Settings(), reader=reader, given=given
     )

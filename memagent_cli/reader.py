@@ -178,11 +178,13 @@ def context_needed(
     templates: tuple[str, str] = protocol.BARE_TEMPLATES,
     memories: int = 1,
     extra: int = 0,
+    answer: int = protocol.FINAL_MAX_TOKENS,
 ) -> int:
     """Context tokens one call needs; fails with a sentence when the model cannot hold it.
     `templates`: a reader's update and final prompts with nothing filled in; `memories`:
     how many memories each shows (a recalled one besides the last, for ReMemR1); `extra`:
-    what else a reader's call holds (InfMem's units found and thinking)."""
+    what else a reader's call holds (InfMem's units found and thinking); `answer`: the
+    answer's reply."""
     overhead = backend.chat_overhead()
     update_template = len(backend.tokenize(templates[0]))
     final_template = len(backend.tokenize(templates[1]))
@@ -190,7 +192,7 @@ def context_needed(
     memory = settings.memory_tokens
     shown = memory * memories
     update = overhead + update_template + question_tokens + shown + settings.chunk_tokens + memory
-    final = overhead + final_template + question_tokens + shown + protocol.FINAL_MAX_TOKENS
+    final = overhead + final_template + question_tokens + shown + answer
     update, final = update + extra, final + extra
     needed = max(update, final) + _RETOKENIZE_SLACK
     limit = backend.context_limit

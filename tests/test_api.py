@@ -14,8 +14,8 @@ from support.scripted import ScriptedBackend
 from support.story import FACT_QUESTION, story
 
 from memagent_cli import api
-from memagent_cli.run import engine
 from memagent_cli.api import Finished, Sampling, StepFinished, StepStarted
+from memagent_cli.run import engine
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "python-api.md"
 

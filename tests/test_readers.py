@@ -22,6 +22,7 @@ from memagent_cli.errors import UserError
 from memagent_cli.provenance import Source
 from memagent_cli.reader import Settings, read
 from memagent_cli.readers import infmem, rememr1
+from memagent_cli.run.engine import ReadOptions, reading_settings
 from memagent_cli.scheduler import Job, read_together
 from memagent_cli.trace import read_trace
 
@@ -664,3 +665,22 @@ def test_a_file_memagent_converted_reads_with_the_reader_it_was_converted_for(
     ]
     bad = memagent("models", "convert", str(folder), "--reader", "nosuch", "--out", str(bare))
     assert bad.returncode == 2 and "nosuch" in bad.stderr
+
+
+def test_rememr1_replies_as_long_as_its_authors_allowed():
+    """ReMemR1's evaluation gives each update and the answer 2048 tokens (run_eval.py's
+    RECURRENT_MAX_NEW for ReMemR1-7B), where MemAgent's give 1024: a reading that says
+    nothing of --memory-tokens gets theirs, and the context holds them; one that says
+    keeps its own for the updates."""
+    backend = ScriptedBackend(list(REPLIES))
+    settings = reading_settings(backend, ReadOptions(settings=SETTINGS, reader="rememr1"))
+    assert settings.memory_tokens == 2048
+    read(backend, "When?", chunks(), settings, reader=readers.get("rememr1").loop(backend, ()))
+    assert [limit for _, limit in backend.messages] == [2048] * (len(chunks()) + 1)
+    needed = readers.get("rememr1").context_needed(backend, ["When?"], settings)
+    assert needed >= 2048 * 3 + SETTINGS.chunk_tokens  # two memories shown, and a reply
+
+    given = ReadOptions(settings=SETTINGS, reader="rememr1", given=frozenset({"memory_tokens"}))
+    assert reading_settings(backend, given).memory_tokens == SETTINGS.memory_tokens
+    mine = reading_settings(backend, ReadOptions(settings=SETTINGS))
+    assert (mine.reader, mine.memory_tokens) == ("memagent", 1024)

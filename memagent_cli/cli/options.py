@@ -34,7 +34,7 @@ from memagent_cli.documents.document import DocumentFormat
 from memagent_cli.documents.ocr import OcrMode, OcrOptions
 from memagent_cli.errors import Interrupted, UserError
 from memagent_cli.reader import Settings
-from memagent_cli.run.engine import AUTHORS_SAMPLING, BackendKind, BackendOptions, ReadOptions
+from memagent_cli.run.engine import READER_DEFAULTS, BackendKind, BackendOptions, ReadOptions
 from memagent_cli.text import printable
 from memagent_cli.views import console
 
@@ -562,6 +562,7 @@ class ModelFlags:
             ),
             Settings(self.chunk_tokens, self.memory_tokens),
             reader=self.reader,
+            given=_given(ctx, ("memory_tokens",)),
         )
 
 
@@ -585,9 +586,10 @@ class ReadFlags(ModelFlags):
         return dataclasses.replace(super().llama(), recalibrate=self.recalibrate)
 
     def options(self, ctx: typer.Context | None = None) -> ReadOptions:
-        """What the flags say, checked (`ctx`: the command line, which says which sampling
-        flags were given: the others are the reader's authors'); with a server, the key it gets (--api-key, else
-        $OPENAI_API_KEY where that key belongs), said once on stderr if it goes in the clear."""
+        """What the flags say, checked (`ctx`: the command line, which says which of the
+        reader's own values were given: the others are its authors'); with a server, the key
+        it gets (--api-key, else $OPENAI_API_KEY where that key belongs), said once on stderr
+        if it goes in the clear."""
         api_key = self.api_key
         if self.backend == BackendKind.openai:
             api_key = api_key or openai_api_key(self.base_url, os.environ)
@@ -608,7 +610,7 @@ class ReadFlags(ModelFlags):
             ),
             self.parallel,
             reader=self.reader,
-            given=_given(ctx, AUTHORS_SAMPLING),
+            given=_given(ctx, READER_DEFAULTS),
         )
 
 

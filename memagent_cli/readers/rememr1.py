@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 from memagent_cli.backend import Sampling
 from memagent_cli.chunking import Chunk, Tokenizer
-from memagent_cli.protocol import FINAL_MAX_TOKENS
 from memagent_cli.reader import (
     Answer,
     Answering,
@@ -251,7 +250,7 @@ def reader(pieces: Pieces) -> Reader:
             listener(StepFinished(steps[-1], len(chunks)))
         listener(Answering(state.memory))
         message = render_final(question, state.memory, state.recalled)
-        reply = yield Prompt(message, FINAL_MAX_TOKENS)
+        reply = yield Prompt(message, REPLY_TOKENS)
         answer = Answer(question, parse_answer(reply.text), reply.text, steps, reply)
         listener(Finished(answer))
         return answer
@@ -270,5 +269,7 @@ SPEC = Spec(
     templates={"update": UPDATE_TEMPLATE, "final": FINAL_TEMPLATE},
     bare=(render_update("", "", "", ""), render_final("", "", "")),
     sampling=Sampling(TEMPERATURE, TOP_P),
+    memory_tokens=REPLY_TOKENS,
+    answer_tokens=REPLY_TOKENS,
     memories=2,  # the last memory, and a recalled one
 )

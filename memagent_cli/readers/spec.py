@@ -62,7 +62,10 @@ class Spec:
     templates: Mapping[str, str]
     bare: tuple[str, str]  # the same prompts with nothing filled in: what a call adds
     sampling: Sampling = field(default_factory=Sampling)  # as its authors sampled
-    answer_tokens: int = protocol.FINAL_MAX_TOKENS  # the answer's reply
+    # The most tokens its authors let a memory update's reply and the answer's take: a
+    # reading that says nothing of --memory-tokens takes the first.
+    memory_tokens: int = protocol.DEFAULT_MEMORY_TOKENS
+    answer_tokens: int = protocol.FINAL_MAX_TOKENS
     thinking_tokens: int = 0  # a thinking stage before each reply, each call (InfMem)
     memories: int = 1  # memories a call shows: the last, and a recalled one (ReMemR1)
     step_calls: int = 1  # model calls one step makes (InfMem: its planner and its update)
@@ -101,6 +104,7 @@ class Spec:
     def context_needed(self, backend: Backend, questions: Sequence[str], settings: Settings) -> int:
         """Context tokens one call of this reader needs (reader.context_needed); fails with a
         sentence when the model cannot hold it."""
+        replies = self.replies(settings.memory_tokens)
         return context_needed(
             backend,
             questions,
@@ -108,6 +112,7 @@ class Spec:
             templates=self.bare,
             memories=self.memories,
             extra=self.extra_tokens(settings.chunk_tokens),
+            answer=replies.answer - self.thinking_tokens,  # the thinking is in `extra`
         )
 
     def calls(

@@ -10,7 +10,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from memagent_cli import readers
+from memagent_cli import protocol, readers
 from memagent_cli.backend import Backend
 from memagent_cli.backends.llama_cpp import LlamaCppBackend, LlamaOptions, can_offload
 from memagent_cli.backends.openai import OpenAIBackend, ServerOptions
@@ -37,8 +37,10 @@ class BackendOptions:
     server: ServerOptions = field(default_factory=ServerOptions)
 
 
-# The sampling values a reader's authors chose, which a reading takes where no one gave its own.
+# What a reader's authors chose, which a reading takes where no one gave a value: sampling,
+# and how long a memory update's reply may run.
 AUTHORS_SAMPLING = ("temperature", "top_p")
+READER_DEFAULTS = (*AUTHORS_SAMPLING, "memory_tokens")
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,8 @@ class ReadOptions:
     """How a command reads, as its flags say (cli/options.py) or a caller of the API does:
     the backend and its model, the reader (None: the model's own), the settings of each
     reading, and how many readings go at once. Of the settings' sampling, only the values
-    named in `given` are the caller's: the others are the reader's authors' (reading_settings)."""
+    named in `given` are the caller's, and of `memory_tokens` likewise: the others are the
+    reader's authors' (reading_settings)."""
 
     backend: BackendOptions = field(default_factory=BackendOptions)
     settings: Settings = field(default_factory=Settings)
@@ -88,17 +91,27 @@ def open_model(
 
 def reading_settings(backend: Backend, options: ReadOptions, note: Note = silent) -> Settings:
     """`options.settings` read by `options.reader`, else the reader `backend`'s model was
-    trained for; each sampling value not in `options.given` as that reader's authors chose
-    it, which `note` hears of where that is not what the settings held."""
+    trained for; each sampling value, and the memory's reply limit, not in `options.given`
+    as that reader's authors chose it, which `note` hears of where that is not what the
+    settings held."""
     name = options.reader or _model_reader(backend, options.backend.model, note)
-    authors = readers.get(name).sampling
-    held = options.settings.sampling
+    spec = readers.get(name)
+    held = options.settings
     unsaid = [key for key in AUTHORS_SAMPLING if key not in options.given]
-    sampling = dataclasses.replace(held, **{key: getattr(authors, key) for key in unsaid})
-    if sampling != held:
-        said = ", ".join(f"{key} {getattr(authors, key):g}" for key in unsaid)
+    sampling = dataclasses.replace(
+        held.sampling, **{key: getattr(spec.sampling, key) for key in unsaid}
+    )
+    if sampling != held.sampling:
+        said = ", ".join(f"{key} {getattr(spec.sampling, key):g}" for key in unsaid)
         note(f"{name} samples as its authors did: {said} (--temperature, --top-p to change).")
-    return dataclasses.replace(options.settings, reader=name, sampling=sampling)
+    memory = held.memory_tokens
+    if "memory_tokens" not in options.given and memory != spec.memory_tokens:
+        memory = spec.memory_tokens
+        note(
+            f"{name} replies as its authors allowed: {memory} tokens a memory "
+            "(--memory-tokens to change)."
+        )
+    return dataclasses.replace(held, reader=name, sampling=sampling, memory_tokens=memory)
 
 
 def _model_reader(backend: Backend, named: str | None, note: Note) -> str:
@@ -193,6 +206,12 @@ class Engine:
             self.prepare(1, progress)
         return self.backend.pays_together(most)
 
+    def _answer_record(self) -> dict[str, int]:
+        """The answer's reply limit, where the reader's is not MemAgent's 1024."""
+        spec = readers.get(self.settings.reader)
+        answer = spec.replies(self.settings.memory_tokens).answer
+        return {} if answer == protocol.FINAL_MAX_TOKENS else {"answer_tokens": answer}
+
     @property
     def model_record(self) -> dict[str, Any]:
         return self.description.model
@@ -208,6 +227,7 @@ class Engine:
             "seed": sampling.seed,
             # MemAgent's runs say nothing, so traces from before the readers are the same run.
             **readers.recorded(self.settings.reader),
+            **self._answer_record(),
             "context_tokens": self.context,
             **self.description.engine,
             # What drafts may do here, measured once per model and machine: one plain value.
