@@ -3,8 +3,9 @@
 Run `python bench/against_llama_convert.py --llama-python PY --converter convert_hf_to_gguf.py
 [FOLDER | --random-qwen3]`. The test suite checks memagent's output against the GGUF that
 llama.cpp wrote for the test material (tests/test_convert_real.py); this runs llama.cpp's
-converter itself, which needs torch and transformers, so it runs in another Python (PY: a virtual environment
-with `pip install torch transformers sentencepiece`) and never in the suite. FOLDER defaults
+converter itself, which needs torch and transformers, so it runs in another Python (PY: a
+virtual environment with `pip install torch transformers sentencepiece`) and never in the
+suite. FOLDER defaults
 to the test material's rebuilt Qwen2.5-Coder-0.5B-Instruct (tests/support/qwen_material.py).
 `--random-qwen3` instead makes a Qwen3 with random weights, as InfMem-4B's base is shaped
 (q/k RMS norms, its own head size, tied embeddings, bf16) but tiny, with `transformers`
