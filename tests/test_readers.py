@@ -18,7 +18,7 @@ from support.story import FACT_QUESTION, story
 from memagent_cli import api, readers
 from memagent_cli.backend import Sampling
 from memagent_cli.chunking import make_chunks
-from memagent_cli.errors import UserError
+from memagent_cli.errors import BudgetError, UserError
 from memagent_cli.provenance import Source
 from memagent_cli.reader import Settings, read
 from memagent_cli.readers import infmem, rememr1
@@ -684,3 +684,68 @@ def test_rememr1_replies_as_long_as_its_authors_allowed():
     assert reading_settings(backend, given).memory_tokens == SETTINGS.memory_tokens
     mine = reading_settings(backend, ReadOptions(settings=SETTINGS))
     assert (mine.reader, mine.memory_tokens) == ("memagent", 1024)
+
+
+class Sized(CompletingBackend):
+    """The stand-in with a real tokenizer (tiktoken's, about as long as Qwen's on English)
+    and llama.cpp's rule: a call whose prompt and reply outgrow the context prepared fails."""
+
+    def __init__(self, replies: list[str], context_limit: int) -> None:
+        super().__init__(replies)
+        from memagent_cli.backends.tokenizers import TiktokenTokenizer
+
+        self._tokens = TiktokenTokenizer()
+        self.context_limit, self.context, self.longest = context_limit, 0, 0
+
+    def tokenize(self, text: str) -> list[int]:
+        return self._tokens.tokenize(text)
+
+    def detokenize(self, tokens) -> bytes:
+        return self._tokens.detokenize(tokens)
+
+    def prepare(self, context_tokens: int, sequences: int = 1, progress=None) -> None:
+        super().prepare(context_tokens, sequences, progress)
+        self.context = context_tokens
+
+    def complete(self, raw, *, max_tokens: int, sampling):
+        prompt = len(self.tokenize("".join(text for text, _ in raw)))
+        self.longest = max(self.longest, prompt + max_tokens)
+        if prompt + max_tokens > self.context:
+            raise BudgetError(f"{prompt} + {max_tokens} > {self.context}")
+        return super().complete(raw, max_tokens=max_tokens, sampling=sampling)
+
+
+def test_infmem_has_room_for_every_search_of_a_long_document():
+    """InfMem shows its planner every search so far, and its authors' server cut nothing
+    (RECURRENT_MAX_CONTEXT_LEN 1e11): a document of 400 steps, a search each, reads to its
+    answer in the context sized for it; one the model cannot hold is refused before a call,
+    in one sentence."""
+    from memagent_cli.documents.document import Document
+    from memagent_cli.run.engine import Engine
+    from memagent_cli.run.session import open_session
+
+    settings = Settings(chunk_tokens=40, memory_tokens=64, reader="infmem")
+    question = "Who rang the bell at noon in the old tower?"
+    query = '{"query": "who rang the old tower bell at noon on the last day", "top_k": 4}'
+    plan = f"✿FUNCTION✿: retrievesearch\n✿ARGS✿: {query}"
+    steps = 400
+    replies = staged(
+        *[r for _ in range(steps) for r in (plan, "the bell rang")],
+        "Therefore, the answer is noon.",
+    )
+    backend = Sized(replies, context_limit=40_960)
+    text = " ".join(f"Sentence {i} of the village story." for i in range(steps * 5))
+    engine = Engine.for_questions(backend, settings, [question])
+    book = Document(text=text, path="/books/long.txt", format="text", sha256="0" * 64)
+    session = open_session(book, engine)
+    assert len(session.chunks) >= steps
+    engine.prepare(1)
+    answer = read(backend, question, session.chunks[:steps], settings, reader=session.reader)
+    assert answer.answer == "noon" and len(answer.steps) == steps
+    assert backend.longest <= engine.context <= backend.context_limit
+
+    small = Sized([], context_limit=8_000)
+    engine = Engine.for_questions(small, settings, [question])
+    with pytest.raises(BudgetError, match="planner is shown every search so far: a document"):
+        open_session(book, engine)
+    assert small.messages == []

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from memagent_cli import cpus, crash
 from memagent_cli.backend import Call, Description, Generation, Raw, Sampling
-from memagent_cli.errors import ModelError
+from memagent_cli.errors import BudgetError, ModelError
 from memagent_cli.files import check_gguf
 from memagent_cli.progress import Progress
 
@@ -477,9 +477,11 @@ class LlamaCppBackend:
             raise RuntimeError(f"sequence {call.sequence} of {self.sequences}")
         prompt, stop = self._chat_prompt(call.message) if call.raw is None else self._raw(call.raw)
         if len(prompt) + call.max_tokens > self.context_tokens:
-            raise RuntimeError(
-                f"prompt {len(prompt)} + reply {call.max_tokens} exceeds context "
-                f"{self.context_tokens}"
+            raise BudgetError(
+                f"A call's prompt of {len(prompt):,} tokens and its reply of up to "
+                f"{call.max_tokens:,} outgrew the {self.context_tokens:,} tokens of context "
+                "sized for this reading (a reader whose prompts grow longer than foreseen); "
+                "the trace keeps every finished step."
             )
         return Request(prompt, call.max_tokens, sampling, stop, call.sequence, call.fresh)
 

@@ -573,14 +573,20 @@ def reader(tokenizer: Tokenizer, tokens: Sequence[int]) -> Reader:
     return infmem
 
 
-# What an update call holds beyond MemAgent's parts: the units found, the thinking stage
-# the reply continues, and the planner's retrieval history (room for about 30 searches).
+# The planner is shown every search so far, and their server cut nothing (their InfMem
+# config's RECURRENT_MAX_CONTEXT_LEN is 1e11): the room for its retrieval history grows with
+# the document, a search a step of SEARCH_TOKENS (a line "Step 12: query='...', top_k=5"
+# with a query of about 15 words), and HISTORY_TOKENS at least (about 40 searches).
 HISTORY_TOKENS = 1024
+SEARCH_TOKENS = 24
 
 
-def extra_tokens(chunk_tokens: int) -> int:
-    """Tokens a call needs beyond MemAgent's parts, for chunks of `chunk_tokens`."""
-    return RESULTS * min(UNIT_TOKENS, chunk_tokens) + THINKING_TOKENS + HISTORY_TOKENS
+def extra_tokens(chunk_tokens: int, steps: int = 0) -> int:
+    """Tokens a call needs beyond MemAgent's parts, for chunks of `chunk_tokens` and a
+    document of `steps` chunks: the units found, the thinking stage the reply continues,
+    and the planner's retrieval history."""
+    history = max(HISTORY_TOKENS, steps * SEARCH_TOKENS)
+    return RESULTS * min(UNIT_TOKENS, chunk_tokens) + THINKING_TOKENS + history
 
 
 def _price(
@@ -628,6 +634,7 @@ SPEC = Spec(
     step_calls=2,
     extra_tokens=extra_tokens,
     stops_early=f"its planner may say STOP {EARLY_STOP} times in a row",
+    grows="InfMem's planner is shown every search so far",
     price=_price,
     template_tokens=_templates,
 )

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from memagent_cli import protocol
 from memagent_cli.backend import Backend, Sampling
 from memagent_cli.chunking import Tokenizer
+from memagent_cli.errors import BudgetError
 from memagent_cli.reader import Reader, Settings, context_needed
 
 # A question of a usual length, for the prompts priced before any question is asked.
@@ -44,7 +45,7 @@ class Replies:
     answer: int
 
 
-def _nothing(chunk_tokens: int) -> int:
+def _nothing(chunk_tokens: int, steps: int) -> int:
     return 0
 
 
@@ -69,8 +70,11 @@ class Spec:
     thinking_tokens: int = 0  # a thinking stage before each reply, each call (InfMem)
     memories: int = 1  # memories a call shows: the last, and a recalled one (ReMemR1)
     step_calls: int = 1  # model calls one step makes (InfMem: its planner and its update)
-    # Tokens a call holds beyond MemAgent's parts, for chunks of `chunk_tokens`.
-    extra_tokens: Callable[[int], int] = _nothing
+    # Tokens a call holds beyond MemAgent's parts, for chunks of `chunk_tokens` and a
+    # document of `steps` chunks (0: not known yet).
+    extra_tokens: Callable[[int, int], int] = _nothing
+    # Why a document of many steps needs more context, where it does (InfMem's history).
+    grows: str | None = None
     stops_early: str | None = None  # why it may answer before the last chunk
     # The trace header and the journal name the reader only where it is not this one: runs
     # from before the readers were MemAgent's, and are the same runs.
@@ -101,19 +105,37 @@ class Spec:
             name: hashlib.sha256(text.encode()).hexdigest() for name, text in self.templates.items()
         }
 
-    def context_needed(self, backend: Backend, questions: Sequence[str], settings: Settings) -> int:
-        """Context tokens one call of this reader needs (reader.context_needed); fails with a
-        sentence when the model cannot hold it."""
+    def context_needed(
+        self, backend: Backend, questions: Sequence[str], settings: Settings, steps: int = 0
+    ) -> int:
+        """Context tokens one call of this reader needs over a document of `steps` chunks
+        (0: before the document is known) (reader.context_needed); fails with a sentence
+        when the model cannot hold it."""
         replies = self.replies(settings.memory_tokens)
-        return context_needed(
-            backend,
-            questions,
-            settings,
-            templates=self.bare,
-            memories=self.memories,
-            extra=self.extra_tokens(settings.chunk_tokens),
-            answer=replies.answer - self.thinking_tokens,  # the thinking is in `extra`
-        )
+
+        def needed(steps: int) -> int:
+            return context_needed(
+                backend,
+                questions,
+                settings,
+                templates=self.bare,
+                memories=self.memories,
+                extra=self.extra_tokens(settings.chunk_tokens, steps),
+                answer=replies.answer - self.thinking_tokens,  # the thinking is in `extra`
+            )
+
+        if not steps or self.grows is None:
+            return needed(steps)
+        base = needed(0)  # a sentence of its own where even that does not fit
+        try:
+            return max(needed(steps), base)
+        except BudgetError:
+            raise BudgetError(
+                f"{self.grows}: a document of {steps:,} chunks needs about "
+                f"{context_needed_estimate(self, backend, questions, settings, steps):,} tokens "
+                f"of context, more than the model's {backend.context_limit:,}; read it in "
+                "parts, with larger --chunk-tokens, or with another --reader."
+            ) from None
 
     def calls(
         self,
@@ -159,3 +181,22 @@ def templates_through_chat(spec: Spec, backend: Backend, steps: int) -> Template
         update=overhead + len(backend.tokenize(update)),
         final=overhead + len(backend.tokenize(final)),
     )
+
+
+def context_needed_estimate(
+    spec: Spec, backend: Backend, questions: Sequence[str], settings: Settings, steps: int
+) -> int:
+    """What `spec.context_needed` would ask for `steps`, past the model's context."""
+    unbounded = _Unbounded(backend)
+    return spec.context_needed(unbounded, questions, settings, steps)
+
+
+class _Unbounded:
+    """`backend` with no context limit: to say how much a reading would need."""
+
+    def __init__(self, backend: Backend) -> None:
+        self._backend = backend
+        self.context_limit = 1 << 62
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._backend, name)

@@ -122,7 +122,7 @@ def _model_reader(backend: Backend, named: str | None, note: Note) -> str:
     found = model_reader(named or backend.name, Path(path) if path else None)
     if found is not None:
         return found
-    if path:
+    if path and Path(path).is_file():
         note(
             f"{Path(path).name} does not say which reader it was trained for: it reads with "
             f"{readers.DEFAULT} (--reader to choose another)."
@@ -139,6 +139,7 @@ class Engine:
         self.context = context
         self.description = backend.describe()
         self._sequences = 0  # questions the loaded context reads at once; 0: not loaded
+        self.questions: list[str] = []  # the questions its context was sized for
         self._lock = threading.Lock()
 
     def prepare(self, sequences: int = 1, progress: Progress | None = None) -> None:
@@ -155,7 +156,21 @@ class Engine:
         """`backend` with its context sized for one call of the longest of `questions`;
         fails with a sentence when one cannot fit."""
         spec = readers.get(settings.reader)
-        return cls(backend, settings, spec.context_needed(backend, questions, settings))
+        engine = cls(backend, settings, spec.context_needed(backend, questions, settings))
+        engine.questions = list(questions)
+        return engine
+
+    def fit(self, steps: int) -> None:
+        """Room for a document of `steps` chunks, where the reader's calls grow with it
+        (Spec.grows): a larger context, loaded at the next `prepare`; a sentence where the
+        model cannot hold it."""
+        spec = readers.get(self.settings.reader)
+        if spec.grows is None or not self.questions:
+            return
+        needed = spec.context_needed(self.backend, self.questions, self.settings, steps)
+        with self._lock:
+            if needed > self.context:
+                self.context, self._sequences = needed, 0
 
     @property
     def threaded(self) -> bool:

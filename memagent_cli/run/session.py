@@ -106,4 +106,5 @@ def cut(
 def open_session(document: Document, engine: Engine, report: Reporter = SILENT) -> Session:
     """`document` tokenized and chunked for `engine`, the work told to `report`."""
     tokens, chunks = cut(document, engine.backend, engine.settings.chunk_tokens, report)
+    engine.fit(len(chunks))
     return Session(document, tokens, chunks, engine)
