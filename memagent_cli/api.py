@@ -70,7 +70,6 @@ from memagent_cli.run.engine import (
 )
 from memagent_cli.run.engine import open_model as open_reading
 from memagent_cli.run.session import open_session
-from memagent_cli.trace import Trace
 
 __all__ = [
     "NEEDLE_VARIANTS",
@@ -103,9 +102,15 @@ __all__ = [
     "open_model",
 ]
 
+# One answered question: the answer, every memory, where the answer came from, its trace.
+Result = run.Result
 Stopped = run.Stopped  # a run that ended before its answer; its trace keeps every step
+# The outcomes of `ask_batch`, in input order as they come: a Result for each answered run,
+# a Stopped for each that ended early; once iterated, `exit_code` says how it went (0 all
+# answered, 1 some document or run failed, 130 SIGINT, 143 SIGTERM).
+Batch = run_batch.Batch
 # An evaluation that ended before its last case; the results file keeps those finished.
-EvalStopped = evaluate.Stopped
+EvalStopped = evaluate.EvalStopped
 NEEDLE_VARIANTS = tuple(niah.VARIANTS)  # eval_niah's `needles`: RULER's variants
 
 
@@ -185,61 +190,6 @@ def _backend(
     )
 
 
-@dataclass
-class Result:
-    """One answered question: the answer, every memory, and the records its trace holds."""
-
-    run: run.Result
-
-    @property
-    def text(self) -> str:
-        """The answer (the last \\boxed{}), else the raw final reply, on one line."""
-        return self.run.stdout_line()
-
-    @property
-    def answer(self) -> str | None:
-        """The content of the final reply's last \\boxed{}; None when it has none."""
-        return self.run.answer.answer
-
-    @property
-    def memories(self) -> list[str]:
-        """The memory after each step, in reading order."""
-        return [step.memory for step in self.run.answer.steps]
-
-    @property
-    def evidence(self) -> list[Source] | None:
-        """The steps the answer's words came from (provenance.Source: step from 1, words,
-        tokens, chars, pages or chapters); [] when the final memory does not hold them, None
-        with no answer. `to_json()["evidence"]` has them as JSON."""
-        return self.run.evidence()
-
-    @property
-    def trace_path(self) -> Path | None:
-        return self.run.trace_path
-
-    @property
-    def chunks(self) -> int:
-        """How many chunks the document was cut into."""
-        return len(self.run.session.chunks)
-
-    @property
-    def cached(self) -> bool:
-        """Answered from a finished trace, without reading."""
-        return self.run.cached
-
-    def records(self) -> list[dict[str, Any]]:
-        """The run as trace records: the header, one per step, the final one."""
-        return self.run.records()
-
-    def to_trace(self) -> Trace:
-        """The run as a trace (its file, or the records it would hold)."""
-        return self.run.to_trace()
-
-    def to_json(self) -> dict[str, Any]:
-        """What `memagent ask --json` prints."""
-        return self.run.to_json()
-
-
 def ask(
     model: Model,
     document: Document | str | Path,
@@ -278,24 +228,7 @@ def ask_many(
     for outcome in outcomes:
         if isinstance(outcome, run.Stopped):
             raise outcome
-    return [Result(outcome) for outcome in outcomes if isinstance(outcome, run.Result)]
-
-
-class Batch:
-    """The outcomes of `ask_batch`, in input order as they come: a `Result` for each answered
-    run, a `Stopped` for each that ended early. Once iterated, `exit_code` says how it went
-    (0 all answered, 1 some document or run failed, 130 SIGINT, 143 SIGTERM)."""
-
-    def __init__(self, batch: run_batch.Batch) -> None:
-        self._batch = batch
-
-    def __iter__(self) -> Iterator[Result | Stopped]:
-        for outcome in self._batch:
-            yield Result(outcome) if isinstance(outcome, run.Result) else outcome
-
-    @property
-    def exit_code(self) -> int:
-        return self._batch.exit_code
+    return [outcome for outcome in outcomes if isinstance(outcome, run.Result)]
 
 
 def ask_batch(
@@ -349,7 +282,7 @@ def ask_batch(
         report=report,
     )
     paths = [str(path) for path in documents]
-    return Batch(run_batch.Batch(paths, asked, open_engine, options))
+    return run_batch.Batch(paths, asked, open_engine, options)
 
 
 # --- inspect: what a document is and what reading it takes, before asking -------------

@@ -67,10 +67,6 @@ class Scheduler:
     def busy(self) -> int:
         return len(self._slots) - self.free
 
-    def jobs(self) -> list[Job]:
-        """The jobs in a slot, by slot."""
-        return [slot.job for slot in self._slots if slot is not None]
-
     def add(self, job: Job) -> int:
         """Put `job` in the lowest free slot (its sequence); returns the slot. Its reading
         starts (makes its first call) at the next `advance`."""

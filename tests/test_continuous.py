@@ -130,19 +130,19 @@ def test_readings_of_many_documents_read_continuously_write_what_they_write_alon
         assert isinstance(outcome, run.Result)
         assert records(together_dir / f"b{i}.jsonl") == records(alone_dir / f"b{i}.jsonl")
         alone = read(EchoBackend(), QUESTION, outcome.session.chunks, SETTINGS)
-        assert outcome.answer.answer == alone.answer
+        assert outcome.answer == alone.answer
     assert backend.rounds == rounds
 
 
 def test_ctrl_c_keeps_every_trace_valid_and_the_same_jobs_resume_to_the_same_answers(tmp_path):
-    whole = [o.answer.answer for o in run.ask_runs(runs(engine_of(EchoBackend()), tmp_path), 2)]
+    whole = [o.answer for o in run.ask_runs(runs(engine_of(EchoBackend()), tmp_path), 2)]
     cut = tmp_path / "cut"
     cut.mkdir()
     # Ctrl-C in round 4: reading 0 was answered (round 2), readings 1 and 2 are in slots.
     outcomes = list(run.ask_runs(runs(engine_of(EchoBackend(calls_left=7)), cut), 2))
     assert len(outcomes) == 3  # reading 3 was never taken
     answered, *stopped = outcomes
-    assert isinstance(answered, run.Result) and answered.answer.answer == whole[0]
+    assert isinstance(answered, run.Result) and answered.answer == whole[0]
     assert [type(s) for s in stopped] == [run.Stopped, run.Stopped]
     assert [s.done for s in stopped] == [3, 1] and all(s.exit_code == 130 for s in stopped)
     assert trace.read_trace(cut / "b0.jsonl").finished
@@ -155,7 +155,7 @@ def test_ctrl_c_keeps_every_trace_valid_and_the_same_jobs_resume_to_the_same_ans
     for i in (0, 1):  # readings 1 and 2 continue their traces; reading 3 starts
         rest[i] = replace(rest[i], options=run.RunOptions(resume=rest[i].options.trace))
     again = list(run.ask_runs(rest, 2))
-    assert [o.answer.answer for o in again] == whole[1:]
+    assert [o.answer for o in again] == whole[1:]
     for i in (1, 2, 3):
         assert trace.read_trace(cut / f"b{i}.jsonl").finished
 
@@ -208,7 +208,7 @@ def test_the_model_s_loading_is_told_as_for_one_reading(tmp_path, capsys, monkey
 def test_ctrl_c_while_calls_are_in_flight_cancels_them_and_resumes_to_the_same_answers(
     tmp_path,
 ):
-    whole = [o.answer.answer for o in run.ask_runs(runs(engine_of(EchoBackend()), tmp_path), 2)]
+    whole = [o.answer for o in run.ask_runs(runs(engine_of(EchoBackend()), tmp_path), 2)]
     cut = tmp_path / "cut"
     cut.mkdir()
     backend = StreamingBackend(calls_left=6)
@@ -220,7 +220,7 @@ def test_ctrl_c_while_calls_are_in_flight_cancels_them_and_resumes_to_the_same_a
     _, *rest = runs(engine_of(EchoBackend()), cut)
     for i in (0, 1):  # readings 1 and 2 continue their traces; reading 3 starts
         rest[i] = replace(rest[i], options=run.RunOptions(resume=rest[i].options.trace))
-    assert [o.answer.answer for o in run.ask_runs(rest, 2)] == whole[1:]
+    assert [o.answer for o in run.ask_runs(rest, 2)] == whole[1:]
 
 
 class UnloadableBackend(EchoBackend):

@@ -145,13 +145,14 @@ def png_size(path: Path) -> tuple[int, int]:
 def test_plots_are_pngs_that_open(tmp_path):
     pytest.importorskip("matplotlib")
     rows = report.summarize([record("eval_50", 1, 1.0), record("eval_100", 1, 0.0, tokens=14336)])
-    plot.plot_accuracy([("q4", rows), ("q8", rows)], tmp_path / "acc.png")
+    plot.save(plot.accuracy_figure([("q4", rows), ("q8", rows)]), tmp_path / "acc.png")
     width, height = png_size(tmp_path / "acc.png")
     assert width > 400 and height > 300
-    plot.plot_heatmap(["8K", "32K"], [0.0, 50.0], [[100.0, None], [50.0, 0.0]], tmp_path / "h.png")
+    grid = [[100.0, None], [50.0, 0.0]]
+    plot.save(plot.heatmap_figure(["8K", "32K"], [0.0, 50.0], grid), tmp_path / "h.png")
     assert png_size(tmp_path / "h.png")[0] > 400
     with pytest.raises(plot.PlotError, match="Cannot save the plot"):
-        plot.plot_accuracy([("q4", rows)], tmp_path / "acc.unknown")
+        plot.save(plot.accuracy_figure([("q4", rows)]), tmp_path / "acc.unknown")
 
 
 def test_a_missing_matplotlib_is_one_sentence(monkeypatch, tmp_path):
@@ -159,7 +160,7 @@ def test_a_missing_matplotlib_is_one_sentence(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     # memagent is not on PyPI: the extra is installed from its checkout (docs/install.md).
     with pytest.raises(plot.PlotError, match=r"\.venv/bin/pip install matplotlib") as refused:
-        plot.plot_accuracy([], tmp_path / "acc.png")
+        plot.save(plot.accuracy_figure([]), tmp_path / "acc.png")
     assert "memagent[plot]" not in str(refused.value)
 
 

@@ -176,8 +176,8 @@ def test_infmem_keeps_the_document_out_of_its_markup():
     update = backend.raws[2]
     assert any(spelled in text and not markup for text, markup in update)
     assert all(text in ("<|im_start|>", "<|im_end|>") for text, markup in update if markup)
-    assert "".join(text for text, _ in update) == infmem.update_prompt(
-        "When?", infmem.INITIAL_MEMORY, [], spelled
+    assert "".join(text for text, _ in update) == infmem.chat(
+        infmem.render_update("When?", infmem.INITIAL_MEMORY, [], spelled)
     )
 
 
@@ -274,7 +274,7 @@ def test_trace_shows_where_infmem_stopped_and_what_it_searched(memagent, tmp_pat
     engine = Engine(CompletingBackend(list(STOPPING)), INFMEM, 4096)
     path = tmp_path / "infmem.jsonl"
     result = run.ask(open_session(document, engine), "When?", run.RunOptions(trace=path))
-    assert result.answer.stopped and read_trace(path).final.stopped == result.answer.stopped
+    assert result.answered.stopped and read_trace(path).final.stopped == result.answered.stopped
     shown = memagent("trace", str(path))
     assert shown.returncode == 0, shown.stderr
     said = " ".join(shown.stdout.split())
@@ -402,12 +402,12 @@ def test_a_unit_found_that_carried_the_answer_is_its_source(memagent, tmp_path):
     kept = "The password is PELICAN."
     replies = staged(search, kept, "STOP", kept, "STOP", kept, "STOP", ANSWER + " PELICAN.")
     result, path = paged_run(tmp_path, INFMEM, replies, question="What is the password?")
-    assert len(result.answer.steps) == 3  # page 4 was never read as a chunk
-    assert result.evidence() == [
+    assert len(result.answered.steps) == 3  # page 4 was never read as a chunk
+    assert result.evidence == [
         Source(1, ("pelican",), (120, 158), (120, 158), pages="4", retrieved=True)
     ]
     final = read_trace(path).final
-    assert final.evidence == result.evidence()
+    assert final.evidence == result.evidence
     shown = memagent("trace", str(path))
     assert shown.returncode == 0, shown.stderr
     said = " ".join(shown.stdout.split())
@@ -427,7 +427,7 @@ def test_a_word_the_chunk_read_holds_is_the_chunks_not_a_units(tmp_path):
     replies = staged(search, "bell at noon", "STOP", "bell", "STOP", "bell", "STOP", ANSWER)
     replies[-1] = "Therefore, the answer is bell."
     result, _ = paged_run(tmp_path, INFMEM, replies, question="What rang?")
-    assert result.evidence() == [Source(1, ("bell",), (0, 40), (0, 40), pages="1")]
+    assert result.evidence == [Source(1, ("bell",), (0, 40), (0, 40), pages="1")]
 
 
 def test_infmem_resumes_from_the_command_after_ctrl_c(memagent, env, fake_server, tmp_path):

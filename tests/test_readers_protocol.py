@@ -177,11 +177,14 @@ def test_infmem_planner_prompt_is_the_text_their_client_sends():
     user = INFMEM_TEMPLATE_CALL_OR_ANSWER.format(
         prompt="Who?", memory="Alice {met} Bob.", retrieval_history=history
     )
-    assert infmem.planner_prompt("Who?", state, steps=7) == qwen3_chat(user, QWEN_AGENT_TOOL_SYSTEM)
+    assert infmem.chat(
+        infmem.render_planner("Who?", state.memory, state.step, 7, state.searches),
+        infmem.TOOL_SYSTEM,
+    ) == qwen3_chat(user, QWEN_AGENT_TOOL_SYSTEM)
 
 
 def test_infmem_first_planner_prompt_has_an_empty_history_line():
-    prompt = infmem.planner_prompt("Who?", infmem.State(), steps=1)
+    prompt = infmem.render_planner("Who?", infmem.INITIAL_MEMORY, 0, 1, ())
     assert (
         "<retrieval_history>\nCurrent retrieval step: 1  Maximum allowed retrieval steps: 1\n"
         "\n</retrieval_history>" in prompt
@@ -197,21 +200,21 @@ def test_infmem_update_prompt_shows_the_units_ranked_then_the_chunk():
         chunk="the chunk",
         memory="old memory",
     )
-    assert infmem.update_prompt("Who?", "old memory", units, "the chunk") == qwen3_chat(
-        expected_user
-    )
+    assert infmem.chat(
+        infmem.render_update("Who?", "old memory", units, "the chunk")
+    ) == qwen3_chat(expected_user)
     without = infmem.render_update("Who?", "m", [], "c")
     assert "<retrieved_chunk>\n\n</retrieved_chunk>" in without
 
 
 def test_infmem_final_prompt():
     expected = qwen3_chat(INFMEM_TEMPLATE_FINAL.format(prompt="Who?", memory="Bob did."))
-    assert infmem.final_prompt("Who?", "Bob did.") == expected
+    assert infmem.chat(infmem.render_final("Who?", "Bob did.")) == expected
     assert '"Therefore, the answer is (insert answer here)"' in expected
 
 
 def test_infmem_thinking_stages():
-    prompt = infmem.final_prompt("Who?", "m")
+    prompt = infmem.chat(infmem.render_final("Who?", "m"))
     unclosed = "<think>\nLet me see.  \n"
     closing = "\n\nConsidering the limited time, I must stop thinking now.\n</think>\n\n"
     assert infmem.second_stage_prompt(prompt, unclosed) == prompt + "<think>\nLet me see." + closing

@@ -130,7 +130,7 @@ def test_an_interrupted_pass_keeps_every_trace_and_resumes_to_the_same_answers(t
         for i in range(len(QUESTIONS))
     ]
     resumed = run.ask_together(session_of(EchoBackend()), QUESTIONS, resumed_options)
-    assert [r.answer.answer for r in resumed] == [r.answer.answer for r in whole]
+    assert [r.answer for r in resumed] == [r.answer for r in whole]
     for i in range(len(QUESTIONS)):
         name = f"q{i + 1}.jsonl"
         kept = [r for r in records(second / name) if r.get("type") in ("step", "final")]
@@ -150,7 +150,7 @@ def test_a_finished_question_is_answered_from_its_trace_and_only_the_rest_are_re
     cached = run.RunOptions()  # no trace path: the cache finds a.jsonl
     fresh = run.RunOptions(trace=folder / "b.jsonl")
     results = run.ask_together(session, QUESTIONS[:2], [cached, fresh])
-    assert results[0].cached and results[0].answer.answer == first.answer.answer
+    assert results[0].cached and results[0].answer == first.answer
     assert not results[1].cached
     assert len(backend.messages) - calls == len(session.chunks) + 1  # only the second read
 
@@ -179,7 +179,7 @@ def test_a_batch_reads_the_questions_of_a_document_in_groups_in_order(tmp_path, 
     asked = batch.Batch([str(path)], QUESTIONS, lambda: engine, how)
     for outcome in asked:
         assert isinstance(outcome, run.Result)
-        answers.append(outcome.answer.answer)
+        answers.append(outcome.answer)
     assert asked.exit_code == 0
     alone = [
         read(
@@ -205,7 +205,7 @@ def test_a_question_answered_before_the_others_stop_keeps_its_answer(tmp_path):
     rounds = len(session_of(EchoBackend()).chunks) + 1 - 3  # until the first has answered
     backend = EchoBackend(calls_left=2 * rounds + 1)  # and one more step of the second
     answered, stopped = run.ask_together(session_of(backend), QUESTIONS[:2], [ahead, behind])
-    assert isinstance(answered, run.Result) and answered.answer.answer
+    assert isinstance(answered, run.Result) and answered.answer
     assert isinstance(stopped, run.Stopped) and stopped.done == rounds + 1
     kept = trace.read_trace(first / "q1.jsonl")
     assert kept.finished and kept.interruption is None

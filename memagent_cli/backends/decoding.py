@@ -144,12 +144,6 @@ class Decoder:
         llama_cpp.llama_memory_seq_rm(self.memory, seq, -1, -1)
         self._cached.pop(seq, None)
 
-    def generate(
-        self, prompt: list[int], *, max_tokens: int, sampling: Sampling, stops: Sequence[str]
-    ) -> Decoded:
-        """Reply to `prompt` (rendered chat tokens) in sequence 0."""
-        return self.generate_many([Request(list(prompt), max_tokens, sampling, stops)])[0]
-
     def generate_many(self, requests: Sequence[Request]) -> list[Decoded]:
         """Reply to each request in its own sequence, all decoded together; the replies in
         the order of the requests."""

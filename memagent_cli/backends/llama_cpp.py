@@ -189,7 +189,7 @@ class LlamaCppBackend:
             stop_token_ids=[eos_id] if eos_id >= 0 else None,
         )
         self._template = self._render_template()  # once: every call's prompt wraps it
-        self._engine: _Engine | None = None
+        self._engine: _Loaded | None = None
         self._calibration: Calibration | None = None  # measured or read at prepare()
         self.context_tokens = 0  # per sequence
         self.sequences = 1
@@ -421,7 +421,7 @@ class LlamaCppBackend:
             self._engine = None
         self.context_tokens = context_tokens
         self.sequences = sequences
-        self._engine = _Engine(self, context_tokens, sequences, progress)
+        self._engine = _Loaded(self, context_tokens, sequences, progress)
 
     @property
     def decoder(self) -> Decoder | None:
@@ -515,7 +515,7 @@ def _generation(decoded: Decoded) -> Generation:
     )
 
 
-class _Engine:
+class _Loaded:
     """The weights and one llama.cpp context, driven by memagent's own decoder."""
 
     def __init__(

@@ -73,7 +73,7 @@ class OcrOptions:
 
 
 @dataclass(frozen=True)
-class Engine:
+class OcrEngine:
     """Tesseract with the data of the requested languages."""
 
     version: str  # "Tesseract 5.5.4 (tesserocr 2.13.0)"
@@ -105,7 +105,7 @@ def tessdata_folders() -> list[Path]:
     return [folder for folder in dict.fromkeys(folders) if folder.is_dir()]
 
 
-def open_engine(options: OcrOptions, where: str) -> Engine:
+def open_engine(options: OcrOptions, where: str) -> OcrEngine:
     """The engine for `options`' languages; DocumentError, in one sentence, where the OCR
     extra or a language's data is missing."""
     try:
@@ -122,7 +122,7 @@ def open_engine(options: OcrOptions, where: str) -> Engine:
         if all((folder / f"{code}.traineddata").is_file() for code in codes):
             version = tesserocr.tesseract_version().split()[1]
             name = f"Tesseract {version} (tesserocr {tesserocr.__version__})"
-            engine = Engine(name, "+".join(codes), str(folder))
+            engine = OcrEngine(name, "+".join(codes), str(folder))
             _check_data(engine, codes)
             return engine
     missing = [c for c in codes if not any((f / f"{c}.traineddata").is_file() for f in folders)]
@@ -138,7 +138,7 @@ def open_engine(options: OcrOptions, where: str) -> Engine:
     )
 
 
-def _check_data(engine: Engine, codes: list[str]) -> None:
+def _check_data(engine: OcrEngine, codes: list[str]) -> None:
     """DocumentError, in one sentence, where Tesseract cannot load the languages' data (a
     file cut short or damaged, or of another Tesseract): found here, before any page is
     read, rather than in every OCR thread. Each language is tried alone to name the file."""
@@ -152,7 +152,7 @@ def _check_data(engine: Engine, codes: list[str]) -> None:
     version = tesserocr.tesseract_version().split()[1]
     for code in codes:
         try:
-            _api(Engine(engine.version, code, engine.tessdata)).End()
+            _api(OcrEngine(engine.version, code, engine.tessdata)).End()
         except RuntimeError:
             path = Path(engine.tessdata) / f"{code}.traineddata"
             raise DocumentError(
@@ -170,7 +170,7 @@ def recognize(
     data: bytes,
     password: str | None,
     indexes: list[int],
-    engine: Engine,
+    engine: OcrEngine,
     where: str = "the PDF",
     workers: int | None = None,
 ) -> Iterator[Page]:
@@ -222,7 +222,7 @@ def recognize(
         document.close()
 
 
-def _api(engine: Engine) -> object:
+def _api(engine: OcrEngine) -> object:
     import tesserocr
 
     api = tesserocr.PyTessBaseAPI(path=engine.tessdata, lang=engine.languages)

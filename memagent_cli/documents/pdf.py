@@ -16,8 +16,7 @@ from pypdf.errors import DependencyError, PyPdfError
 
 from memagent_cli.documents import cache
 from memagent_cli.documents.document import Document, OcrRecord, assemble
-from memagent_cli.documents.ocr import LOW_CONFIDENCE, OcrMode, OcrOptions
-from memagent_cli.documents.ocr import Engine as OcrEngine
+from memagent_cli.documents.ocr import LOW_CONFIDENCE, OcrEngine, OcrMode, OcrOptions
 from memagent_cli.documents.ocr import open_engine as open_ocr
 from memagent_cli.documents.ocr import recognize as recognize_pages
 from memagent_cli.errors import DocumentError

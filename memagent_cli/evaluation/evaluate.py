@@ -47,7 +47,7 @@ class EvalOptions:
     report: Reporter = SILENT  # progress lines and notes
 
 
-class Stopped(UserError):
+class EvalStopped(UserError):
     """The evaluation ended before its last case; the results file keeps those finished."""
 
     def __init__(self, reason: str, exit_code: int, output: Path) -> None:
@@ -57,7 +57,7 @@ class Stopped(UserError):
 
 def eval_files(paths: Sequence[str], limit: int | None, options: EvalOptions) -> results.Results:
     """Run the cases of the authors' files (the first `limit` of each); the finished results,
-    or Stopped."""
+    or EvalStopped."""
     files = data.data_files(paths)
     checked = []
     for path in files:
@@ -103,7 +103,7 @@ def eval_niah(
     ocr: OcrOptions = OCR_AUTO,
 ) -> results.Results:
     """Build needle cases from the document at `haystack` (its PDF pages read by `ocr` where
-    they need it) and run them; the finished results, or Stopped."""
+    they need it) and run them; the finished results, or EvalStopped."""
     parsed_lengths, parsed_depths = niah.parse_lengths(lengths), niah.parse_depths(depths)
     if variant not in niah.VARIANTS:
         raise UserError(f"Unknown needle variant {variant}; choose {', '.join(niah.VARIANTS)}.")
@@ -181,10 +181,10 @@ def _run(
                     answer_all=answer_all,
                 )
             except run.Stopped as stop:
-                raise Stopped(stop.message, stop.exit_code, output) from None
+                raise EvalStopped(stop.message, stop.exit_code, output) from None
             except STOPS as exc:  # between two cases
                 name = exc if isinstance(exc, Interrupted) else "SIGINT"
-                raise Stopped(f"Interrupted ({name}).", stop_code(exc), output) from None
+                raise EvalStopped(f"Interrupted ({name}).", stop_code(exc), output) from None
         ended = True
     finally:
         if cases_journal is not None:
@@ -247,9 +247,9 @@ def _layout(at_once: int) -> Layout:
 
 
 def _answered(result: run.Result) -> Answered:
-    calls = [step.generation for step in result.answer.steps] + [result.answer.final]
+    calls = [step.generation for step in result.answered.steps] + [result.answered.final]
     return Answered(
-        reply=result.answer.reply,
+        reply=result.answered.reply,
         tokens=len(result.session.tokens),
         seconds=sum(call.seconds for call in calls),
         prompt_tokens=sum(call.prompt_tokens for call in calls),

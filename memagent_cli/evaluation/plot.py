@@ -29,11 +29,6 @@ class PlotError(UserError):
     """A plot that cannot be drawn or saved."""
 
 
-def plot_accuracy(runs: Sequence[tuple[str, Sequence[GroupRow]]], path: Path) -> None:
-    """Accuracy versus length (`accuracy_figure`), saved to `path`."""
-    save(accuracy_figure(runs), path)
-
-
 def accuracy_figure(runs: Sequence[tuple[str, Sequence[GroupRow]]]) -> Any:
     """Accuracy (sub_em) versus document length, log scale: one line per run, with the
     paper's RL-MemAgent rows drawn dashed for reference."""
@@ -56,13 +51,6 @@ def accuracy_figure(runs: Sequence[tuple[str, Sequence[GroupRow]]]) -> Any:
     axes.grid(True, alpha=0.3)
     axes.legend(fontsize="small")
     return figure
-
-
-def plot_heatmap(
-    lengths: Sequence[str], depths: Sequence[float], grid: Sequence[Sequence[Any]], path: Path
-) -> None:
-    """The needle heatmap (`heatmap_figure`), saved to `path`."""
-    save(heatmap_figure(lengths, depths, grid), path)
 
 
 def heatmap_figure(

@@ -79,7 +79,6 @@ FINAL_TEMPLATE = (
 )
 
 INITIAL_MEMORY = "No previous memory"
-CHUNK_TOKENS = 5000  # RECURRENT_CHUNK_SIZE
 REPLY_TOKENS = 1024  # RECURRENT_MAX_NEW: the answer stage of every call
 THINKING_TOKENS = 1024  # call_llm_text's thinking_budget: the thinking stage of every call
 UNIT_TOKENS = 500  # RETRIEVE_CHUNK_SIZE
@@ -232,13 +231,6 @@ def render_planner(
     return PLANNER_TEMPLATE.format(prompt=question, memory=memory, retrieval_history=history)
 
 
-def planner_prompt(question: str, state: State, steps: int) -> str:
-    """The whole text sent for the planner call: the tool system message and the user
-    message in Qwen3's chat template."""
-    user = render_planner(question, state.memory, state.step, steps, state.searches)
-    return chat(user, TOOL_SYSTEM)
-
-
 def retrieved_block(units: Sequence[str]) -> str:
     """The `<retrieved_chunk>` block: the units found, ranked; empty without a search."""
     return "\n\n".join(f"[Retrieved #{rank}] {text}" for rank, text in enumerate(units, 1))
@@ -251,19 +243,9 @@ def render_update(question: str, memory: str, units: Sequence[str], chunk: str) 
     )
 
 
-def update_prompt(question: str, memory: str, units: Sequence[str], chunk: str) -> str:
-    """The whole text sent for a memory update (no system message)."""
-    return chat(render_update(question, memory, units, chunk))
-
-
 def render_final(question: str, memory: str) -> str:
     """The final call's user message."""
     return FINAL_TEMPLATE.format(prompt=question, memory=memory)
-
-
-def final_prompt(question: str, memory: str) -> str:
-    """The whole text sent for the answer (no system message)."""
-    return chat(render_final(question, memory))
 
 
 # --- the two thinking stages of every call -------------------------------------------

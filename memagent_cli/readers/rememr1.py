@@ -59,7 +59,6 @@ FINAL_TEMPLATE = (
 
 INITIAL_MEMORY = "No previous memory"
 NO_RECALL = "No memory was recalled."
-CHUNK_TOKENS = 5000  # RECURRENT_CHUNK_SIZE
 REPLY_TOKENS = 2048  # RECURRENT_MAX_NEW of the ReMemR1 configs: updates and the answer
 TEMPERATURE = 0.7  # test_qa.py calls with temperature=0.7, top_p=0.95
 TOP_P = 0.95

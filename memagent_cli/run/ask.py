@@ -40,18 +40,43 @@ class RunOptions:
 
 @dataclass
 class Result:
-    """One answered question, with everything `--json` reports."""
+    """One answered question: the answer, every memory, and the records its trace holds,
+    with everything `--json` reports. What `api.ask` and a batch give for each run."""
 
-    answer: Answer
+    answered: Answer  # the reading's outcome: its steps, its final reply
     session: Session
     seconds: float
     trace_path: Path | None
     cached: bool = False  # answered from a finished trace, without reading
 
-    def stdout_line(self) -> str:
-        if self.answer.answer is not None:
-            return " ".join(self.answer.answer.split())
-        return self.answer.reply.strip()
+    @property
+    def text(self) -> str:
+        """The answer (the last \\boxed{}), else the raw final reply, on one line."""
+        if self.answered.answer is not None:
+            return " ".join(self.answered.answer.split())
+        return self.answered.reply.strip()
+
+    @property
+    def answer(self) -> str | None:
+        """The content of the final reply's last \\boxed{}; None when it has none."""
+        return self.answered.answer
+
+    @property
+    def memories(self) -> list[str]:
+        """The memory after each step, in reading order."""
+        return [step.memory for step in self.answered.steps]
+
+    @property
+    def chunks(self) -> int:
+        """How many chunks the document was cut into."""
+        return len(self.session.chunks)
+
+    @property
+    def evidence(self) -> list[trace.Source] | None:
+        """The steps the answer's words came from (provenance.Source: step from 1, words,
+        tokens, chars, pages or chapters); [] when the final memory does not hold them, None
+        with no answer (trace.evidence_of). `to_json()["evidence"]` has them as JSON."""
+        return trace.evidence_of(self.answered, self.session.document.place)
 
     def records(self) -> list[dict[str, Any]]:
         """The run as the records its trace holds: the header, one per step, the final."""
@@ -59,17 +84,13 @@ class Result:
         return [header.to_json(), *(step.to_json() for step in steps), final.to_json()]
 
     def _records(self) -> tuple[trace.Header, list[trace.StepRecord], trace.FinalRecord]:
-        s, a = self.session, self.answer
+        s, a = self.session, self.answered
         steps = [
             trace.StepRecord.of(step, _span(s, step), s.span_of, number)
             for number, step in enumerate(a.steps)
         ]
         final = trace.FinalRecord.of(a, s.document.place)
         return s.header(a.question), steps, final
-
-    def evidence(self) -> list[trace.Source] | None:
-        """The steps the answer came from, as its trace records them (trace.evidence_of)."""
-        return trace.evidence_of(self.answer, self.session.document.place)
 
     def to_trace(self) -> trace.Trace:
         """The run as a trace: its trace file when it holds the finished run, else the
@@ -85,7 +106,7 @@ class Result:
 
     def to_json(self) -> dict[str, Any]:
         """The answer with the same records the trace holds, and the run's speeds."""
-        s, a = self.session, self.answer
+        s, a = self.session, self.answered
         calls = [step.generation for step in a.steps] + [a.final]
         prompt_seconds = sum(g.prompt_seconds for g in calls)
         generation_seconds = sum(g.generation_seconds for g in calls)

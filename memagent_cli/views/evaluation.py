@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from memagent_cli.evaluation import plot, report, results
-from memagent_cli.evaluation.evaluate import Stopped
+from memagent_cli.evaluation.evaluate import EvalStopped
 from memagent_cli.evaluation.results import Results
 from memagent_cli.progress import Reporter
 from memagent_cli.views import console as display
@@ -59,7 +59,7 @@ def require_plot() -> None:
     plot.require()
 
 
-def stopped(stop: Stopped) -> int:
+def stopped(stop: EvalStopped) -> int:
     """Say why an evaluation stopped and where its finished cases are; the exit code."""
     display.error(stop.message)
     display.note(f"finished cases are in {stop.output}; run the same command again to continue")
