@@ -242,8 +242,9 @@ def test_the_maintainers_wording_check_finds_it(tmp_path):
 
 # A speed figure: a rate, or the time a question, a step or a book takes.
 SPEED = re.compile(
-    r"(?<!at most )\b\d[\d,.]*(?:-\d[\d,.]*)? ?(?:tok/s|tokens a second|pages a second|readings a minute"
-    r"|s a (?:page|step|call|case)|s/page|s per case|(?:min|minutes|hours?|h)\b(?! ?[-\w]*\())"
+    r"(?<!at most )\b\d[\d,.]*(?:-\d[\d,.]*)? ?(?:tok/s|tokens a second|pages a second"
+    r"|readings a minute|s a (?:page|step|call|case)|s/page|s per case"
+    r"|(?:min|minutes|hours?|h)\b(?! ?[-\w]*\())"
 )
 # Words that say where a figure comes from: a kept run, or a computation said to be one.
 SOURCED = re.compile(
@@ -343,3 +344,28 @@ def test_the_glossary_defines_its_terms_and_pages_that_use_them_link_it():
         if used and "glossary.md" not in page.read_text():
             unlinked.append((page.name, used))
     assert not unlinked, f"pages that use the glossary's terms without linking it: {unlinked}"
+
+
+def install_check(page: Path) -> tuple[str, str]:
+    """The output block of `page`'s install check, and the section around it."""
+    text = page.read_text()
+    section = text[text.index("heck the install") :]
+    section = section[: section.index("\n## ")]
+    return re.search(r"```text\n(.*?)```", section, re.S)[1], section
+
+
+def test_the_install_check_shown_is_a_quiet_kept_run():
+    """The README's install check is a run kept under bench/results/, quiet (the process had
+    most of two cores), and the quickstart shows the same."""
+    output, section = install_check(README)
+    if "PLACEHOLDER" in output:
+        pytest.skip("README's install check is a placeholder: bench/README.md says how to fill it")
+    assert install_check(ROOT / "docs" / "quickstart.md")[0] == output
+    kept = re.search(r"\((bench/results/[^)\s]+\.txt)\)", section)
+    assert kept, "the install check names no kept file under bench/results/"
+    lines = (ROOT / kept[1]).read_text().splitlines()
+    for line in output.splitlines():
+        shown = line.split(" [...]")[0]
+        assert any(shown in kept_line for kept_line in lines), f"not in {kept[1]}: {line}"
+    cpu = re.search(r"Percent of CPU this job got: (\d+)%", "\n".join(lines))
+    assert cpu and int(cpu[1]) >= 150, "the kept run shows a busy machine"
