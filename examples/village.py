@@ -1,6 +1,7 @@
-"""Print a plain-text story of about 20K model tokens whose first sentence holds a password.
+"""Print a plain-text story whose first sentence holds a password: SENTENCES of about 11
+model tokens each (1,800 by default, about 20K tokens). The README's install check:
 
-    python examples/village.py > village.txt
+    python examples/village.py 400 > village.txt
     memagent ask village.txt "What is the secret password for the vault?" \\
         --chunk-tokens 2000 --memory-tokens 128 --temperature 0
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -55,7 +56,7 @@ def test_dash_h_from_the_installed_command(memagent, words):
 
 
 def test_ask_help_groups_its_options_in_panels(memagent):
-    text = memagent("ask", "--help").stdout
+    text = memagent("ask", "--help").stdout.split("Examples:")[0]  # the panels, not the end
     titles = re.findall(r"╭─ (.+?) ─", text)
     assert titles == ["Arguments", "Options", *PANELS]
     panel = dict(zip(titles, re.split(r"╭─ .+? ─+╮", text)[1:], strict=True))
@@ -80,6 +81,20 @@ def test_the_cli_reference_is_the_help(memagent, env):
         assert f"```text\n{plain}\n```" in text, words
     for shown in ("on|off|auto", "llama|openai", "auto|always|never", "[required]"):
         assert shown in text, shown
+
+
+def test_ask_help_ends_with_examples_that_parse():
+    """The examples `ask --help` ends with are whole commands whose options exist."""
+    text = CliRunner().invoke(app, ["ask", "--help"], env={"COLUMNS": "200"}).output
+    assert "Examples:" in text, text
+    examples = [line.strip() for line in text.split("Examples:", 1)[1].splitlines()]
+    commands = [line for line in examples if "memagent ask" in line]
+    assert len(commands) >= 4, text
+    ask = typer.main.get_command(app).commands["ask"]
+    for line in commands:
+        words = shlex.split(line.split("memagent ask", 1)[1].split(">")[0])
+        ask.make_context("ask", words)  # a usage error raises here
+    assert "--json" in text.split("Examples:", 1)[1]
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ app = typer.Typer(
     context_settings=CONTEXT,  # inherited by every command and group below
     pretty_exceptions_show_locals=False,
 )
-app.command("ask", cls=Command)(ask.ask)
+app.command("ask", cls=Command, epilog=ask.EXAMPLES)(ask.ask)
 app.command("inspect", cls=Command)(inspect.inspect)
 app.command("trace", cls=Command)(trace.trace)
 app.add_typer(models.app, name="models")

@@ -44,6 +44,21 @@ from memagent_cli.views.traces import evidence_line
 if TYPE_CHECKING:
     from memagent_cli.api import Result, Stopped
 
+# The end of `ask --help` (docs/cli.md repeats it): whole commands a user can paste. Rich
+# markup is on, so no square brackets.
+EXAMPLES = """Examples:
+
+  memagent ask book.pdf "Who betrayed the captain, and why?" -m memagent-7b
+  memagent ask book.pdf "Who wrote the letter?" "When was it sent?"
+  memagent ask library/ --glob "*.pdf" --questions questions.txt --json > answers.jsonl
+  pdftotext report.pdf - | memagent ask - "Who signed the contract?"
+  memagent ask book.pdf "Who keeps the tower?" --backend openai --base-url http://127.0.0.1:8080/v1
+
+The answer goes to stdout; where it came from (from pp. 131-150, step 7 of 30), progress
+and errors go to stderr. Exit codes: 0 answered, 1 an error, 2 a usage error, 130 Ctrl-C,
+143 SIGTERM. In scripts read --json, one object a line, with jq: an answer may span lines
+(docs/asking.md)."""
+
 QuestionsArg = Annotated[
     list[str] | None,
     typer.Argument(help="One or more questions.", show_default=False, metavar="QUESTION"),
