@@ -77,6 +77,13 @@ def tiny_calibrations(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
 
 
 @pytest.fixture
+def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A cache folder of the test's own (documents extracted before are not reused)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
     """The environment of a user with no settings of their own and a private data folder."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("MEMAGENT_")}

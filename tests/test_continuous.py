@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from support.scripted import EchoBackend as Echo
 from test_together import SETTINGS, chunks_of, records
-from test_together import EchoBackend as Echo
 
 from memagent_cli import trace
 from memagent_cli.documents import Document

@@ -14,9 +14,7 @@ from memagent_cli.errors import DocumentError
 UNSUPPORTED = r"; supported formats are text, Markdown, PDF and EPUB\.$"
 
 
-@pytest.fixture(autouse=True)
-def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 def test_a_pdf_without_an_extension_is_read_as_a_pdf(tmp_path: Path) -> None:

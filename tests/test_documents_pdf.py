@@ -15,10 +15,7 @@ PAGES = ["Preface on page i.", "Thanks on page ii.", "Chapter one starts.", "Sec
 ROMAN_THEN_ARABIC = [("r", "", 1), None, ("D", "", 1)]
 
 
-@pytest.fixture(autouse=True)
-def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    return tmp_path / "cache"
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from support.command import MEMAGENT, assert_clean_failure, words
 from support.fake_openai import FakeServer, served
+from support.jsonl import lines_of
 from support.story import story
 
 from memagent_cli.trace import read_trace
@@ -39,10 +40,6 @@ def data(tmp_path) -> Path:
     (folder / "eval_50.json").write_text(json.dumps(short))
     (folder / "eval_100.json").write_text("".join(json.dumps(c) + "\n" for c in long))
     return folder
-
-
-def lines_of(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def test_scores_table_json_and_records(cli, fake_server, data, tmp_path):

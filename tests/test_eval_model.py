@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from support.command import MEMAGENT
+from support.jsonl import lines_of
 from support.story import FACT_QUESTION, FACT_VALUE, story
 
 from memagent_cli.trace import read_trace
@@ -33,10 +34,6 @@ def authors_file(path: Path, sentences: int, seeds: tuple[int, int]) -> Path:
     ]
     path.write_text(json.dumps(items))
     return path
-
-
-def lines_of(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def test_eval_is_interrupted_continued_and_reported(tmp_path, env, memagent, cli):

@@ -12,15 +12,12 @@ from pathlib import Path
 
 from support.command import MEMAGENT, words
 from support.fake_openai import FakeServer, served
+from support.jsonl import lines_of
 from support.story import story
 
 from memagent_cli.trace import read_trace
 
 STEPS = ["--chunk-tokens", "300", "--memory-tokens", "64", "--temperature", "0"]
-
-
-def lines_of(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def mid_case(path: Path) -> bool:

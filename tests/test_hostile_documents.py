@@ -33,8 +33,7 @@ CHAPTERS = [
 
 
 @pytest.fixture(autouse=True)
-def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+def no_document_limit(private_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MEMAGENT_MAX_DOCUMENT_BYTES", raising=False)
 
 

@@ -5,14 +5,13 @@ with the real model in test_together_model.py."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 
 import pytest
-from support.scripted import ScriptedBackend
+from support.scripted import EchoBackend
 
 from memagent_cli import trace
-from memagent_cli.backend import Generation, Sampling
+from memagent_cli.backend import Sampling
 from memagent_cli.chunking import make_chunks
 from memagent_cli.documents import Document
 from memagent_cli.documents.inputs import read_document
@@ -26,25 +25,6 @@ from memagent_cli.scheduler import Job, read_together
 
 QUESTIONS = ["Who keeps the tower?", "What fell?", "When does the guard sleep?"]
 SETTINGS = Settings(40, 16)
-
-
-class EchoBackend(ScriptedBackend):
-    """Replies with a digest of the message, so a reply depends on nothing else; stops
-    (Ctrl-C) after `calls_left` calls when given."""
-
-    def __init__(self, calls_left: int | None = None) -> None:
-        super().__init__([])
-        self.calls_left = calls_left
-
-    def generate(self, message: str, *, max_tokens: int, sampling) -> Generation:
-        if self.calls_left is not None:
-            if self.calls_left == 0:
-                raise KeyboardInterrupt
-            self.calls_left -= 1
-        self.messages.append((message, max_tokens))
-        digest = hashlib.sha256(message.encode()).hexdigest()[:12]
-        text = f"\\boxed{{{digest}}}" if "Your answer:" in message else f"kept {digest}"
-        return Generation(text, len(message), 3, 0.1, 0.2, "stop")
 
 
 def chunks_of(text: str):

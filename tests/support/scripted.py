@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 from memagent_cli.backend import Description, Generation, InTurn
 
 
@@ -50,3 +52,22 @@ class ScriptedBackend(InTurn):
     def next_replies(self, calls, *, sampling):
         self.rounds.append(sorted(call.sequence for call in calls))
         return super().next_replies(calls, sampling=sampling)
+
+
+class EchoBackend(ScriptedBackend):
+    """Replies with a digest of the message, so a reply depends on nothing else; stops
+    (Ctrl-C) after `calls_left` calls when given."""
+
+    def __init__(self, calls_left: int | None = None) -> None:
+        super().__init__([])
+        self.calls_left = calls_left
+
+    def generate(self, message: str, *, max_tokens: int, sampling) -> Generation:
+        if self.calls_left is not None:
+            if self.calls_left == 0:
+                raise KeyboardInterrupt
+            self.calls_left -= 1
+        self.messages.append((message, max_tokens))
+        digest = hashlib.sha256(message.encode()).hexdigest()[:12]
+        text = f"\\boxed{{{digest}}}" if "Your answer:" in message else f"kept {digest}"
+        return Generation(text, len(message), 3, 0.1, 0.2, "stop")
