@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import stat
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -41,6 +41,9 @@ PRIVATE_FOLDER = 0o700
 # the end of any file memagent writes, so readers (`trace --follow`) still read it all.
 _LOCKED_BYTE = 1 << 40
 _unrestricted: list[str] = []  # folders where chmod was refused, said once each
+# What the library has to say that is not an error: the command prints it on stderr
+# (views/console.py show_notes); a Python caller's logging configuration decides.
+NOTES = logging.getLogger("memagent")
 _FLAGS = {
     "w": os.O_WRONLY | os.O_TRUNC,
     "a": os.O_WRONLY | os.O_APPEND,
@@ -94,7 +97,7 @@ def open_private(
 
 def _restrict(chmod: Callable[[Any, int], None], target: Any, mode: int, folder: Path) -> None:
     """`chmod(target, mode)`; where the file system refuses it (EPERM on WSL2's /mnt/c,
-    ENOTSUP), go on and say once per folder on stderr that the permissions are the file
+    ENOTSUP), go on and say once per folder (NOTES) that the permissions are the file
     system's."""
     try:
         chmod(target, mode)
@@ -103,12 +106,10 @@ def _restrict(chmod: Callable[[Any, int], None], target: Any, mode: int, folder:
             raise
         if str(folder) not in _unrestricted:
             _unrestricted.append(str(folder))
-            print(
-                f"memagent: note: could not restrict the permissions of files in {folder} "
-                f"(chmod: {exc.strerror or exc}); they have the file system's own, which may "
-                "let other users read them.",
-                file=sys.stderr,
-                flush=True,
+            NOTES.info(
+                f"could not restrict the permissions of files in {folder} (chmod: "
+                f"{exc.strerror or exc}); they have the file system's own, which may let other "
+                "users read them."
             )
 
 

@@ -6,6 +6,7 @@ backtrace, an ARM system-info line, and Metal's shared memory."""
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import subprocess
 import sys
@@ -104,15 +105,18 @@ def refuse_chmod(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(os, "fchmod", refused)
 
 
-def test_files_are_written_where_chmod_is_refused(tmp_path, monkeypatch, capsys):
+def test_files_are_written_where_chmod_is_refused(tmp_path, monkeypatch, capsys, caplog):
+    """The library writes on and notes it (files.NOTES); it prints nothing itself."""
     refuse_chmod(monkeypatch)
     folder = tmp_path / "made" / "here"
-    files.private_folder(folder)
-    with files.open_private(folder / "trace.jsonl") as file:
-        file.write("kept\n")
+    with caplog.at_level(logging.INFO, logger="memagent"):
+        files.private_folder(folder)
+        with files.open_private(folder / "trace.jsonl") as file:
+            file.write("kept\n")
     assert (folder / "trace.jsonl").read_text() == "kept\n"
-    said = capsys.readouterr().err
+    said = " ".join(record.getMessage() for record in caplog.records)
     assert "could not restrict" in said and "permissions" in said
+    assert capsys.readouterr().err == ""
 
 
 def test_ask_writes_its_trace_where_chmod_is_refused(cli, tmp_path, monkeypatch, fake_server):

@@ -12,6 +12,7 @@ from memagent_cli import crash
 from memagent_cli.cli import ask, cache, evaluation, inspect, models, paths, trace
 from memagent_cli.cli.options import CONTEXT, Command, Group
 from memagent_cli.errors import STOPS, stop_code
+from memagent_cli.views import console
 
 app = typer.Typer(
     cls=Group,
@@ -47,6 +48,7 @@ def _root(
         bool, typer.Option("--json", help="With --version: one JSON object, for bug reports.")
     ] = False,
 ) -> None:
+    console.show_notes()
     if version:
         from memagent_cli.backends import build
         from memagent_cli.views import build as views

@@ -4,6 +4,7 @@ error or a file name reaches the terminal as text, never as an escape sequence."
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Iterable
 from typing import Any
@@ -71,6 +72,22 @@ def result_json(value: Any, indent: int | None = None) -> None:
 
 def note(message: str) -> None:
     console.print(escape(message), style="dim", soft_wrap=True)
+
+
+class _Notes(logging.Handler):
+    """The library's notes (files.NOTES), each one line on stderr."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        note(f"memagent: note: {record.getMessage()}")
+
+
+def show_notes() -> None:
+    """Print what the library notes as it goes: the command's view of it."""
+    from memagent_cli.files import NOTES
+
+    if not any(isinstance(h, _Notes) for h in NOTES.handlers):
+        NOTES.addHandler(_Notes())
+    NOTES.setLevel(logging.INFO)
 
 
 def warn(message: str) -> None:
