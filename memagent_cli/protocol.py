@@ -53,28 +53,41 @@ def strip_think(reply: str) -> str:
     return reply if index < 0 else reply[index + len(marker) :]
 
 
+_BRACES = re.compile("[{}]")
+
+
 def extract_boxed(reply: str) -> str | None:
-    """Content of the last `\\boxed{...}` in `reply`, braces matched; None if there is none."""
+    """Content of the last `\\boxed{...}` in `reply`, braces matched; None if there is none.
+    An unclosed box falls back to the one before it. One pass over the braces finds where
+    each box closes, so a reply of many unclosed boxes costs no more than its length."""
     marker = "\\boxed{"
-    start = reply.rfind(marker)
-    while start >= 0:
-        depth = 0
-        for i in range(start + len(marker) - 1, len(reply)):
-            if reply[i] == "{":
-                depth += 1
-            elif reply[i] == "}":
-                depth -= 1
-                if depth == 0:
-                    return reply[start + len(marker) : i]
-        # Unclosed box: fall back to the one before it.
-        start = reply.rfind(marker, 0, start)
+    starts = []  # where each box's content starts
+    at = reply.find(marker)
+    while at >= 0:
+        starts.append(at + len(marker))
+        at = reply.find(marker, at + 1)
+    if not starts:
+        return None
+    boxes = {start - 1 for start in starts}  # the positions of their opening braces
+    closes: dict[int, int] = {}
+    open_braces: list[int] = []
+    for brace in _BRACES.finditer(reply, starts[0] - 1):
+        if brace.group() == "{":
+            open_braces.append(brace.start())
+        elif open_braces and (opened := open_braces.pop()) in boxes:
+            closes[opened] = brace.start()
+    for start in reversed(starts):
+        if start - 1 in closes:
+            return reply[start : closes[start - 1]]
     return None
+
+
+_PUNCTUATION = str.maketrans("", "", string.punctuation)
 
 
 def normalize_answer(text: str) -> str:
     """Lowercase, drop punctuation and articles, collapse whitespace (SQuAD style)."""
-    text = text.lower()
-    text = "".join(ch for ch in text if ch not in set(string.punctuation))
+    text = text.lower().translate(_PUNCTUATION)
     text = re.sub(r"\b(a|an|the)\b", " ", text)
     return " ".join(text.split())
 

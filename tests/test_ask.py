@@ -213,6 +213,26 @@ def test_a_step_larger_than_the_served_context(cli, fake_server, doc):
     assert fake_server.chat_calls == 0
 
 
+def test_a_server_that_loses_long_tokens_text_is_not_trusted_with_the_chunks(cli, tmp_path):
+    """llama-cpp-python's own server detokenizes each token into 32 bytes and drops longer
+    ones: memagent finds that out before reading and cuts with tiktoken, so that every
+    character of the rules and table gaps still reaches the model."""
+    from support.fake_openai import FakeServer
+
+    doc = tmp_path / "ruled.txt"
+    text = "".join(f"Part {i}\n{'=' * 80}\nThe keeper counted.{' ' * 40}\n" for i in range(40))
+    doc.write_text(text)
+    with FakeServer(extras_tokenizer=True) as server:
+        result = cli("ask", str(doc), FACT_QUESTION, "--json", *served(server, *STEPS))
+    assert result.returncode == 0, result.stderr
+    assert "drops" in words(result.stderr) and "tiktoken" in words(result.stderr)
+    out = json.loads(result.stdout)
+    ranges = [step["chars"] for step in out["steps"]]
+    assert len(ranges) >= 2 and ranges[0][0] == 0
+    assert ranges[-1][1] == out["document"]["characters"] == len(text.rstrip())
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
+
+
 def test_resume_of_a_damaged_trace_names_the_bad_line(cli, fake_server, doc, tmp_path):
     fake_server.fail_after, fake_server.fail_status = 3, 400
     cut = tmp_path / "cut.jsonl"

@@ -245,3 +245,42 @@ def test_a_folder_of_documents_skips_the_unreadable_one(memagent, tmp_path):
 
     none = memagent("ask", str(library), FACT_QUESTION, "--glob", "*.epub")
     assert none.returncode == 1 and "holds no supported documents matching *.epub" in none.stderr
+
+
+def ruled_text() -> str:
+    """Sections under rules of 80 `=` and 66 `-`, as books and READMEs draw them."""
+    sections = [
+        f"Section {i}\n{'=' * 80}\nThe keeper of light {i} counted {i * 7} boats.\n{'-' * 66}\n"
+        for i in range(1, 9)
+    ]
+    return "\n".join(sections)
+
+
+def spaced_pdf(path: Path) -> Path:
+    """A PDF whose table keeps runs of 40 and 60 spaces in its extracted text."""
+    from support import builders
+
+    rows = "\n".join(f"Item {i}{' ' * 40}{i * 7} boats{' ' * 60}kept" for i in range(12))
+    return builders.pdf(path, [rows, f"Totals{' ' * 40}84 boats"])
+
+
+@pytest.mark.usefixtures("on_tiny_model")
+@pytest.mark.parametrize("kind", ["rules", "pdf"])
+def test_every_character_of_rules_and_spaced_tables_is_read(memagent, tmp_path, kind):
+    """Runs of `=` and of spaces are tokens longer than 32 bytes: each reaches the model, and
+    the chunks' character ranges in --json tile the document."""
+    if kind == "rules":
+        doc = tmp_path / "ruled.txt"
+        doc.write_text(ruled_text())
+    else:
+        doc = spaced_pdf(tmp_path / "table.pdf")
+    result = memagent(
+        "ask", str(doc), "How many boats?", "--chunk-tokens", "64", "--memory-tokens", "8",
+        "--temperature", "0", "--json", "--no-reuse",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    ranges = [step["chars"] for step in out["steps"]]
+    assert len(ranges) == out["document"]["chunks"] >= 3
+    assert ranges[0][0] == 0 and ranges[-1][1] == out["document"]["characters"]
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))

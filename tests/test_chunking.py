@@ -1,11 +1,14 @@
 """Model-token windows: sizes, no overlap, and detokenized windows that cover the document."""
 
+from pathlib import Path
+
 import pytest
-from support.models import default_model_path
+from support import gguf_files, qwen_material
+from support.models import default_model_path, real_model_path
 from support.story import story
 
 from memagent_cli.backends.llama_cpp import LlamaCppBackend, LlamaOptions
-from memagent_cli.chunking import make_chunks
+from memagent_cli.chunking import chunk_text, make_chunks
 
 
 def byte_tokens(text: str) -> list[int]:
@@ -67,7 +70,6 @@ class PrefixingTokenizer:
 
 def test_a_long_text_is_cut_into_the_same_chunks_as_one_tokenization():
     from memagent_cli.backends.tokenizers import TiktokenTokenizer
-    from memagent_cli.chunking import chunk_text
 
     text = "The keeper crossed the old bridge at dawn, counting every stone twice. " * 16_000
     assert len(text) > 1 << 20  # long enough to be tokenized in pieces
@@ -80,3 +82,86 @@ def test_a_long_text_is_cut_into_the_same_chunks_as_one_tokenization():
     prefixing = PrefixingTokenizer()
     tokens, _ = chunk_text(text, prefixing, 5000)
     assert tokens == prefixing.tokenize(text)  # one call: its tokenizer does not cut cleanly
+
+
+# --- every token's text, at every length ------------------------------------------------
+
+# Runs a book holds (rules between sections, table gaps, pypdf's layout spacing, code): in
+# byte-level vocabularies many of their tokens are longer than 32 bytes, the buffer in which
+# llama-cpp-python's own detokenize put each token, dropping any token that did not fit.
+RUNS = (" ", "-", "*", "=", "_", "~", "#", ".", "\t", "\n", "—", "\u3000", "ab")
+
+
+def long_runs() -> str:
+    """Lines of runs of every kind, at lengths around the old 32-byte limit and far past it,
+    between words."""
+    lines = []
+    for run in RUNS:
+        for length in (31, 32, 33, 40, 64, 80, 128, 129, 200, 257):
+            lines.append(f"{run * length}Section {length}{run * (length // 3)}end.")
+    return "\n".join(lines)
+
+
+def byte_level_bytes() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, character to byte (how a GGUF writes BPE tokens)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    shifted = iter(range(256, 512))
+    return {chr(b) if b in printable else chr(next(shifted)): b for b in range(256)}
+
+
+NORMAL, CONTROL, USER_DEFINED = 1, 3, 4  # gguf.TokenType
+
+
+def vocabulary_path(name: str, request: pytest.FixtureRequest) -> Path:
+    """The GGUF of a vocabulary the tests use: the tiny model's (Qwen2's tokenizer), the real
+    Qwen2.5 material's (memagent-7b's and ReMemR1's vocabulary), the default model's."""
+    if name == "tiny":
+        return request.getfixturevalue("tiny_model")
+    if name == "qwen2.5":
+        return qwen_material.shipped_gguf()
+    return real_model_path()
+
+
+VOCABULARIES = ["tiny", "qwen2.5", pytest.param("smollm2", marks=pytest.mark.real_model)]
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("name", VOCABULARIES)
+def test_every_token_of_the_vocabulary_comes_back_whole(name, request):
+    path = vocabulary_path(name, request)
+    meta, _ = gguf_files.read(path)
+    assert meta["tokenizer.ggml.model"] == "gpt2"
+    alphabet = byte_level_bytes()
+    backend = LlamaCppBackend(path, LlamaOptions(threads=1, gpu_layers=0))
+    expected = []
+    vocabulary = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.token_type"]
+    for text, kind in zip(*vocabulary, strict=True):
+        if kind == NORMAL:
+            expected.append(bytes(alphabet[c] for c in text))
+        elif kind in (CONTROL, USER_DEFINED):  # as they are: `</s>` may be one to llama.cpp
+            expected.append(text.encode("utf-8"))
+        else:  # padding up to the embedding's rows: no text
+            expected.append(b"")
+    got = [backend.detokenize([token]) for token in range(len(expected))]
+    wrong = [(t, expected[t], got[t]) for t in range(len(expected)) if got[t] != expected[t]]
+    assert not wrong, f"{len(wrong)} tokens, e.g. {wrong[:3]}"
+    assert max(len(piece) for piece in got) > 64  # long pieces were there to lose
+    assert backend.detokenize(range(len(expected))) == b"".join(expected)
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("name", VOCABULARIES)
+def test_a_document_of_long_runs_chunks_back_to_itself(name, request):
+    backend = LlamaCppBackend(vocabulary_path(name, request), LlamaOptions(threads=1, gpu_layers=0))
+    text = long_runs()
+    for size in (1, 7, 64, 500):
+        tokens, chunks = chunk_text(text, backend, size)
+        pieces = [backend.detokenize(tokens[c.token_start : c.token_end]) for c in chunks]
+        assert b"".join(pieces) == text.encode(), size
+        assert chunks[0].char_start == 0 and chunks[-1].char_end == len(text)
+        for before, after in zip(chunks, chunks[1:], strict=False):
+            assert before.char_end == after.char_start
+        # A chunk's text is the document's, but where a window cuts a character in two.
+        whole = [c for c in chunks if "\ufffd" not in c.text]
+        assert all(text[c.char_start : c.char_end] == c.text for c in whole)
+        assert len(whole) >= len(chunks) // 2

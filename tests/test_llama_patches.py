@@ -1,7 +1,8 @@
 """What memagent changes in llama.cpp and llama-cpp-python where they offer no supported
 route (backends/llama_patches.py): each is undone when done, and each was checked against
-llama-cpp-python 0.3.36 and the llama.cpp it vendors. No model is loaded: llama.cpp's log
-is made by asking it to open a file that is not there."""
+llama-cpp-python 0.3.36 and the llama.cpp it vendors. No model's weights are loaded:
+llama.cpp's log is made by asking it to open a file that is not there, and detokenizing
+needs the tiny model's vocabulary only."""
 
 from __future__ import annotations
 
@@ -12,13 +13,19 @@ import llama_cpp.llama_cpp as library
 import pytest
 
 from memagent_cli.backends.build import Placement
-from memagent_cli.backends.llama_patches import CHECKED_WITH, LlamaLog, placed_weights
+from memagent_cli.backends.llama_patches import (
+    CHECKED_WITH,
+    LlamaLog,
+    placed_weights,
+    whole_pieces,
+)
 
 
 def test_the_patches_were_checked_against_this_llama_cpp_python():
     # A new version: read each patch of backends/llama_patches.py against it (the struct
     # llama_model_tensor_buft_override, llama_model_default_params as Llama calls it,
-    # llama_log_get/set, and docs/troubleshooting.md's libstdc++ crash), then move this.
+    # llama_log_get/set, LlamaModel.detokenize, and docs/troubleshooting.md's libstdc++
+    # crash), then move this.
     assert llama_cpp.__version__ == CHECKED_WITH == "0.3.36"
 
 
@@ -72,3 +79,17 @@ def test_the_placement_is_undone_when_the_load_fails():
     with pytest.raises(ValueError), placed_weights(Placement(False, why="a test")):
         llama_cpp.Llama(model_path="/nowhere/model.gguf", verbose=False)
     assert library.llama_model_default_params is default
+
+
+@pytest.mark.model
+def test_llamas_own_detokenize_gives_long_tokens_inside_the_context(tiny_model):
+    llm = llama_cpp.Llama(model_path=str(tiny_model), vocab_only=True, verbose=False)
+    rule = b"=" * 80 + b"\n" + b" " * 40 + b"x"
+    tokens = llm.tokenize(rule, add_bos=False, special=False)
+    assert llm.detokenize(tokens) != rule  # llama-cpp-python's own: long tokens dropped
+    with whole_pieces():
+        assert llm.detokenize(tokens) == rule
+        assert llm.tokenizer().decode(tokens) == rule.decode()
+        im_end = llm.tokenize(b"<|im_end|>", add_bos=False, special=True)
+        assert llm.detokenize(im_end) == b"" and llm.detokenize(im_end, special=True)
+    assert llm.detokenize(tokens) != rule

@@ -25,10 +25,11 @@ SMALL_STEPS = ["--chunk-tokens", str(CHUNK), "--memory-tokens", str(MEMORY), "--
 
 
 class Server:
-    """llama_cpp.server (through backends/llama_server.py) with the default model on a free
-    loopback port; stops itself."""
+    """llama_cpp.server (through backends/llama_server.py, or its own `module`) with the
+    default model on a free loopback port; stops itself."""
 
-    def __init__(self) -> None:
+    def __init__(self, module: str = "memagent_cli.backends.llama_server") -> None:
+        self.module = module
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
@@ -40,7 +41,7 @@ class Server:
             [
                 sys.executable,
                 "-m",
-                "memagent_cli.backends.llama_server",
+                self.module,
                 "--model",
                 str(default_model_path()),
                 "--host",
@@ -199,6 +200,40 @@ def test_a_server_stopped_mid_run_leaves_a_trace_to_resume(memagent, env, tmp_pa
     assert resumed.returncode == 0, resumed.stderr
     assert read_trace(cut).finished
     assert len(json.loads(resumed.stdout)["steps"]) == trace.header.total_steps
+
+
+RULED = "".join(
+    f"Part {i}\n{'=' * 80}\nThe keeper counted {i * 7} boats.{' ' * 40}\n" for i in range(9)
+)
+
+
+@pytest.mark.model
+@pytest.mark.usefixtures("on_tiny_model")
+def test_every_character_reaches_the_server(memagent, tmp_path, server):
+    """Runs of 80 `=` and 40 spaces are tokens past the 32 bytes llama-cpp-python's server
+    detokenized: through memagent's start of it every one comes back. (Its own start, which
+    drops them, is test_ask.py's stand-in: on a CPU with AMX it crashes.)"""
+    doc = tmp_path / "ruled.txt"
+    doc.write_text(RULED)
+    server.start()
+    try:
+        result = memagent(
+            "ask", str(doc), FACT_QUESTION, "--chunk-tokens", "64", "--memory-tokens", "8",
+            "--temperature", "0", "--json", "--no-reuse", "--backend", "openai",
+            "--base-url", server.url,
+        )  # fmt: skip
+    finally:
+        server.stop()
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    ranges = [step["chars"] for step in out["steps"]]
+    assert len(ranges) >= 3
+    assert (
+        ranges[0][0] == 0 and ranges[-1][1] == len(RULED.rstrip()) == out["document"]["characters"]
+    )
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
+    assert "drops" not in result.stderr and "tiktoken" not in result.stderr
+    assert out["document"]["tokens"] > len(out["steps"]) * 32  # the model's tokens, not bytes
 
 
 def test_an_unreachable_server_is_one_sentence(memagent, tmp_path):

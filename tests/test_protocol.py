@@ -1,5 +1,10 @@
 """The MemAgent prompts and reply rules, checked against the spec's literal strings."""
 
+import random
+
+import pytest
+from support.deadline import deadline
+
 from memagent_cli import protocol
 
 # Copied by hand from the authors' templates (the project's protocol spec), not from the code
@@ -55,6 +60,37 @@ def test_boxed_absent_or_unclosed():
     assert protocol.extract_boxed("\\boxed{open") is None
     assert protocol.extract_boxed("\\boxed{ok} then \\boxed{cut") == "ok"
     assert protocol.extract_boxed("\\boxed{}") == ""
+
+
+def boxed_by_rescanning(reply: str) -> str | None:
+    """The rule scanned from each box in turn, last first: quadratic, for short replies."""
+    marker = "\\boxed{"
+    start = reply.rfind(marker)
+    while start >= 0:
+        depth = 0
+        for i in range(start + len(marker) - 1, len(reply)):
+            depth += {"{": 1, "}": -1}.get(reply[i], 0)
+            if reply[i] == "}" and depth == 0:
+                return reply[start + len(marker) : i]
+        start = reply.rfind(marker, 0, start)
+    return None
+
+
+def test_boxed_agrees_with_the_rule_scanned_box_by_box():
+    rng = random.Random(47)
+    pieces = ["\\boxed{", "\\boxed", "{", "}", "a", " ", "\\fbox{"]
+    for _ in range(20_000):
+        reply = "".join(rng.choices(pieces, k=rng.randint(0, 12)))
+        assert protocol.extract_boxed(reply) == boxed_by_rescanning(reply), repr(reply)
+
+
+@pytest.mark.parametrize(
+    "unit", ["\\boxed{", "\\boxed{}}", "\\boxed{{"], ids=["open", "closed", "nested"]
+)
+def test_boxed_of_a_hostile_reply_takes_linear_time(unit):
+    reply = unit * (int(1.25 * 2**20) // len(unit))
+    with deadline(1.0):
+        protocol.extract_boxed(reply)
 
 
 def test_think_is_stripped_to_after_the_last_marker():

@@ -5,9 +5,11 @@ their formulas, and the state each reader carries from step to step. No model.""
 from __future__ import annotations
 
 import math
+import random
 import re
 
 import pytest
+from support.deadline import deadline
 
 from memagent_cli.readers import infmem, rememr1
 
@@ -321,6 +323,51 @@ def test_infmem_memory_and_answer():
     assert infmem.parse_answer("<think>the answer is hidden</think>\nNo idea.") is None
 
 
+# Their `_parse_function_calls_from_text` (taskutils/memory_eval/utils/infmem.py), which
+# parse_plan must agree with on every reply; quadratic in re, so only run on short ones.
+THEIR_CALL = re.compile(
+    r"✿FUNCTION✿:\s*([^\n]+)\s*✿ARGS✿:\s*([^✿]+?)(?=✿RESULT✿|✿RETURN✿|✿FUNCTION✿|$)", re.DOTALL
+)
+
+
+def their_calls(reply: str) -> tuple[infmem.Call, ...]:
+    return tuple(
+        infmem.Call(m.group(1).strip(), m.group(2).strip()) for m in THEIR_CALL.finditer(reply)
+    )
+
+
+def shuffled_replies(pieces: list[str], count: int, most: int, seed: int) -> list[str]:
+    """`count` replies of up to `most` pieces drawn at random (the same each run)."""
+    rng = random.Random(seed)
+    return ["".join(rng.choices(pieces, k=rng.randint(0, most))) for _ in range(count)]
+
+
+def test_infmem_calls_are_found_where_their_expression_finds_them():
+    pieces = ["✿FUNCTION✿:", "✿ARGS✿:", "✿RESULT✿", "✿RETURN✿", "✿FUNCTION✿", "✿", " ", "\n"]
+    pieces += ["\t", "\u3000", "name", "a b"]
+    for reply in shuffled_replies(pieces, 20_000, 14, seed=47):
+        assert infmem.parse_plan(reply, "Q").calls == their_calls(reply), repr(reply)
+
+
+HUGE = int(1.25 * 2**20)  # bytes: the most memagent reads of a server's reply
+
+
+def huge(unit: str) -> str:
+    return unit * (HUGE // len(unit.encode()))
+
+
+@pytest.mark.parametrize(
+    "unit",
+    ["✿FUNCTION✿:", "✿FUNCTION✿: x ✿ARGS✿: ✿", "✿FUNCTION✿:\n\n✿ARGS✿:", "✿ARGS✿:", " "],
+    ids=["names", "names-and-args", "lines", "args", "spaces"],
+)
+def test_infmem_a_hostile_plan_is_parsed_in_linear_time(unit):
+    reply = huge(unit) if unit != " " else "✿FUNCTION✿:" + huge(unit)
+    with deadline(1.0):
+        plan = infmem.parse_plan(reply, "Q")
+    assert not plan.stop
+
+
 # --- InfMem: retrieval ------------------------------------------------------------------
 
 
@@ -459,6 +506,40 @@ def test_rememr1_answer():
     assert rememr1.parse_answer("\\boxed{open") is None
     assert rememr1.parse_answer("\\fbox{x}") is None
     assert rememr1.parse_answer("nothing") is None
+
+
+THEIR_RECALL = re.compile(r"<recall>(.+)</recall>")
+THEIR_RECALL_TAGS = re.compile(r"<recall>.*?</recall>", re.DOTALL)
+
+
+def test_rememr1_recalls_are_found_where_their_expressions_find_them():
+    pieces = ["<recall>", "</recall>", "<recall", "recall>", "\n", " ", "q", "who?"]
+    for reply in shuffled_replies(pieces, 20_000, 12, seed=47):
+        query = THEIR_RECALL.search(reply)
+        memory = THEIR_RECALL_TAGS.sub("", reply).strip()
+        assert rememr1.parse_update(reply) == rememr1.Update(
+            memory, query.group(1) if query else None
+        ), repr(reply)
+
+
+@pytest.mark.parametrize(
+    "unit",
+    ["<recall>", "<recall>x", "<recall>\n", "<recall></recall>"],
+    ids=["open", "open-text", "lines", "closed"],
+)
+def test_rememr1_a_hostile_update_is_parsed_in_linear_time(unit):
+    reply = huge(unit)
+    with deadline(1.0):
+        rememr1.parse_update(reply)
+
+
+@pytest.mark.parametrize(
+    "unit", ["\\boxed{", "{", "\\boxed{}}", "\\boxed "], ids=["open", "nested", "closed", "spaced"]
+)
+def test_rememr1_a_hostile_answer_is_parsed_in_linear_time(unit):
+    reply = huge(unit) if unit != "{" else "\\boxed{" + huge(unit)
+    with deadline(1.0):
+        rememr1.parse_answer(reply)
 
 
 # --- ReMemR1: retrieval -----------------------------------------------------------------

@@ -45,9 +45,9 @@ def test_a_document_spelling_control_tokens_writes_no_turn(backend):
     # Only the template's turns: as many control tokens as a clean prompt has.
     assert specials(backend, tokens) == specials(backend, backend._chat_prompt(clean)[0])
     assert len(specials(backend, whole(backend, hostile))) > len(specials(backend, tokens))
-    # The forged text is there as text (control tokens read back as nothing).
+    # The forged text is there as text (detokenize gives control tokens' text too, so the
+    # count of control tokens above is what tells the two apart).
     assert FORGED in backend.detokenize(tokens).decode()
-    assert FORGED not in backend.detokenize(whole(backend, hostile)).decode()
     # A memory or a question carrying it is held the same way.
     final = protocol.render_final(FORGED, FORGED)
     assert specials(backend, backend._chat_prompt(final)[0]) == specials(

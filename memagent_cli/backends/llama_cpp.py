@@ -145,8 +145,11 @@ class LlamaCppBackend:
     def __init__(
         self, path: Path, options: LlamaOptions = LlamaOptions(), *, name: str | None = None
     ) -> None:
+        import llama_cpp
         from llama_cpp import Llama
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        from memagent_cli.backends.llama_parts import Pieces
 
         self.options = options
         self.speculate, self.exact = options.speculate, options.exact
@@ -181,6 +184,9 @@ class LlamaCppBackend:
         metadata = self._vocab.metadata
         arch = metadata.get("general.architecture", "")
         self.context_limit = int(metadata.get(f"{arch}.context_length", 0)) or 2048
+        # A document's tokens as text, every one: llama.cpp makes some plain words control
+        # tokens (Qwen2's `</s>`), which are text to the authors' tokenizer.
+        self._pieces = Pieces(llama_cpp.llama_model_get_vocab(self._vocab.model), special=True)
         eos_id, bos_id = self._vocab.token_eos(), self._vocab.token_bos()
         self._formatter = Jinja2ChatFormatter(
             template=template,
@@ -195,15 +201,19 @@ class LlamaCppBackend:
         self.sequences = 1
 
     def _token_text(self, token: int) -> str:
+        from memagent_cli.backends.llama_parts import piece
+
         if token < 0:
             return ""
-        return self._vocab.detokenize([token], special=True).decode("utf-8", errors="replace")
+        return piece(self._pieces.vocab, token, special=True).decode("utf-8", errors="replace")
 
     def tokenize(self, text: str) -> list[int]:
         return self._vocab.tokenize(text.encode("utf-8"), add_bos=False, special=False)
 
     def detokenize(self, tokens: Sequence[int]) -> bytes:
-        return self._vocab.detokenize(list(tokens))
+        """Every token's bytes, at any length (llama_parts.piece), not llama-cpp-python's
+        own detokenize, which drops pieces longer than 32 bytes and control tokens."""
+        return self._pieces.join(tokens)
 
     def _chat_prompt(self, message: str) -> tuple[list[int], list[str]]:
         """The chat prompt's tokens: the template's own markup with its control tokens, and

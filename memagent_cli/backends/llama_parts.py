@@ -4,6 +4,7 @@ batch, and token pieces. Each wraps one ctypes API of llama-cpp-python and nothi
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Iterable
 
 import llama_cpp
 
@@ -79,20 +80,35 @@ class Batch:
         llama_cpp.llama_batch_free(self._batch)
 
 
-class Pieces:
-    """The bytes of each token, looked up once (a reply's text is the join of its pieces)."""
+def piece(vocab: llama_cpp.llama_vocab_p, token: int, special: bool = False) -> bytes:
+    """The bytes of one token, however long: a piece that does not fit the buffer is asked
+    for again at the length llama.cpp gives back (its negative return). llama-cpp-python's
+    own detokenize uses a 32-byte buffer and drops every longer piece (runs of 33 or more
+    spaces, `=`, `-`: hundreds of tokens of Qwen2's vocabulary)."""
+    buffer = ctypes.create_string_buffer(64)
+    n = llama_cpp.llama_token_to_piece(vocab, token, buffer, 64, 0, special)
+    if n < 0:
+        buffer = ctypes.create_string_buffer(-n)
+        n = llama_cpp.llama_token_to_piece(vocab, token, buffer, -n, 0, special)
+    if n < 0:
+        raise RuntimeError(f"llama.cpp gave no piece for token {token} ({n})")
+    return buffer.raw[:n]
 
-    def __init__(self, vocab: llama_cpp.llama_vocab_p) -> None:
-        self._vocab = vocab
+
+class Pieces:
+    """The bytes of each token, looked up once (a reply's text is the join of its pieces);
+    with `special`, control tokens' text too."""
+
+    def __init__(self, vocab: llama_cpp.llama_vocab_p, special: bool = False) -> None:
+        self.vocab, self.special = vocab, special
         self._pieces: dict[int, bytes] = {}
 
     def __call__(self, token: int) -> bytes:
-        piece = self._pieces.get(token)
-        if piece is None:
-            buffer = ctypes.create_string_buffer(64)
-            n = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, 64, 0, False)
-            if n < 0:  # a piece longer than 64 bytes: -n is its length
-                buffer = ctypes.create_string_buffer(-n)
-                n = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, -n, 0, False)
-            piece = self._pieces[token] = buffer.raw[:n]
-        return piece
+        found = self._pieces.get(token)
+        if found is None:
+            found = self._pieces[token] = piece(self.vocab, token, self.special)
+        return found
+
+    def join(self, tokens: Iterable[int]) -> bytes:
+        """The bytes of `tokens`, every piece whole."""
+        return b"".join(map(self, tokens))

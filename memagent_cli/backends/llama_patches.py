@@ -11,6 +11,9 @@ route, each in one place, undone when done where it can be:
   memagent's weight placement (backends/build.py: AMX buffers crash). Llama takes no
   model params, so its module's llama_model_default_params is replaced while the context
   lasts and put back after it.
+- `whole_pieces`: llama-cpp-python's own detokenize (its server's /extras/detokenize and
+  replies) gives every token's text: its own puts each token in a 32-byte buffer and drops
+  a longer one (runs of 33 or more spaces, `=`, `-`). Put back after the context.
 - `LlamaLog`: llama.cpp's log (one callback for the whole process, in llama.cpp itself) to
   stderr, printable, with --verbose and nowhere otherwise; `restore` puts back the
   callback it replaced.
@@ -103,6 +106,30 @@ def placed_weights(placement: Placement) -> Iterator[Placement]:
         yield placement
     finally:
         library.llama_model_default_params = default
+
+
+@contextlib.contextmanager
+def whole_pieces() -> Iterator[None]:
+    """While the context lasts, llama-cpp-python's LlamaModel.detokenize (what `Llama`, its
+    tokenizer and its server detokenize with) returns every token's bytes, at any length
+    (llama_parts.piece); it keeps its one rule besides, a leading space cut after a BOS."""
+    from llama_cpp import _internals
+
+    from memagent_cli.backends.llama_parts import piece
+
+    model = _internals.LlamaModel
+    own = model.detokenize
+
+    def detokenize(self: Any, tokens: list[int], special: bool = False) -> bytes:
+        text = b"".join(piece(self.vocab, token, special) for token in tokens)
+        after_bos = len(tokens) > 0 and tokens[0] == self.token_bos()
+        return text[1:] if after_bos and text[:1] == b" " else text
+
+    model.detokenize = detokenize
+    try:
+        yield
+    finally:
+        model.detokenize = own
 
 
 def _log_to_stderr(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:

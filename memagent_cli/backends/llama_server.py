@@ -1,6 +1,7 @@
 """llama-cpp-python's OpenAI-compatible server with memagent's weight placement, so that
-it does not crash on a CPU with AMX (backends/build.py, backends/llama_patches.py). It
-takes the server's own options, and llama.cpp's --repack/--no-repack:
+it does not crash on a CPU with AMX (backends/build.py, backends/llama_patches.py), and
+with every token's text in its detokenize (llama_patches.whole_pieces). It takes the
+server's own options, and llama.cpp's --repack/--no-repack:
 
     python -m memagent_cli.backends.llama_server --model model.gguf --n_ctx 8192 --port 8080
 """
@@ -25,7 +26,7 @@ def main(argv: list[str]) -> None:
     from llama_cpp.server.__main__ import main as serve
 
     from memagent_cli.backends import build
-    from memagent_cli.backends.llama_patches import placed_weights
+    from memagent_cli.backends.llama_patches import placed_weights, whole_pieces
 
     repack = True if "--repack" in argv else False if "--no-repack" in argv else None
     argv = [arg for arg in argv if arg not in ("--repack", "--no-repack")]
@@ -36,7 +37,7 @@ def main(argv: list[str]) -> None:
     offload = layers != 0 and build.offloads()
     placement = build.placement_for(Path(model) if model else None, repack=repack, offload=offload)
     sys.argv = [sys.argv[0], *argv]
-    with placed_weights(placement):
+    with placed_weights(placement), whole_pieces():
         serve()
 
 

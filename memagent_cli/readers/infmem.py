@@ -12,6 +12,7 @@ was nondeterministic or crashed, and what this module does there.
 
 from __future__ import annotations
 
+import bisect
 import codecs
 import json
 import math
@@ -269,11 +270,95 @@ def joined_reply(first: str, second: str) -> str:
 
 # --- replies -------------------------------------------------------------------------
 
-_CALL = re.compile(
-    f"{re.escape(FN_NAME)}:\\s*([^\\n]+)\\s*{re.escape(FN_ARGS)}:\\s*([^✿]+?)"
-    f"(?={re.escape(FN_RESULT)}|{re.escape(FN_EXIT)}|{re.escape(FN_NAME)}|$)",
-    re.DOTALL,
-)
+# Their parser is one regular expression (qwen_fncall_prompt.py's `parse_fncall`):
+#
+#   FN_NAME:\s*([^\n]+)\s*FN_ARGS:\s*([^✿]+?)(?=FN_RESULT|FN_EXIT|FN_NAME|$)   (DOTALL)
+#
+# which re runs in quadratic time (each `FN_NAME:` scans to the end of its line and back),
+# hours for a hostile reply. `_calls` finds the same matches in linear time: the name is
+# greedy, so it runs to the last place on its line where an `FN_ARGS:` whose arguments
+# end well can follow; tests/test_readers_protocol.py holds it against the expression.
+_NAME_MARK, _ARGS_MARK = FN_NAME + ":", FN_ARGS + ":"
+_SPACE = re.compile(r"\s*")
+
+
+def _calls(reply: str) -> list[tuple[str, str]]:
+    """(name, arguments) of each match of their expression in `reply`, in order."""
+    size = len(reply)
+    newlines = [m.start() for m in re.finditer("\n", reply)]
+    ends: dict[int, tuple[int, int] | None] = {}
+
+    def spaces(at: int) -> int:  # the end of the whitespace from `at`
+        match = _SPACE.match(reply, at)
+        return match.end() if match else at
+
+    def arguments(at: int) -> tuple[int, int] | None:
+        """The arguments' span after an `FN_ARGS:` that ends at `at`, if their end is
+        one the expression accepts: a marker, or the end of the reply."""
+        if at in ends:
+            return ends[at]
+        start = spaces(at)
+        mark = reply.find("✿", start)
+        found: tuple[int, int] | None = None
+        if mark < 0:  # `$`: the end, or before a newline that ends the reply
+            if start < size:
+                found = (start, size - 1 if reply.endswith("\n") else size)
+            elif start > at:  # only whitespace: one character of it is the arguments
+                found = (size - 1, size)
+        elif reply.startswith((FN_RESULT, FN_EXIT, FN_NAME), mark):
+            if start < mark:
+                found = (start, mark)
+            elif start > at:
+                found = (mark - 1, mark)
+        ends[at] = found
+        return found
+
+    # Every `FN_ARGS:` whose arguments end well, in order: the last of a line wins.
+    good, at = [], reply.find(_ARGS_MARK)
+    while at >= 0:
+        if arguments(at + len(_ARGS_MARK)) is not None:
+            good.append(at)
+        at = reply.find(_ARGS_MARK, at + 1)
+
+    def line_end(at: int) -> int:
+        index = bisect.bisect_left(newlines, at)
+        return newlines[index] if index < len(newlines) else size
+
+    def match(after: int) -> tuple[int, int, tuple[int, int]] | None:
+        """The name's span and the arguments' of a match whose `FN_NAME:` ends at `after`."""
+        first = spaces(after)  # the name starts here, unless that fails
+        if first < size:
+            end = line_end(first)
+            mark = spaces(end)  # an `FN_ARGS:` after the line, past whitespace only
+            if end < size and reply.startswith(_ARGS_MARK, mark):
+                span = arguments(mark + len(_ARGS_MARK))
+                if span is not None:
+                    return first, end, span
+            index = bisect.bisect_left(good, end) - 1  # the last good one on the line
+            if index >= 0 and good[index] > first:
+                mark = good[index]
+                span = arguments(mark + len(_ARGS_MARK))
+                assert span is not None
+                return first, mark, span
+        # An `FN_ARGS:` right after the whitespace: the name is the last character of that
+        # whitespace that is not a newline.
+        if reply.startswith(_ARGS_MARK, first):
+            span = arguments(first + len(_ARGS_MARK))
+            name = next((i for i in range(first - 1, after - 1, -1) if reply[i] != "\n"), -1)
+            if span is not None and name >= 0:
+                return name, name + 1, span
+        return None
+
+    calls, at = [], reply.find(_NAME_MARK)
+    while at >= 0:
+        found = match(at + len(_NAME_MARK))
+        if found is None:
+            at = reply.find(_NAME_MARK, at + 1)
+            continue
+        start, end, (args_start, args_end) = found
+        calls.append((reply[start:end], reply[args_start:args_end]))
+        at = reply.find(_NAME_MARK, args_end)
+    return calls
 
 
 def _trailing_comment_removed(arguments: str) -> str:
@@ -306,8 +391,8 @@ def parse_plan(reply: str, question: str) -> Plan:
     if "STOP" in reply:
         return Plan(stop=True)
     calls = tuple(
-        Call(m.group(1).strip(), _trailing_comment_removed(m.group(2).strip()))
-        for m in _CALL.finditer(reply)
+        Call(name.strip(), _trailing_comment_removed(arguments.strip()))
+        for name, arguments in _calls(reply)
     )
     searches = tuple(_search(c, question) for c in calls if c.name == SEARCH_TOOL)
     return Plan(stop=False, calls=calls, searches=searches)

@@ -118,8 +118,42 @@ def render_final(question: str, memory: str, recalled: str) -> str:
 
 # --- replies -------------------------------------------------------------------------
 
-_RECALL = re.compile(r"<recall>(.+)</recall>")  # no DOTALL, greedy: as theirs
-_RECALL_TAGS = re.compile(r"<recall>.*?</recall>", re.DOTALL)
+# Their parsing is two regular expressions, `<recall>(.+)</recall>` (greedy, no DOTALL) for
+# the query and `<recall>.*?</recall>` (DOTALL) removed for the memory, which re runs in
+# quadratic time on a reply of unclosed tags. The functions below find the same text in
+# linear time; tests/test_readers_protocol.py holds them against the expressions.
+_OPEN, _CLOSE = "<recall>", "</recall>"
+
+
+def _recall_query(reply: str) -> str | None:
+    """What `<recall>(.+)</recall>` finds: from the first `<recall>` that has a `</recall>`
+    later on its line, at least a character on, to the last such `</recall>`."""
+    start = reply.find(_OPEN)
+    while start >= 0:
+        line_end = reply.find("\n", start)
+        line_end = len(reply) if line_end < 0 else line_end
+        close = reply.rfind(_CLOSE, start + len(_OPEN) + 1, line_end)
+        if close >= 0:
+            return reply[start + len(_OPEN) : close]
+        if line_end == len(reply):  # a later `<recall>` on this line has less room still
+            return None
+        start = reply.find(_OPEN, line_end)
+    return None
+
+
+def _recalls_removed(reply: str) -> str:
+    """`reply` with each `<recall>...</recall>` (the nearest close, across lines) removed."""
+    kept, at = [], 0
+    start = reply.find(_OPEN)
+    while start >= 0:
+        close = reply.find(_CLOSE, start + len(_OPEN))
+        if close < 0:  # no later `<recall>` is closed either
+            break
+        kept.append(reply[at:start])
+        at = close + len(_CLOSE)
+        start = reply.find(_OPEN, at)
+    kept.append(reply[at:])
+    return "".join(kept)
 
 
 def parse_update(reply: str) -> Update:
@@ -127,8 +161,10 @@ def parse_update(reply: str) -> Update:
     stripped. The query is the text from the first `<recall>` to the last `</recall>` of
     the same line (several tags on one line give one query spanning them); a tag that
     spans lines, is unclosed or empty gives none."""
-    match = _RECALL.search(reply)
-    return Update(_RECALL_TAGS.sub("", reply).strip(), match.group(1) if match else None)
+    return Update(_recalls_removed(reply).strip(), _recall_query(reply))
+
+
+_BRACES = re.compile("[{}]")
 
 
 def _last_boxed(text: str) -> str | None:
@@ -140,13 +176,10 @@ def _last_boxed(text: str) -> str | None:
         if index < 0:
             return None
     depth = 0
-    for i in range(index, len(text)):
-        if text[i] == "{":
-            depth += 1
-        if text[i] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[index : i + 1]
+    for brace in _BRACES.finditer(text, index):
+        depth += 1 if brace.group() == "{" else -1
+        if brace.group() == "}" and depth == 0:
+            return text[index : brace.end()]
     return None
 
 

@@ -4,7 +4,10 @@
 The stand-in follows the MemAgent protocol's shape: an update keeps the last words of the
 memory and adds the first words of the section; a final reply boxes the memory's first word.
 It has no tokenize endpoint unless told to (`tokenizer`: llama-server's /tokenize and
-/detokenize, one token per byte), so memagent cuts chunks with tiktoken (offline); the usage
+/detokenize, one token per byte; `extras_tokenizer`: llama-cpp-python's /extras/tokenize
+and /extras/detokenize, a token per run of a character, and the text of a token longer
+than 32 bytes dropped as its 0.3.36 drops it), so memagent cuts chunks with tiktoken
+(offline); the usage
 it reports counts a prompt's tokens as tiktoken's cl100k_base does (or a word a token,
 `count_words`: a tokenizer that counts far fewer on text of few spaces). The server
 can be told to take a fixed time per call, to turn calls away as busy (429 with
@@ -44,6 +47,21 @@ def reply_to(message: str) -> str:
     if section is None:  # the final prompt
         return f"From memory: \\boxed{{{remembered[0] if remembered else 'nothing'}}}"
     return " ".join((remembered + section.group(1).split()[:6])[-30:])
+
+
+_RUN = re.compile(r"(.)\1{0,199}", re.S)
+
+
+def run_tokens(text: str) -> list[int]:
+    """A token per run of one character, up to 200 long: its length and code point."""
+    return [len(m.group()) << 21 | ord(m.group(1)) for m in _RUN.finditer(text)]
+
+
+def runs_text(tokens: list[int]) -> str:
+    """The text of run tokens, as llama-cpp-python 0.3.36 detokenizes: a token whose text is
+    longer than 32 bytes gives nothing."""
+    pieces = (chr(token & 0x1FFFFF) * (token >> 21) for token in tokens)
+    return "".join(piece for piece in pieces if len(piece.encode()) <= 32)
 
 
 _CHUNK = re.compile(r"<recurrent_chunk>\n(.*?)\n</recurrent_chunk>", re.S)
@@ -100,6 +118,7 @@ class FakeServer:
     hold_after: int | None = None  # chat calls answered before the rest wait for release()
     held: int = 0  # chat calls waiting for release() now
     tokenizer: bool = False  # llama-server's /tokenize and /detokenize, a token per byte
+    extras_tokenizer: bool = False  # llama-cpp-python's, losing its long tokens' text
     tokenize_delay: float = 0.0  # seconds before each /tokenize reply
     tokenize_calls: int = 0
     busy: int = 0  # chat calls turned away first, with 429 and `Retry-After: retry_after`
@@ -186,6 +205,12 @@ class FakeServer:
                     fake.tokenize_calls += 1
                     time.sleep(fake.tokenize_delay)
                     self._json(200, {"tokens": list(body["content"].encode())})
+                    return
+                if fake.extras_tokenizer and self.path == "/extras/tokenize":
+                    self._json(200, {"tokens": run_tokens(body["input"])})
+                    return
+                if fake.extras_tokenizer and self.path == "/extras/detokenize":
+                    self._json(200, {"text": runs_text(body["tokens"])})
                     return
                 if fake.tokenizer and self.path == "/detokenize":
                     text = bytes(body["tokens"]).decode("utf-8", errors="replace")

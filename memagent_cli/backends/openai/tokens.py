@@ -23,20 +23,38 @@ _BYTES_PER_BYTE = 16
 _BYTES_PER_TOKEN = 256
 
 
+# Runs whose tokens are longer than 32 bytes in byte-level vocabularies (Qwen2's, SmolLM2's).
+_LONG_PIECES = "=" * 80 + "\n" + " " * 40 + "x"
+
+
+class _LosesText(BackendError):
+    """A detokenize endpoint that does not give back the text it was tokenized from."""
+
+
 def find_tokenizer(client: Client, model: str, encoding: str, note: Note) -> Tokenizer:
     """The first tokenize endpoint `client`'s server answers, asked once without retries;
-    else tiktoken's `encoding`, with a note that chunk sizes are approximate."""
+    else tiktoken's `encoding`, with a note that chunk sizes are approximate. So is a server
+    whose detokenize drops long tokens' text (llama-cpp-python's own server)."""
     for candidate in (_LlamaServerTokenizer, _VllmTokenizer, _LlamaCppPythonTokenizer):
         tokenizer = candidate(client, model)
         try:
             tokenizer.probe()
+        except _LosesText:
+            note(
+                f"The server's {tokenizer.detokenize_path} drops the text of long tokens "
+                "(llama-cpp-python's own server does; `python -m "
+                "memagent_cli.backends.llama_server` does not): chunks are cut with tiktoken "
+                f"{encoding}, so their sizes in the model's tokens are approximate."
+            )
+            break
         except BackendError:
             continue
         return tokenizer
-    note(
-        "The server has no tokenize endpoint: chunks are cut with tiktoken "
-        f"{encoding}, so their sizes in the model's tokens are approximate."
-    )
+    else:
+        note(
+            "The server has no tokenize endpoint: chunks are cut with tiktoken "
+            f"{encoding}, so their sizes in the model's tokens are approximate."
+        )
     return TiktokenTokenizer(encoding)
 
 
@@ -126,6 +144,16 @@ class _VllmTokenizer(_ServerTokenizer):
 
 class _LlamaCppPythonTokenizer(_ServerTokenizer):
     tokenize_path, detokenize_path = "/extras/tokenize", "/extras/detokenize"
+
+    def probe(self) -> None:
+        """Also fails where the text of a long token does not come back: llama-cpp-python
+        0.3.36's server detokenizes a token into 32 bytes and drops a longer one."""
+        super().probe()
+        tokens = self._tokens(_LONG_PIECES, probe=True)
+        body = self._detokenize_body(tokens)
+        reply = self._call(self.detokenize_path, body, probe=True)
+        if reply.get("text") != _LONG_PIECES:
+            raise _LosesText(f"{self.detokenize_path} loses text")
 
     def _tokenize_body(self, text: str) -> dict[str, Any]:
         return {"input": text, "model": self._model}
