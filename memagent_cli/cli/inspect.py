@@ -22,6 +22,7 @@ from memagent_cli.cli.options import (
     PasswordOpt,
     QuietOpt,
     ReaderOpt,
+    RecalibrateOpt,
     choices,
     reads,
     user_errors,
@@ -57,6 +58,7 @@ def inspect(
         ),
     ] = True,
     reader: ReaderOpt = None,
+    recalibrate: RecalibrateOpt = False,
     password: PasswordOpt = None,
     format: FormatOpt = None,
     no_document_cache: NoDocumentCacheOpt = False,
@@ -107,7 +109,7 @@ def inspect(
             read.backend.model,
             chunk_tokens=settings.chunk_tokens,
             memory_tokens=settings.memory_tokens,
-            llama=read.backend.llama,
+            llama=dataclasses.replace(read.backend.llama, recalibrate=recalibrate),
             note=report.note,
         )
         how = reader.value if reader else registry.reader_for(model.backend.name)

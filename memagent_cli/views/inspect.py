@@ -65,8 +65,8 @@ def print_report(report: dict[str, Any]) -> None:
             f"{len(est['calls']):,} calls; at a step's "
             f"depth of {est['depth']:,} tokens the prompt reads at "
             f"{est['prompt_tokens_per_second']:,.0f} tok/s and the reply decodes at "
-            f"{est['generation_tokens_per_second']:,.1f} tok/s, measured in "
-            f"{_duration(est['measure_seconds'])}; assumes {est['assumes']})",
+            f"{est['generation_tokens_per_second']:,.1f} tok/s, {_measured(est)}; assumes "
+            f"{est['assumes']})",
         )
     out.print(summary)
     table = Table("chunk", "tokens", "characters", "span", box=None, pad_edge=False)
@@ -95,14 +95,30 @@ def print_pages(pages: list[dict[str, Any]]) -> None:
 
 
 def _how_long(estimate: dict[str, Any]) -> str:
-    """ "about X ... (at most Y ...)" where past readings taught the estimate; else the bound."""
+    """ "about X ... (at most Y ...)" where past readings taught the estimate; before any,
+    "about X ... (L to Y ...)"."""
     most = _duration(estimate.get("seconds_at_most", estimate["seconds_per_question"]))
+    about = _duration(estimate["seconds_per_question"])
     if not estimate.get("learned"):
-        return f"at most {most} per question on this machine"
+        least = estimate.get("seconds_at_least")
+        if least is None:  # a report from before the range
+            return f"at most {most} per question on this machine"
+        return (
+            f"about {about} per question on this machine ({_duration(least)} to {most}, "
+            "by how long the model's replies run: its first reading here tells)"
+        )
     return (
-        f"about {_duration(estimate['seconds_per_question'])} per question on this machine "
+        f"about {about} per question on this machine "
         f"(at most {most} if every memory is written in full)"
     )
+
+
+def _measured(estimate: dict[str, Any]) -> str:
+    """When the rates were measured: now (in how long), or kept from an earlier look."""
+    when = estimate.get("speed_measured", "now")
+    if when == "now":
+        return f"measured in {_duration(estimate['measure_seconds'])}"
+    return f"measured on this machine {when} and kept (--recalibrate measures again)"
 
 
 def _learned(estimate: dict[str, Any]) -> str:
