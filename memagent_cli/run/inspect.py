@@ -217,6 +217,69 @@ def reader_templates(backend: Backend, reader: str, steps: int) -> Templates:
 _MEMAGENT_TEMPLATES = (protocol.render_update("", "", ""), protocol.render_final("", ""))
 
 
+@dataclass(frozen=True)
+class Priced:
+    """A reading's seconds: likely (learned, else FIRST_GUESS), its range's low end (before
+    any reading; else None) and at most (every reply in full), its answer call's likely
+    seconds, the likely calls, and what they assumed of replies and decoding."""
+
+    seconds: float
+    least: float | None
+    most: float
+    answer: float
+    likely: list[CallSize]
+    written: float
+    answered: float
+    factor: float
+
+
+@dataclass(frozen=True)
+class Reading:
+    """The calls of a reading to price: `reader`'s over chunks of `sizes` tokens, with
+    `templates`, a memory of at most `memory_tokens`, the first of `first_memory`."""
+
+    reader: str
+    sizes: Sequence[int]
+    templates: Templates
+    memory_tokens: int
+    first_memory: int
+
+    def calls(self, written: float = 1.0, answered: float = 1.0) -> list[CallSize]:
+        return reading_calls(
+            self.reader,
+            self.sizes,
+            self.templates,
+            self.memory_tokens,
+            self.first_memory,
+            written,
+            answered,
+        )
+
+    def priced(self, speed: Speed, past: History, speculating: bool) -> Priced:
+        """Its seconds at `speed`, replies as long and decoding as cheap as `past` readings
+        of the model here show; before any, as FIRST_GUESS says (drafts saving only where
+        they are taken: `speculating`), from LEAST_GUESS to the bound."""
+        factor = past.decode_factor(speed) or 1.0
+        written, answered = past.written() or 1.0, past.answered() or 1.0
+        # The bound keeps a learned cost of decoding above one token a decode (drafts that
+        # cost more than they saved), never a saving: longer replies may copy less.
+        most = sum(call_seconds(call, speed, max(factor, 1.0)) for call in self.calls())
+        if past.readings:
+            likely = self.calls(written, answered)
+            seconds = [call_seconds(call, speed, factor) for call in likely]
+            return Priced(sum(seconds), None, most, seconds[-1], likely, written, answered, factor)
+        # Nothing learned yet: the bound alone overstated a first reading 1.4-1.9x.
+
+        def guessed(guess: Guess) -> tuple[list[float], list[CallSize]]:
+            calls = self.calls(guess.written, guess.answered)
+            factor = guess.factor if speculating else 1.0
+            return [call_seconds(call, speed, factor) for call in calls], calls
+
+        seconds, likely = guessed(FIRST_GUESS)
+        least = sum(guessed(LEAST_GUESS)[0])
+        return Priced(sum(seconds), least, most, seconds[-1], likely, written, answered, factor)
+
+
 def estimate_reading(
     backend: LlamaCppBackend,
     chunks: list[Chunk],
@@ -248,28 +311,10 @@ def estimate_reading(
     deepest = max(calls, key=lambda call: call.prompt)
     speed, kept = _speed(backend, chunks, context, deepest.prompt, report, measure, kept_as)
     speculating = bool(getattr(backend, "speculate", False))
-    factor = past.decode_factor(speed) or 1.0
-    written, answered = past.written() or 1.0, past.answered() or 1.0
-    # The bound keeps a learned cost of decoding above one token a decode (drafts that cost
-    # more than they saved), never a saving: longer replies may copy less.
-    most = sum(call_seconds(call, speed, max(factor, 1.0)) for call in calls)
-    least = None
-    if past.readings:
-        likely = reading_calls(settings.reader, sizes, templates, memory, first, written, answered)
-        seconds = sum(call_seconds(call, speed, factor) for call in likely)
-    else:
-        # Nothing learned yet: the bound alone overstated a first reading 1.4-1.9x.
-        def guessed(guess: Guess) -> tuple[float, list[CallSize]]:
-            """Seconds of the reading whose replies run and decode as `guess` says (its
-            draft saving only where drafts are taken), and its calls."""
-            calls = reading_calls(
-                settings.reader, sizes, templates, memory, first, guess.written, guess.answered
-            )
-            factor = guess.factor if speculating else 1.0
-            return sum(call_seconds(call, speed, factor) for call in calls), calls
-
-        seconds, likely = guessed(FIRST_GUESS)
-        least = guessed(LEAST_GUESS)[0]
+    reading = Reading(settings.reader, sizes, templates, memory, first)
+    priced = reading.priced(speed, past, speculating)
+    most, least, seconds, likely = priced.most, priced.least, priced.seconds, priced.likely
+    written, answered, factor = priced.written, priced.answered, priced.factor
     stops = _STOPS_EARLY.get(settings.reader)
     return {
         # The estimate: what past readings of this model here say, else FIRST_GUESS.

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from memagent_cli.progress import Expected
-from memagent_cli.reader import Answering, Event, StepFinished, StepStarted
+from memagent_cli.reader import Answering, Event, Finished, StepFinished, StepStarted
 
 # Replies of the last few steps say how long the next ones run (a memory grows, then holds).
 RECENT = 3
@@ -32,6 +32,7 @@ class TimeLeft:
     _read_to: int = 0  # document tokens read
     _steps_left: int | None = None
     _answering: bool = False
+    _finished: bool = False
     _elapsed: float = 0.0  # seconds of the steps finished
 
     def add(self, event: Event) -> None:
@@ -52,6 +53,8 @@ class TimeLeft:
             self._elapsed += gen.seconds
         elif isinstance(event, Answering):
             self._answering, self._steps_left = True, 0
+        elif isinstance(event, Finished):
+            self._finished = True
 
     @property
     def measured(self) -> bool:
@@ -61,6 +64,8 @@ class TimeLeft:
     def seconds(self) -> float | None:
         """Seconds left after the latest event; None before any step where nothing was
         expected."""
+        if self._finished:
+            return 0.0
         if not self._replies:
             if self.expected is None:
                 return None
