@@ -111,7 +111,8 @@ def test_the_estimate_sums_every_call_at_the_measured_speed():
     settings = Settings(chunk_tokens=500, memory_tokens=64)
     est = estimate_reading(backend, chunks, settings, measure=measure)  # type: ignore[arg-type]
     calls = [CallSize(*call) for call in est["calls"]]
-    assert len(calls) == len(chunks) + 1 and backend.prepared == 1
+    assert len(calls) == len(chunks) + 1
+    assert backend.prepared == 0  # a measure of its own loads what it times
     assert [c.reply for c in calls] == [64] * len(chunks) + [protocol.FINAL_MAX_TOKENS]
     assert asked == [(backend, max(c.prompt for c in calls))] == [(backend, est["depth"])]
     speed = Speed(**est["speed"])
@@ -236,3 +237,38 @@ def test_a_second_inspect_prices_another_text_at_the_speed_kept(memagent, env, t
     assert remeasured.returncode == 0, remeasured.stderr
     assert "measuring the model's speed" in remeasured.stderr
     assert json.loads(remeasured.stdout)["estimate"]["speed_measured"] == "now"
+
+
+@pytest.mark.model
+def test_a_registry_model_not_pulled_is_estimated_from_its_shape_with_its_download(
+    memagent, env, tmp_path
+):
+    """`inspect -m memagent-7b` before any pull: tokens counted with tiktoken, the
+    download and conversion priced, a question's time from its layer shapes timed here in a
+    stand-in (nothing downloaded), kept for the next look."""
+    from memagent_cli.models import registry
+
+    path = tmp_path / "a.txt"
+    path.write_text(story(60))
+    sizes = ["--chunk-tokens", "300", "--memory-tokens", "64"]
+    result = memagent("inspect", str(path), "-m", "memagent-7b", *sizes)
+    assert result.returncode == 0, result.stderr
+    shown = " ".join(result.stdout.split())
+    assert "memagent-7b is not pulled yet (memagent models pull memagent-7b): 15.2 GB to" in shown
+    assert "to convert and quantize to Q4_K_M" in shown and "a stated rate" in shown
+    assert "per question on this machine" in shown and "an estimate" in shown
+    assert "2-layer stand-in with random Q4_K_M weights, scaled to its 28 layers" in shown
+    assert "approximate for memagent-7b's tokenizer" in shown
+    assert "nothing is downloaded" in result.stderr
+    again = memagent("inspect", str(path), "-m", "memagent-7b", *sizes, "--json")
+    assert again.returncode == 0, again.stderr
+    report = json.loads(again.stdout)
+    entry = registry.registry()["memagent-7b"]
+    assert report["pull"]["download_bytes"] == entry["download"]
+    assert report["pull"]["download_seconds"] > 0 and report["pull"]["conversion_seconds"] > 0
+    est = report["estimate"]
+    assert est["stand_in"] and est["speed_measured"] != "now"  # kept from the first look
+    assert "stand-in" not in again.stderr
+    assert est["seconds_at_least"] < est["seconds_per_question"] < est["seconds_at_most"]
+    assert not list((Path(env["MEMAGENT_HOME"]) / "cache").rglob("*.gguf"))  # removed
+    assert registry.find_file("memagent-7b") is None

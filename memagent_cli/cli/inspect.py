@@ -78,10 +78,12 @@ def inspect(
 ) -> None:
     """Show DOCUMENT's format, pages, tokens and chunks without asking the model anything."""
     import dataclasses
+    import os
 
     from memagent_cli import api
     from memagent_cli.documents import inputs
-    from memagent_cli.models import registry
+    from memagent_cli.models import local, registry
+    from memagent_cli.run import unpulled
     from memagent_cli.views import inspect as views
 
     report = reporter(quiet)
@@ -101,6 +103,21 @@ def inspect(
             console.result_json(pages, indent=2)
         else:
             views.print_pages(pages)
+        return
+    named = read.backend.model or os.environ.get(local.ENV_VAR)
+    if tokenizer == "model" and (entry := unpulled.not_pulled(named)):
+        # A registry model not pulled yet: priced from its shape, nothing downloaded.
+        name = entry[0]
+        how = reader.value if reader else registry.reader_for(name)
+        llama = dataclasses.replace(read.backend.llama, recalibrate=recalibrate)
+        windows = dataclasses.replace(read.settings, reader=how)
+        found = unpulled.inspect_unpulled(
+            loaded, name, entry[1], windows, llama, estimate=estimate, report=report
+        )
+        if as_json:
+            console.result_json(found, indent=2)
+        else:
+            views.print_report(found)
         return
     model = None
     if tokenizer == "model":

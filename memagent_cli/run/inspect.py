@@ -358,17 +358,18 @@ def _speed(
 ) -> tuple[Speed, str]:
     """The prefill and decode rates to `depth`: kept for this model and engine here (with
     when they were measured), else measured now (and kept, for the backend's own key or
-    `kept_as`; with `measure` only for `kept_as`)."""
+    `kept_as`; with `measure` only for `kept_as`). `measure`, where given, loads what it
+    times itself."""
     keeps = measure is None or kept_as is not None
     if keeps and isinstance(backend, LlamaCppBackend):
         found = speeds_store.kept_for(backend, depth, kept_as, note=report.note)
         if found is not None:
             return found.speed, found.measured or "kept"
-    with report.progress("bytes") as progress:
-        backend.prepare(context, progress=progress)
-    report.note("measuring the model's speed at the depth of a step...")
     sample = backend.tokenize(chunks[0].text) or backend.tokenize(_QUESTION)
     if measure is None:
+        with report.progress("bytes") as progress:
+            backend.prepare(context, progress=progress)
+        report.note("measuring the model's speed at the depth of a step...")
         speed = speeds.measure(backend, sample, depth, budget=MEASURE_BUDGET)
     else:
         speed = measure(backend, sample, depth)

@@ -49,10 +49,16 @@ def print_report(report: dict[str, Any]) -> None:
     how = (
         f"{tok['model']} tokenizer"
         if tok["kind"] == "model"
-        else (f"tiktoken {tok['encoding']}, approximate for the model")
+        else (
+            f"tiktoken {tok['encoding']}, approximate for "
+            + (f"{tok['stands_for']}'s tokenizer" if tok.get("stands_for") else "the model")
+        )
     )
     row(summary, "tokens", f"{report['tokens']:,} ({how})")
     row(summary, "chunks", f"{len(report['chunks']):,} of {report['chunk_tokens']:,} tokens")
+    pull = report.get("pull")
+    if pull:
+        row(summary, "pull", _pull(tok.get("stands_for", "the model"), pull))
     est = report["estimate"]
     if est and "error" in est:
         row(summary, "estimate", est["error"])
@@ -110,6 +116,24 @@ def _how_long(estimate: dict[str, Any]) -> str:
     return (
         f"about {about} per question on this machine "
         f"(at most {most} if every memory is written in full)"
+    )
+
+
+def _pull(name: str, pull: dict[str, Any]) -> str:
+    """What getting a model not pulled yet takes: its download, and its conversion."""
+    from rich.filesize import decimal
+
+    then = (
+        f"; then about {_duration(pull['conversion_seconds'])} to convert and quantize to "
+        f"{pull['quant']} on {pull['cores']} cores"
+        if pull["converted"]
+        else ""
+    )
+    return (
+        f"{name} is not pulled yet (memagent models pull {name}): "
+        f"{decimal(pull['download_bytes'])} to download, about "
+        f"{_duration(pull['download_seconds'])} at {pull['download_rate'] / 1e6:.0f} MB/s"
+        f"{then} (an estimate: {pull['assumes']})"
     )
 
 
