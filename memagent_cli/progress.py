@@ -24,6 +24,15 @@ def silent(*_: Any) -> None:
 
 
 @dataclass(frozen=True)
+class Expected:
+    """What a reading was expected to take before it started (run/expect.py), in seconds:
+    in all, and its answer's call."""
+
+    seconds: float
+    answer: float
+
+
+@dataclass(frozen=True)
 class ReadingId:
     """Which reading a view shows: its document and question, their places in the batch
     (0-based), and what a view needs to say where in the document a step is."""
@@ -35,6 +44,7 @@ class ReadingId:
     total_tokens: int
     span_of: SpanOf
     name: str = ""  # what its batch calls it, if anything (an evaluation's case)
+    expected: Expected | None = None  # None: no speed of this model kept here yet
 
 
 @dataclass(frozen=True)

@@ -247,6 +247,66 @@ def test_a_folder_of_documents_skips_the_unreadable_one(memagent, tmp_path):
     assert none.returncode == 1 and "holds no supported documents matching *.epub" in none.stderr
 
 
+@pytest.mark.usefixtures("on_tiny_model")
+def test_the_time_left_falls_as_a_real_reading_goes_and_ends_at_nothing(memagent, tmp_path):
+    """Followed through a real reading's events: the time left never grows much (the speeds
+    of a shared machine vary a little), ends below where it began, and is nothing once the
+    answer is in; the plain lines show it on every step."""
+    from memagent_cli import api
+    from memagent_cli.backend import Sampling
+    from memagent_cli.reader import Answering, Finished, StepFinished
+    from memagent_cli.run.time_left import TimeLeft
+
+    doc = tmp_path / "village.txt"
+    doc.write_text(story(130))
+    model = api.open_model(chunk_tokens=CHUNK, memory_tokens=MEMORY, sampling=Sampling(0.0))
+    events: list[object] = []
+    api.ask(model, doc, FACT_QUESTION, progress=events.append)
+    total = max(e.step.chunk.token_end for e in events if isinstance(e, StepFinished))
+    left, told = TimeLeft(total), []
+    for event in events:
+        left.add(event)  # type: ignore[arg-type]
+        if isinstance(event, StepFinished | Answering | Finished):
+            told.append(left.seconds())
+    assert len(told) >= 5 and told[-1] == 0.0
+    assert all(later <= 1.5 * earlier for earlier, later in zip(told, told[1:], strict=False))
+    assert told[-2] < told[0]
+    shown = memagent("ask", str(doc), FACT_QUESTION, *SMALL_STEPS)
+    assert shown.returncode == 0, shown.stderr
+    steps = [line for line in shown.stderr.splitlines() if line.startswith("step ")]
+    assert len(steps) >= 4 and all(line.endswith("left") for line in steps)
+
+
+@pytest.mark.usefixtures("on_tiny_model")
+def test_ask_says_before_a_long_reading_what_it_expects_and_the_faster_routes(
+    memagent, env, tmp_path, tiny_model, monkeypatch
+):
+    """With a speed kept for this model here (as `inspect` keeps it), `ask` says what the
+    reading will take before its first step; one of more than an hour names faster routes.
+    A kept speed far slower than the tiny model's stands in for a large model's."""
+    from memagent_cli.backends import speeds_store
+    from memagent_cli.backends.llama_cpp import LlamaCppBackend
+    from memagent_cli.backends.speed import Speed
+
+    doc = tmp_path / "village.txt"
+    doc.write_text(story(130))
+    quick = memagent("ask", str(doc), FACT_QUESTION, *SMALL_STEPS, "--no-trace")
+    assert quick.returncode == 0 and "expect about" not in quick.stderr  # nothing kept yet
+    monkeypatch.setenv("MEMAGENT_HOME", env["MEMAGENT_HOME"])
+    key = speeds_store.backend_key(LlamaCppBackend(tiny_model))  # the command's engine
+    speeds_store.store(key, Speed(0.5, 0.0, 10.0, 0.0, measured_to=2000), asked_to=2000)
+    slow = memagent("ask", str(doc), FACT_QUESTION, *SMALL_STEPS, "--no-reuse")
+    assert slow.returncode == 0, slow.stderr
+    lines = slow.stderr.splitlines()
+    (said,) = [i for i, line in enumerate(lines) if "reading village.txt: expect about" in line]
+    first_step = next(i for i, line in enumerate(lines) if line.startswith("step 1/"))
+    assert said < first_step
+    assert "more than an hour; faster: a smaller model (-m qwen2.5-coder-1.5b)" in lines[said]
+    assert "a reader that stops once it has the answer" in lines[said]
+    assert "by how long the model's replies run" in lines[said]  # no reading to learn from
+    assert lines[first_step].endswith("left")
+
+
 def ruled_text() -> str:
     """Sections under rules of 80 `=` and 66 `-`, as books and READMEs draw them."""
     sections = [

@@ -5,7 +5,7 @@ from __future__ import annotations
 from memagent_cli.backend import Generation
 from memagent_cli.chunking import make_chunks
 from memagent_cli.progress import Layout, ReadingId
-from memagent_cli.reader import Answering, Step, StepFinished
+from memagent_cli.reader import Answering, Step, StepFinished, StepStarted
 from memagent_cli.views import progress as display
 
 
@@ -139,3 +139,48 @@ def test_a_model_loading_shows_percent(capsys, monkeypatch):
         for percent in (0, 50, 100):
             progress("loading model.gguf", percent, 100)
     assert capsys.readouterr().err.splitlines()[-1] == "loading model.gguf: 100%"
+
+
+def test_plain_step_lines_say_the_time_left_from_the_steps_so_far(capsys):
+    """A reading seen through a log: each step's line ends with the time left at the speeds
+    and memory its steps measured, falling to the answer's call."""
+    from memagent_cli.run.time_left import TimeLeft
+
+    chunks = make_chunks(list(range(5000 * 4)), 5000, lambda tokens: b"x" * len(tokens))
+    view = display.PlainProgress(lambda start, end: "", left=TimeLeft(5000 * 4))
+    for chunk in chunks:  # 5,650-token prompts at 150 a second, 500-token memories at 25
+        gen = Generation("m", 5650, 500, 5650 / 150, 5650 / 150 + 20, "stop")
+        view(StepFinished(Step(chunk, "m", gen), 4))
+    lines = capsys.readouterr().err.splitlines()
+    lefts = [line.rpartition("about ")[2] for line in lines]
+    assert lefts == ["3m17s left", "2m20s left", "1m22s left", "24s left"]  # then the answer
+
+
+def test_the_live_view_counts_down_the_time_left(monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    from memagent_cli.progress import Expected
+
+    chunks = make_chunks(list(b"x" * 30), 10, bytes)
+    expected = Expected(seconds=4000.0, answer=10.0)
+    reading = ReadingId("/b/book.txt", "m", "q", (0, 0), 30, lambda a, b: "", expected=expected)
+
+    def shown(*events: object) -> str:
+        screen = io.StringIO()
+        terminal = Console(file=screen, force_terminal=True, width=200, highlight=False)
+        monkeypatch.setattr(display, "console", terminal)
+        view = display.Terminal().reading(Layout())
+        with view:
+            show = view.started(reading)
+            for event in events:
+                show(event)  # type: ignore[arg-type]
+            view.ended(reading)
+        return screen.getvalue()
+
+    assert "about 1h06m left" in shown(StepStarted(chunks[0], 3))  # before any step: expected
+    gen = Generation("", 20, 10, 1.0, 2.0, "stop")
+    stepped = shown(StepStarted(chunks[0], 3), StepFinished(Step(chunks[0], "m", gen), 3))
+    # Two steps at the first one's pace (2 s each), then the answer as expected (10 s).
+    assert "about 14s left" in stepped

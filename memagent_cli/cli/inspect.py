@@ -21,6 +21,7 @@ from memagent_cli.cli.options import (
     OcrOpt,
     PasswordOpt,
     QuietOpt,
+    RecalibrateOpt,
     choices,
     reads,
     user_errors,
@@ -55,6 +56,7 @@ def inspect(
             help="Estimate a question's time from the model's speed measured at a step's depth."
         ),
     ] = True,
+    recalibrate: RecalibrateOpt = False,
     password: PasswordOpt = None,
     format: FormatOpt = None,
     no_document_cache: NoDocumentCacheOpt = False,
@@ -73,8 +75,13 @@ def inspect(
     quiet: QuietOpt = False,
 ) -> None:
     """Show DOCUMENT's format, pages, tokens and chunks without asking the model anything."""
+    import dataclasses
+    import os
+
     from memagent_cli import api
     from memagent_cli.documents import inputs
+    from memagent_cli.models import local, registry
+    from memagent_cli.run import unpulled
     from memagent_cli.views import inspect as views
 
     report = reporter(quiet)
@@ -95,8 +102,30 @@ def inspect(
         else:
             views.print_pages(pages)
         return
+    named = read.backend.model or os.environ.get(local.ENV_VAR)
+    if tokenizer == "model" and (entry := unpulled.not_pulled(named)):
+        # A registry model not pulled yet: priced from its shape, nothing downloaded.
+        name = entry[0]
+        how = read.reader or registry.reader_for(name)
+        llama = dataclasses.replace(read.backend.llama, recalibrate=recalibrate)
+        windows = dataclasses.replace(read.settings, reader=how)
+        found = unpulled.inspect_unpulled(
+            loaded, name, entry[1], windows, llama, estimate=estimate, report=report
+        )
+        if as_json:
+            console.result_json(found, indent=2)
+        else:
+            views.print_report(found)
+        return
     model = None
     if tokenizer == "model":
+        read = dataclasses.replace(
+            read,
+            backend=dataclasses.replace(
+                read.backend,
+                llama=dataclasses.replace(read.backend.llama, recalibrate=recalibrate),
+            ),
+        )
         model = api.Model.open(read, report.note)
     found = api.inspect(
         loaded,

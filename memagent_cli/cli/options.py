@@ -446,7 +446,8 @@ RecalibrateOpt = Annotated[
     bool,
     typer.Option(
         "--recalibrate",
-        help="Measure again which draft rounds are exact and what they cost on this machine.",
+        help="Measure again what the model costs on this machine, and keep it: which draft "
+        "rounds are exact and their cost; with inspect, its prompt and reply speeds.",
         rich_help_panel=ENGINE,
     ),
 ]

@@ -17,6 +17,7 @@ from memagent_cli import trace
 from memagent_cli.errors import STOPS, Interrupted, UserError, stop_code
 from memagent_cli.progress import SILENT, Layout, Listener, ReadingId, ReadingView, Reporter
 from memagent_cli.reader import Answer, Event, Step, StepFinished, StepStarted
+from memagent_cli.run import expect
 from memagent_cli.run.engine import Engine
 from memagent_cli.run.journal import Entry
 from memagent_cli.run.pool import BACKLOG
@@ -350,13 +351,15 @@ def _job(opened: _Open, view: ReadingView, report: Reporter) -> Job:
         settings = opened.run.session.engine.settings_record()
         opened.header = replace(opened.header, settings=settings)
     _open_trace(opened, report)
-    opened.reading = opened.run.reading_id()
+    run = opened.run
+    # What the reading is expected to take, said before it starts where it is long.
+    opened.reading = expect.announced(run.reading_id(), run.session, len(opened.done), report.note)
     try:
         show = view.started(opened.reading)
     except BaseException:
         _close(opened, view)
         raise
-    run = opened.run
+    show = expect.noting(opened.reading, run.session, show, report)
     return Job(
         run.question, run.session.chunks, _listener(opened, show), opened.done, run.session.reader
     )

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from memagent_cli import cpus, protocol, readers
 from memagent_cli.backend import Backend
 from memagent_cli.backends import speed as speeds
+from memagent_cli.backends import speeds_store
 from memagent_cli.backends.llama_cpp import LlamaCppBackend
 from memagent_cli.backends.speed import Speed
 from memagent_cli.backends.tokenizers import DEFAULT_ENCODING, TiktokenTokenizer
@@ -26,6 +28,25 @@ from memagent_cli.run.session import cut, describe_document
 # Seconds the measurement may take before it stops short of a step's depth (speed.measure):
 # on the default model it reaches the depth well before, on a 7B it does not.
 MEASURE_BUDGET = 60.0
+
+
+@dataclass(frozen=True)
+class Guess:
+    """How long a reading's replies run, each a fraction of what the protocol allows (a
+    memory update's, the answer's), and what decoding them costs against one token per
+    decode where drafts are taken: what an estimate assumes before the model has read here."""
+
+    written: float
+    answered: float
+    factor: float
+
+
+# Before this model has read on this machine. The default model's readings here ran their
+# memories to 15-100% of the budget (median 100%), their answers to 1-100% (median 7%), and
+# decoded at 0.40-0.78 the price of single decodes with drafts (docs/asking.md): the likely
+# figure takes the middle of those, the range runs from their low end to the bound.
+FIRST_GUESS = Guess(written=0.75, answered=0.25, factor=0.7)
+LEAST_GUESS = Guess(written=0.25, answered=0.02, factor=0.4)
 
 
 def inspect_document(
@@ -135,6 +156,69 @@ def call_seconds(call: CallSize, speed: Speed, decoding: float = 1.0) -> float:
     )
 
 
+@dataclass(frozen=True)
+class Priced:
+    """A reading's seconds: likely (learned, else FIRST_GUESS), its range's low end (before
+    any reading; else None) and at most (every reply in full), its answer call's likely
+    seconds, the likely calls, and what they assumed of replies and decoding."""
+
+    seconds: float
+    least: float | None
+    most: float
+    answer: float
+    likely: list[CallSize]
+    written: float
+    answered: float
+    factor: float
+
+
+@dataclass(frozen=True)
+class Reading:
+    """The calls of a reading to price: `reader`'s over chunks of `sizes` tokens, with
+    `templates`, a memory of at most `memory_tokens`, the first of `first_memory`."""
+
+    reader: str
+    sizes: Sequence[int]
+    templates: Templates
+    memory_tokens: int
+    first_memory: int
+
+    def calls(self, written: float = 1.0, answered: float = 1.0) -> list[CallSize]:
+        return reading_calls(
+            self.reader,
+            self.sizes,
+            self.templates,
+            self.memory_tokens,
+            self.first_memory,
+            written,
+            answered,
+        )
+
+    def priced(self, speed: Speed, past: History, speculating: bool) -> Priced:
+        """Its seconds at `speed`, replies as long and decoding as cheap as `past` readings
+        of the model here show; before any, as FIRST_GUESS says (drafts saving only where
+        they are taken: `speculating`), from LEAST_GUESS to the bound."""
+        factor = past.decode_factor(speed) or 1.0
+        written, answered = past.written() or 1.0, past.answered() or 1.0
+        # The bound keeps a learned cost of decoding above one token a decode (drafts that
+        # cost more than they saved), never a saving: longer replies may copy less.
+        most = sum(call_seconds(call, speed, max(factor, 1.0)) for call in self.calls())
+        if past.readings:
+            likely = self.calls(written, answered)
+            seconds = [call_seconds(call, speed, factor) for call in likely]
+            return Priced(sum(seconds), None, most, seconds[-1], likely, written, answered, factor)
+        # Nothing learned yet: the bound alone overstated a first reading 1.4-1.9x.
+
+        def guessed(guess: Guess) -> tuple[list[float], list[CallSize]]:
+            calls = self.calls(guess.written, guess.answered)
+            factor = guess.factor if speculating else 1.0
+            return [call_seconds(call, speed, factor) for call in calls], calls
+
+        seconds, likely = guessed(FIRST_GUESS)
+        least = sum(guessed(LEAST_GUESS)[0])
+        return Priced(sum(seconds), least, most, seconds[-1], likely, written, answered, factor)
+
+
 def estimate_reading(
     backend: LlamaCppBackend,
     chunks: list[Chunk],
@@ -142,13 +226,15 @@ def estimate_reading(
     report: Reporter = SILENT,
     measure: Callable[[LlamaCppBackend, list[int], int], Speed] | None = None,
     past: History | None = None,
+    kept_as: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Seconds one question takes when `settings.reader` reads every chunk: each call priced
-    at the prefill and decode rates of the depths it reaches, measured on this machine
-    (`measure`: speed.measure within MEASURE_BUDGET seconds). Its replies run as long, and
-    decode at the cost, that this model's past readings here show (`past`; by default the
-    data folder's traces, history.past_readings); at most, and without any, every reply
-    is as long as allowed."""
+    at the prefill and decode rates of the depths it reaches on this machine, as kept for
+    this model and engine (backends/speeds_store.py; `kept_as` another key), else measured
+    now and kept (`measure`: speed.measure within MEASURE_BUDGET seconds). Its replies run
+    as long, and decode at the cost, that this model's past readings here show (`past`; by
+    default the data folder's traces, history.past_readings); without any, as FIRST_GUESS
+    says, within a range from LEAST_GUESS to the bound: every reply as long as allowed."""
     spec = readers.get(settings.reader)
     try:
         context = spec.context_needed(backend, [USUAL_QUESTION], settings)
@@ -163,33 +249,26 @@ def estimate_reading(
     memory = settings.memory_tokens
     calls = reading_calls(settings.reader, sizes, templates, memory, first)
     deepest = max(calls, key=lambda call: call.prompt)
-    with report.progress("bytes") as progress:
-        backend.prepare(context, progress=progress)
-    report.note("measuring the model's speed at the depth of a step...")
-    sample = backend.tokenize(chunks[0].text) or backend.tokenize(USUAL_QUESTION)
-    if measure is None:
-        speed = speeds.measure(backend, sample, deepest.prompt, budget=MEASURE_BUDGET)
-    else:
-        speed = measure(backend, sample, deepest.prompt)
-    factor = past.decode_factor(speed) or 1.0
-    written, answered = past.written() or 1.0, past.answered() or 1.0
-    # The bound keeps a learned cost of decoding above one token a decode (drafts that cost
-    # more than they saved), never a saving: longer replies may copy less.
-    most = sum(call_seconds(call, speed, max(factor, 1.0)) for call in calls)
-    likely = calls
-    if past.readings:
-        likely = reading_calls(settings.reader, sizes, templates, memory, first, written, answered)
-    seconds = sum(call_seconds(call, speed, factor) for call in likely) if past.readings else most
+    speed, kept = _speed(backend, chunks, context, deepest.prompt, report, measure, kept_as)
+    speculating = bool(getattr(backend, "speculate", False))
+    reading = Reading(settings.reader, sizes, templates, memory, first)
+    priced = reading.priced(speed, past, speculating)
+    most, least, seconds, likely = priced.most, priced.least, priced.seconds, priced.likely
+    written, answered, factor = priced.written, priced.answered, priced.factor
     stops = spec.stops_early
     return {
-        # The estimate: what past readings of this model here say, else the bound.
+        # The estimate: what past readings of this model here say, else FIRST_GUESS.
         "seconds_per_question": round(seconds, 1),
+        # Before any reading: the low end of the range (LEAST_GUESS); else None.
+        "seconds_at_least": None if least is None else round(least, 1),
         "seconds_at_most": round(most, 1),  # every memory written in full
         # Each call's prompt and longest reply in tokens, and the lines the rates lie on.
         "calls": [[call.prompt, call.reply] for call in calls],
         "likely_calls": [[call.prompt, call.reply] for call in likely],
         "learned": _learned(past, written, answered, factor),
         "speed": dataclasses.asdict(speed),
+        # When the speed was measured: "now", or the time it was measured and kept.
+        "speed_measured": kept or "now",
         "prompt_tokens": sum(call.prompt for call in calls),
         "reply_tokens": sum(call.reply for call in calls),
         "depth": deepest.prompt,
@@ -202,10 +281,42 @@ def estimate_reading(
         "may_stop_sooner": f"the {settings.reader} reader may stop sooner: {stops}"
         if stops
         else None,
-        "assumes": _assumes(past, settings, written, answered, factor)
+        "assumes": _assumes(past, settings, written, answered, factor, speculating)
         + f"; rates measured to depth {speed.measured_to:,}"
         + _beyond(speed, deepest.prompt),
     }
+
+
+def _speed(
+    backend: LlamaCppBackend,
+    chunks: list[Chunk],
+    context: int,
+    depth: int,
+    report: Reporter,
+    measure: Callable[[LlamaCppBackend, list[int], int], Speed] | None,
+    kept_as: Mapping[str, Any] | None,
+) -> tuple[Speed, str]:
+    """The prefill and decode rates to `depth`: kept for this model and engine here (with
+    when they were measured), else measured now (and kept, for the backend's own key or
+    `kept_as`; with `measure` only for `kept_as`). `measure`, where given, loads what it
+    times itself."""
+    keeps = measure is None or kept_as is not None
+    if keeps and backend.local:
+        found = speeds_store.kept_for(backend, depth, kept_as, note=report.note)
+        if found is not None:
+            return found.speed, found.measured or "kept"
+    sample = backend.tokenize(chunks[0].text) or backend.tokenize(USUAL_QUESTION)
+    if measure is None:
+        with report.progress("bytes") as progress:
+            backend.prepare(context, progress=progress)
+        report.note("measuring the model's speed at the depth of a step...")
+        speed = speeds.measure(backend, sample, depth, budget=MEASURE_BUDGET)
+    else:
+        speed = measure(backend, sample, depth)
+    if keeps and backend.local:
+        key = kept_as if kept_as is not None else speeds_store.backend_key(backend)
+        speeds_store.store(key, speed, depth)
+    return speed, ""
 
 
 def _learned(past: History, written: float, answered: float, factor: float) -> dict | None:
@@ -222,18 +333,31 @@ def _learned(past: History, written: float, answered: float, factor: float) -> d
 
 
 def _assumes(
-    past: History, settings: Settings, written: float, answered: float, factor: float
+    past: History,
+    settings: Settings,
+    written: float,
+    answered: float,
+    factor: float,
+    speculating: bool = False,
 ) -> str:
     """What the estimate assumes, in words."""
     limits = readers.get(settings.reader).replies(settings.memory_tokens)
     update, final = limits.update, limits.answer
     if not past.readings:
+        likely, low = FIRST_GUESS, LEAST_GUESS
+        drafts = (
+            f", decoded at {likely.factor:.2f}x the price of one token per decode (drafts "
+            f"that copy; {low.factor:.2f}x at the low end)"
+            if speculating
+            else ", one token per decode"
+        )
         return (
-            "every chunk is read and every reply is as long as allowed "
-            f"({settings.memory_tokens} tokens a memory, {final} the answer), one token per "
-            "decode (drafts that copy the document make replies faster): an upper bound. The "
-            "estimate learns how long this model's replies run, and what drafts save, from "
-            "its readings on this machine"
+            f"every chunk is read; before this model has read here, memories "
+            f"{likely.written:.0%} of the {update:,} tokens allowed and answers "
+            f"{likely.answered:.0%} of {final:,}{drafts}; at the low end memories "
+            f"{low.written:.0%} and answers {low.answered:.0%}; at most every reply as long "
+            "as allowed, one token per decode. The estimate learns how long this model's "
+            "replies run, and what drafts save, from its readings on this machine"
         )
     readings = f"{past.readings} reading{'s' if past.readings != 1 else ''}"
     return (

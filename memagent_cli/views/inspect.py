@@ -49,10 +49,16 @@ def print_report(report: dict[str, Any]) -> None:
     how = (
         f"{tok['model']} tokenizer"
         if tok["kind"] == "model"
-        else (f"tiktoken {tok['encoding']}, approximate for the model")
+        else (
+            f"tiktoken {tok['encoding']}, approximate for "
+            + (f"{tok['stands_for']}'s tokenizer" if tok.get("stands_for") else "the model")
+        )
     )
     row(summary, "tokens", f"{report['tokens']:,} ({how})")
     row(summary, "chunks", f"{len(report['chunks']):,} of {report['chunk_tokens']:,} tokens")
+    pull = report.get("pull")
+    if pull:
+        row(summary, "pull", _pull(tok.get("stands_for", "the model"), pull))
     est = report["estimate"]
     if est and "error" in est:
         row(summary, "estimate", est["error"])
@@ -65,8 +71,8 @@ def print_report(report: dict[str, Any]) -> None:
             f"{len(est['calls']):,} calls; at a step's "
             f"depth of {est['depth']:,} tokens the prompt reads at "
             f"{est['prompt_tokens_per_second']:,.0f} tok/s and the reply decodes at "
-            f"{est['generation_tokens_per_second']:,.1f} tok/s, measured in "
-            f"{_duration(est['measure_seconds'])}; assumes {est['assumes']})",
+            f"{est['generation_tokens_per_second']:,.1f} tok/s, {_measured(est)}; assumes "
+            f"{est['assumes']})",
         )
     out.print(summary)
     table = Table("chunk", "tokens", "characters", "span", box=None, pad_edge=False)
@@ -95,14 +101,48 @@ def print_pages(pages: list[dict[str, Any]]) -> None:
 
 
 def _how_long(estimate: dict[str, Any]) -> str:
-    """ "about X ... (at most Y ...)" where past readings taught the estimate; else the bound."""
+    """ "about X ... (at most Y ...)" where past readings taught the estimate; before any,
+    "about X ... (L to Y ...)"."""
     most = _duration(estimate.get("seconds_at_most", estimate["seconds_per_question"]))
+    about = _duration(estimate["seconds_per_question"])
     if not estimate.get("learned"):
-        return f"at most {most} per question on this machine"
+        least = estimate.get("seconds_at_least")
+        if least is None:  # a report from before the range
+            return f"at most {most} per question on this machine"
+        return (
+            f"about {about} per question on this machine ({_duration(least)} to {most}, "
+            "by how long the model's replies run: its first reading here tells)"
+        )
     return (
-        f"about {_duration(estimate['seconds_per_question'])} per question on this machine "
+        f"about {about} per question on this machine "
         f"(at most {most} if every memory is written in full)"
     )
+
+
+def _pull(name: str, pull: dict[str, Any]) -> str:
+    """What getting a model not pulled yet takes: its download, and its conversion."""
+    from rich.filesize import decimal
+
+    then = (
+        f"; then about {_duration(pull['conversion_seconds'])} to convert and quantize to "
+        f"{pull['quant']} on {pull['cores']} cores"
+        if pull["converted"]
+        else ""
+    )
+    return (
+        f"{name} is not pulled yet (memagent models pull {name}): "
+        f"{decimal(pull['download_bytes'])} to download, about "
+        f"{_duration(pull['download_seconds'])} at {pull['download_rate'] / 1e6:.0f} MB/s"
+        f"{then} (an estimate: {pull['assumes']})"
+    )
+
+
+def _measured(estimate: dict[str, Any]) -> str:
+    """When the rates were measured: now (in how long), or kept from an earlier look."""
+    when = estimate.get("speed_measured", "now")
+    if when == "now":
+        return f"measured in {_duration(estimate['measure_seconds'])}"
+    return f"measured on this machine {when} and kept (--recalibrate measures again)"
 
 
 def _learned(estimate: dict[str, Any]) -> str:

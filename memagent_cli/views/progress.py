@@ -20,11 +20,12 @@ from rich.progress import (
     DownloadColumn,
     MofNCompleteColumn,
     Progress,
+    ProgressColumn,
+    Task,
     TaskID,
     TaskProgressColumn,
     TextColumn,
     TimeElapsedColumn,
-    TimeRemainingColumn,
     TransferSpeedColumn,
 )
 from rich.text import Text
@@ -33,6 +34,7 @@ from memagent_cli import protocol
 from memagent_cli.progress import SILENT, Layout, Listener, ReadingId, ReadingView, Reporter, SpanOf
 from memagent_cli.progress import Progress as ProgressCallback
 from memagent_cli.reader import Answering, Event, StepFinished, StepStarted
+from memagent_cli.run.time_left import TimeLeft, duration
 from memagent_cli.views import console as display
 from memagent_cli.views.console import console
 
@@ -58,14 +60,18 @@ class _Rates:
 
 
 class PlainProgress:
-    """One line per step, for logs and pipes (stderr is not a terminal)."""
+    """One line per step, for logs and pipes (stderr is not a terminal), with the time left
+    as the steps so far say it (run/time_left.py)."""
 
-    def __init__(self, span_of: Callable[[int, int], str], label: str = "") -> None:
+    def __init__(
+        self, span_of: Callable[[int, int], str], label: str = "", left: TimeLeft | None = None
+    ) -> None:
         self._span_of = span_of
         self._prefix = f"[{label}] " if label else ""
         self._rates = _Rates()
         self._start = time.perf_counter()
         self._steps = self._total = 0  # steps read, of the chunks there are
+        self._left = left
 
     def __enter__(self) -> PlainProgress:
         return self
@@ -73,7 +79,13 @@ class PlainProgress:
     def __exit__(self, *exc: Any) -> None:
         return None
 
+    def _time_left(self) -> str:
+        seconds = self._left.seconds() if self._left is not None else None
+        return "" if seconds is None else f"  about {duration(seconds)} left"
+
     def __call__(self, event: Event) -> None:
+        if self._left is not None:
+            self._left.add(event)
         if isinstance(event, StepStarted):  # steps before this chunk's are read
             self._steps, self._total = event.chunk.index, event.total
         if isinstance(event, StepFinished):
@@ -84,7 +96,7 @@ class PlainProgress:
                 f"{self._prefix}step {chunk.index + 1}/{event.total}  tokens {chunk.token_start}-"
                 f"{chunk.token_end}{'  ' + span if span else ''}  memory "
                 f"{gen.completion_tokens} tokens  {gen.seconds:.1f}s  {self._rates.text()}  "
-                f"elapsed {time.perf_counter() - self._start:.0f}s",
+                f"elapsed {time.perf_counter() - self._start:.0f}s{self._time_left()}",
                 highlight=False,
                 markup=False,
                 soft_wrap=True,
@@ -96,6 +108,17 @@ class PlainProgress:
             console.print(
                 f"{self._prefix}answering from the final memory", highlight=False, markup=False
             )
+
+
+class _LeftColumn(ProgressColumn):
+    """A reading's time left, counted down from what its latest event said (TimeLeft)."""
+
+    def render(self, task: Task) -> Text:
+        deadline = task.fields.get("deadline")
+        if deadline is None:
+            return Text("")
+        left = max(deadline - time.monotonic(), 0.0)
+        return Text(f"about {duration(left)} left", style="progress.remaining")
 
 
 class LiveView:
@@ -112,8 +135,7 @@ class LiveView:
             TextColumn("{task.fields[tokens]}"),
             TextColumn("{task.fields[rates]}"),
             TimeElapsedColumn(),
-            TextColumn("ETA"),
-            TimeRemainingColumn(),
+            _LeftColumn(),
             console=console,
         )
         self._total_tokens = total_tokens
@@ -146,14 +168,31 @@ class LiveView:
         self._watched = row
         self._memory = Panel(Text(protocol.INITIAL_MEMORY, style="dim"), title=self._panel_title())
 
-    def row(self, label: str, span_of: SpanOf) -> Callable[[Event], None]:
-        """A row for a reading labelled `label` (may be empty), and what shows its events."""
+    def row(
+        self, label: str, span_of: SpanOf, left: TimeLeft | None = None
+    ) -> Callable[[Event], None]:
+        """A row for a reading labelled `label` (may be empty), and what shows its events;
+        `left` tells its time left."""
         prefix = f"{label} " if label else ""
-        task = self._progress.add_task(prefix + "reading", total=None, tokens="", rates="")
+        task = self._progress.add_task(
+            prefix + "reading", total=None, tokens="", rates="", deadline=None
+        )
         number = len(self._labels)
         self._labels.append(label)
 
+        def counted(event: Event | None) -> None:
+            if left is None:
+                return
+            if event is not None:
+                left.add(event)
+            seconds = left.seconds()  # counted down from now until the next event refines it
+            deadline = None if seconds is None else time.monotonic() + seconds
+            self._progress.update(task, deadline=deadline)
+
+        counted(None)  # before any step: what was expected, if anything
+
         def show(event: Event) -> None:
+            counted(event)
             if isinstance(event, StepStarted):
                 chunk = event.chunk
                 span = span_of(chunk.char_start, chunk.char_end)
@@ -221,8 +260,9 @@ class _Readings:
 
     def started(self, reading: ReadingId) -> Listener:
         label = self._label(reading)
+        left = TimeLeft(reading.total_tokens, reading.expected)
         if self._plain:
-            return PlainProgress(reading.span_of, label)
+            return PlainProgress(reading.span_of, label, left)
         if self._live is None:
             name = Path(reading.document).name
             asked = reading.question
@@ -231,7 +271,7 @@ class _Readings:
             self._live = LiveView(f"{name} · {reading.model} · {asked}", reading.total_tokens)
             self._live.__enter__()
         self._live_readings.add(reading.place)
-        show = self._live.row(label, reading.span_of)
+        show = self._live.row(label, reading.span_of, left)
         if reading.place[1] == self._batch.watch:  # else the first row's memory shows
             self._live.watch(self._live.rows - 1)
         return show
