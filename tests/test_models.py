@@ -65,7 +65,7 @@ def test_the_registry_names_each_models_reader():
 def test_a_registry_entry_naming_an_unknown_reader_is_refused(monkeypatch, tmp_path):
     (tmp_path / "registry.toml").write_text('[odd]\nhf = "a/b:Q4_K_M"\nreader = "memagnet"\n')
     monkeypatch.setattr(models.registry, "_CHECKOUT_MODELS", tmp_path)
-    with pytest.raises(ValueError, match="registry entry odd names reader 'memagnet'"):
+    with pytest.raises(ValueError, match="registry entry odd: There is no reader 'memagnet'"):
         models.registry.registry()
 
 

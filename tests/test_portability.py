@@ -108,6 +108,7 @@ def refuse_chmod(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_files_are_written_where_chmod_is_refused(tmp_path, monkeypatch, capsys, caplog):
     """The library writes on and notes it (files.NOTES); it prints nothing itself."""
     refuse_chmod(monkeypatch)
+    monkeypatch.setattr(files.NOTES, "handlers", [])  # a library user's: the command's view off
     folder = tmp_path / "made" / "here"
     with caplog.at_level(logging.INFO, logger="memagent"):
         files.private_folder(folder)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from memagent_cli import readers
+from memagent_cli.errors import UserError
 from memagent_cli.models import hub
 
 _PACKAGE_DIR = Path(__file__).resolve().parents[1]  # memagent_cli/
@@ -37,11 +38,12 @@ def registry() -> dict[str, dict[str, object]]:
 
 def reader_of(name: str, entry: dict[str, object]) -> str:
     """The reader a registry entry's model was trained for: its `reader`, else MemAgent's."""
-    reader = entry.get("reader", readers.DEFAULT)
-    if reader not in readers.names():
-        known = ", ".join(readers.names())
-        raise ValueError(f"registry entry {name} names reader {reader!r}; known: {known}")
-    return str(reader)
+    reader = str(entry.get("reader", readers.DEFAULT))
+    try:
+        readers.get(reader)
+    except UserError as exc:
+        raise ValueError(f"registry entry {name}: {exc.message}") from None
+    return reader
 
 
 def reader_for(name: str) -> str:

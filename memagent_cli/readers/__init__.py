@@ -23,6 +23,7 @@ ENTRY_POINTS = "memagent.readers"
 BUILT_IN = ("memagent", "infmem", "rememr1")  # their modules, in readers/
 
 _registry: dict[str, Spec] = {}
+_plugins_loaded = False
 _broken: dict[str, str] = {}  # a plugin that cannot be loaded: why, said when it is asked for
 _lock = threading.Lock()
 _loaded = False
@@ -37,7 +38,7 @@ def register(spec: Spec) -> None:
 
 def get(name: str) -> Spec:
     """The reader named `name`; a sentence naming those there are when there is none."""
-    _load()
+    _load(plugins=name not in BUILT_IN)  # a scan of the installed packages only for others
     spec = _registry.get(name)
     if spec is None and name in _broken:
         raise UserError(_broken[name])
@@ -56,7 +57,7 @@ def names() -> list[str]:
 def implied(name: str) -> bool:
     """Whether `name` is the reader that goes without saying (Spec.implied): records and
     listings name every other."""
-    _load()
+    _load(plugins=name not in BUILT_IN)
     spec = _registry.get(name)
     return spec is not None and spec.implied
 
@@ -72,19 +73,19 @@ def named_in(settings: Mapping[str, Any]) -> str:
     return str(settings.get("reader", DEFAULT))
 
 
-def _load() -> None:
-    """The built-in readers, then the entry points', once."""
-    global _loaded
-    if _loaded:
-        return
-    from memagent_cli.readers import infmem, memagent, rememr1
+def _load(plugins: bool = True) -> None:
+    """The built-in readers, once; with `plugins`, the entry points' too, once."""
+    global _loaded, _plugins_loaded
+    if not _loaded:
+        from memagent_cli.readers import infmem, memagent, rememr1
 
-    with _lock:
-        if _loaded:
-            return
-        for spec in (memagent.SPEC, infmem.SPEC, rememr1.SPEC):
-            _registry.setdefault(spec.name, spec)
-        _loaded = True
+        with _lock:
+            for spec in (memagent.SPEC, infmem.SPEC, rememr1.SPEC):
+                _registry.setdefault(spec.name, spec)
+            _loaded = True
+    if not plugins or _plugins_loaded:
+        return
+    _plugins_loaded = True
     for point in metadata.entry_points(group=ENTRY_POINTS):
         # A plugin that cannot be loaded stops no other reader: it is said when asked for.
         try:
@@ -92,7 +93,7 @@ def _load() -> None:
         except Exception as exc:
             _broken[point.name] = f"The reader plugin {point.name} cannot be loaded: {exc}"
             continue
-        if isinstance(spec, Spec):
+        if isinstance(spec, Spec) and spec.name not in BUILT_IN:  # never in a built-in's place
             register(spec)
         else:
             _broken[point.name] = f"The reader plugin {point.name} is not a readers.spec.Spec."
