@@ -132,6 +132,27 @@ def test_the_estimate_sums_every_call_at_the_measured_speed():
     assert est["may_stop_sooner"] == stops
 
 
+def test_a_reading_of_more_than_an_hour_names_the_faster_routes():
+    backend = ScriptedBackend([])
+    chunks = make_chunks(backend.tokenize(story(40)), 500, backend.detokenize)
+    settings = Settings(chunk_tokens=500, memory_tokens=64)
+
+    def at(seconds_a_token: float):
+        return lambda *_: Speed(seconds_a_token, 0.0, 20 * seconds_a_token, 0.0, 700)
+
+    slow = estimate_reading(backend, chunks, settings, measure=at(1.0))  # type: ignore[arg-type]
+    assert slow["seconds_per_question"] > 3600
+    assert slow["faster"].startswith("more than an hour; faster: a smaller model")
+    assert "a reader that stops once it has the answer" in slow["faster"]
+    assert "llama.cpp built for a GPU" in slow["faster"]
+    quick = estimate_reading(backend, chunks, settings, measure=at(1e-4))  # type: ignore[arg-type]
+    assert quick["faster"] is None
+    infmem_settings = Settings(chunk_tokens=500, memory_tokens=64, reader="infmem")
+    backend.complete = backend.generate  # type: ignore[attr-defined]
+    stops = estimate_reading(backend, chunks, infmem_settings, measure=at(1.0))  # type: ignore[arg-type]
+    assert "a reader that stops" not in stops["faster"]  # it is one
+
+
 @pytest.mark.model
 @pytest.mark.usefixtures("on_tiny_model")
 def test_inspect_estimates_a_reading_at_a_steps_depth(memagent, tmp_path):
@@ -272,3 +293,30 @@ def test_a_registry_model_not_pulled_is_estimated_from_its_shape_with_its_downlo
     assert est["seconds_at_least"] < est["seconds_per_question"] < est["seconds_at_most"]
     assert not list((Path(env["MEMAGENT_HOME"]) / "cache").rglob("*.gguf"))  # removed
     assert registry.find_file("memagent-7b") is None
+
+
+@pytest.mark.model
+def test_a_pulled_model_is_expected_at_its_stand_ins_speed_until_it_has_its_own(
+    tiny_model, monkeypatch, tmp_path
+):
+    """`ask -m memagent-7b` after a pull finds the speed `inspect` timed its stand-in at
+    before the pull (the engine's key, the registry's name for the file): it can say what a
+    first reading will take."""
+    from support.models import default_model_path
+
+    from memagent_cli.backends import speeds_store
+    from memagent_cli.backends.llama_cpp import LlamaCppBackend
+    from memagent_cli.models import registry
+    from memagent_cli.models.shaped import Shape
+    from memagent_cli.run import unpulled
+
+    monkeypatch.setenv("MEMAGENT_HOME", str(tmp_path))
+    shape = Shape.of("memagent-7b", registry.registry()["memagent-7b"])
+    assert shape is not None
+    timed = LlamaCppBackend(default_model_path(), name="memagent-7b")  # as inspect times it
+    speed = Speed(0.04, 5e-6, 0.4, 9e-6, measured_to=6000, seconds=20.0)
+    speeds_store.store(unpulled.stand_in_key(timed, "memagent-7b", shape, "Q4_K_M"), speed, 6000)
+    pulled = LlamaCppBackend(tiny_model, name="memagent-7b")  # stands for the pulled file
+    found = unpulled.kept_stand_in(pulled)
+    assert found is not None and found.speed == speed
+    assert unpulled.kept_stand_in(LlamaCppBackend(tiny_model)) is None  # not a registry name

@@ -20,16 +20,16 @@ from memagent_cli.backends.speed import Speed
 from memagent_cli.progress import Expected, ReadingId, Reporter
 from memagent_cli.reader import Event, Listener, StepFinished
 from memagent_cli.readers.spec import Templates
-from memagent_cli.run import history
+from memagent_cli.run import history, unpulled
+from memagent_cli.run import inspect as inspection
 from memagent_cli.run.engine import Engine
 from memagent_cli.run.history import History
-from memagent_cli.run.inspect import Reading
+from memagent_cli.run.inspect import HOUR, Reading
 from memagent_cli.run.session import Session
 from memagent_cli.run.time_left import TimeLeft, duration
 
 # A reading expected to take longer than this is announced; one over HOUR says so.
 LONG = 60.0
-HOUR = 3600.0
 
 
 @dataclass(frozen=True)
@@ -54,11 +54,11 @@ def _of(engine: Engine, steps: int) -> _Known | None:
     backend = cast(LlamaCppBackend, engine.backend)  # the model in this process
     found = _known.get(engine)
     if found is None:
-        kept = (
-            None
-            if backend.options.recalibrate
-            else speeds_store.load(speeds_store.backend_key(backend))
-        )
+        kept = None
+        if not backend.options.recalibrate:
+            # Its own, else its stand-in's from an `inspect` before it was pulled.
+            kept = speeds_store.load(speeds_store.backend_key(backend))
+            kept = kept or unpulled.kept_stand_in(backend)
         described = backend.describe()
         reader = engine.settings.reader
         found = _Known(
@@ -116,16 +116,10 @@ def _name(session: Session) -> str:
 
 
 def faster_routes(engine: Engine) -> str:
-    """What reads faster than this, in a sentence: a reading of more than an hour says it."""
+    """What reads faster than `engine`, in a sentence (run/inspect.py faster_routes)."""
     backend = engine.backend
-    routes = ["a smaller model (-m qwen2.5-coder-1.5b)"]
-    if readers.get(engine.settings.reader).stops_early is None:
-        routes.append("a reader that stops once it has the answer (-m infmem-4b)")
-    routes.append("a server on a GPU (--backend openai --base-url URL, docs/servers.md)")
     offloaded = backend.local and engine.description.engine.get("gpu_layers", 0) != 0
-    if not (offloaded and can_offload()):
-        routes.append("llama.cpp built for a GPU (docs/install.md)")
-    return "more than an hour; faster: " + ", ".join(routes[:-1]) + " or " + routes[-1]
+    return inspection.faster_routes(engine.settings.reader, offloaded and can_offload())
 
 
 def announced(

@@ -11,7 +11,7 @@ from memagent_cli import cpus, protocol, readers
 from memagent_cli.backend import Backend
 from memagent_cli.backends import speed as speeds
 from memagent_cli.backends import speeds_store
-from memagent_cli.backends.llama_cpp import LlamaCppBackend
+from memagent_cli.backends.llama_cpp import LlamaCppBackend, can_offload
 from memagent_cli.backends.speed import Speed
 from memagent_cli.backends.tokenizers import DEFAULT_ENCODING, TiktokenTokenizer
 from memagent_cli.chunking import Chunk, Tokenizer
@@ -47,6 +47,8 @@ class Guess:
 # figure takes the middle of those, the range runs from their low end to the bound.
 FIRST_GUESS = Guess(written=0.75, answered=0.25, factor=0.7)
 LEAST_GUESS = Guess(written=0.25, answered=0.02, factor=0.4)
+# A reading longer than this says so, with the faster routes (faster_routes).
+HOUR = 3600.0
 
 
 def inspect_document(
@@ -281,10 +283,19 @@ def estimate_reading(
         "may_stop_sooner": f"the {settings.reader} reader may stop sooner: {stops}"
         if stops
         else None,
+        # Over an hour: what reads faster, in a sentence; else None.
+        "faster": faster_routes(settings.reader, _on_gpu(backend)) if seconds > HOUR else None,
         "assumes": _assumes(past, settings, written, answered, factor, speculating)
         + f"; rates measured to depth {speed.measured_to:,}"
         + _beyond(speed, deepest.prompt),
     }
+
+
+def _on_gpu(backend: Backend) -> bool:
+    """Whether llama.cpp runs `backend`'s layers on a GPU."""
+    if not backend.local or backend.describe().engine.get("gpu_layers", 0) == 0:
+        return False
+    return can_offload()
 
 
 def _speed(
@@ -317,6 +328,18 @@ def _speed(
         key = kept_as if kept_as is not None else speeds_store.backend_key(backend)
         speeds_store.store(key, speed, depth)
     return speed, ""
+
+
+def faster_routes(reader: str, on_gpu: bool) -> str:
+    """What reads faster than `reader` with this model here, in a sentence: a reading of more
+    than an hour says it (`on_gpu`: llama.cpp runs it on a GPU already)."""
+    routes = ["a smaller model (-m qwen2.5-coder-1.5b)"]
+    if readers.get(reader).stops_early is None:
+        routes.append("a reader that stops once it has the answer (-m infmem-4b)")
+    routes.append("a server on a GPU (--backend openai --base-url URL, docs/servers.md)")
+    if not on_gpu:
+        routes.append("llama.cpp built for a GPU (docs/install.md)")
+    return "more than an hour; faster: " + ", ".join(routes[:-1]) + " or " + routes[-1]
 
 
 def _learned(past: History, written: float, answered: float, factor: float) -> dict | None:

@@ -129,6 +129,30 @@ def pull_cost(entry: dict[str, Any], shape: Shape, quant: str) -> dict[str, Any]
     }
 
 
+def stand_in_key(backend: LlamaCppBackend, name: str, shape: Shape, quant: str) -> dict[str, Any]:
+    """The key a stand-in's scaled speed is kept under: `backend`'s engine here (any model
+    file of it: the file is replaced by the registry name, shape and quantization)."""
+    model = {"registry": name, "quant": quant, "shape": dataclasses.asdict(shape)}
+    key = backend.calibration_key() | {"model": model}
+    return speeds_store.key_for(key, batch=backend.batch_size, exact=backend.exact)
+
+
+def kept_stand_in(backend: LlamaCppBackend) -> speeds_store.Kept | None:
+    """The speed a stand-in of `backend`'s registry model was timed at here before it was
+    pulled, if any (its name, as the registry names it)."""
+    entry = registry.registry().get(backend.name)
+    if entry is None or not entry.get("hf"):
+        return None
+    try:
+        shape = Shape.of(backend.name, entry)
+    except ValueError:
+        return None
+    if shape is None:
+        return None
+    quant = hub.parse(str(entry["hf"])).quant
+    return speeds_store.load(stand_in_key(backend, backend.name, shape, quant))
+
+
 def scaled(speed: Speed, stand_in: Shape, model: Shape) -> Speed:
     """The rates of `model` from those of its `stand_in` (the same layer shapes, fewer
     layers, another vocabulary): a prompt token and the depth's cost by the layers, a
@@ -166,10 +190,7 @@ def _estimate(
     stand = LlamaCppBackend(default, llama, name=name)  # its vocabulary only, for the prompts
     stand.context_limit = shape.context
     _, chunks = cut(document, TiktokenTokenizer(DEFAULT_ENCODING), settings.chunk_tokens)
-    key = stand.calibration_key() | {
-        "model": {"registry": name, "quant": quant, "shape": dataclasses.asdict(shape)}
-    }
-    kept_as = speeds_store.key_for(key, batch=stand.batch_size, exact=stand.exact)
+    kept_as = stand_in_key(stand, name, shape, quant)
 
     def measure(backend: LlamaCppBackend, sample: list[int], depth: int) -> Speed:
         folder = cache_dir() / "stand-ins"

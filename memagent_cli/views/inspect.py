@@ -64,6 +64,7 @@ def print_report(report: dict[str, Any]) -> None:
         row(summary, "estimate", est["error"])
     elif est:
         sooner = f"; {est['may_stop_sooner']}" if est.get("may_stop_sooner") else ""
+        sooner += f"; {est['faster']}" if est.get("faster") else ""
         row(
             summary,
             "estimate",
