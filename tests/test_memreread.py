@@ -6,9 +6,12 @@ scheduler, a trace and `--resume`, and the command through a stand-in server. No
 from __future__ import annotations
 
 import hashlib
+import json
 
 import pytest
+from support.fake_openai import served
 from support.scripted import ScriptedBackend
+from support.story import FACT_QUESTION, story
 
 from memagent_cli import readers
 from memagent_cli.chunking import make_chunks
@@ -16,6 +19,7 @@ from memagent_cli.errors import BudgetError
 from memagent_cli.reader import Settings, read
 from memagent_cli.readers import memreread
 from memagent_cli.scheduler import Job, read_together
+from memagent_cli.trace import read_trace
 
 # --- the oracles: the authors' files, copied verbatim -------------------------------------
 # github.com/iiGray/MemReread at c5393fb8e9543da00333acd00ce4cd6d86f2e34f (main, 2026-05-17):
@@ -469,3 +473,152 @@ def test_resumed_after_any_step_it_asks_what_the_whole_reading_asked(decisions):
         assert resumed.calls == alone.calls[asked:], cut
         assert again.reply == whole.reply
         assert [s.memory for s in again.steps] == [s.memory for s in whole.steps]
+
+
+# --- the run: its trace, `trace`, and --resume ------------------------------------------------
+
+
+def test_a_trace_keeps_the_rereads_and_a_run_resumes_from_it(tmp_path):
+    """The real pipeline writes each reread's steps to the trace (the chunk read again,
+    the sub-question, the sub-answer and merged memory); a run stopped in the middle of a
+    reread resumes from its trace and asks what the whole run asked after it."""
+    from memagent_cli.documents import Document
+    from memagent_cli.run import ask as run
+    from memagent_cli.run.engine import Engine
+    from memagent_cli.run.session import open_session
+
+    document = Document(text=TEXT, path="/books/tower.txt", format="text", sha256="0" * 64)
+    settings = Settings(chunk_tokens=40, memory_tokens=64, reader="memreread")
+
+    def session(backend):
+        return open_session(document, Engine(backend, settings, 8192))
+
+    replies = script([QUERY, QUERY, "enough"])
+    whole = Completing(list(replies))
+    run.ask(session(whole), "Who rang?", run.RunOptions(trace=tmp_path / "whole.jsonl"))
+    written = read_trace(tmp_path / "whole.jsonl")
+    n = len(chunks())
+    assert len(written.steps) == 3 * n and written.finished
+    reread = written.steps[n : 2 * n]
+    assert [s.chunk_index for s in reread] == list(range(n))
+    assert [s.index for s in reread] == list(range(n, 2 * n))
+    assert {s.question for s in reread} == {"Who rang the tower bell?"}
+    assert reread[-1].answer == "found \\boxed{keeper 0}" and reread[-1].merged == "integrated 0"
+    assert written.header.settings["reader"] == "memreread"
+
+    path = tmp_path / "cut.jsonl"
+    with pytest.raises(run.Stopped):  # the replies run out inside the second reread: Ctrl-C
+        run.ask(session(Completing(replies[: 2 * n + 5])), "Who rang?", run.RunOptions(trace=path))
+    kept = read_trace(path).steps
+    assert len(kept) == n + n + 1  # the first pass, the first reread, a step of the second
+    resumed = Completing(replies[2 * n + 5 :])
+    result = run.ask(session(resumed), "Who rang?", run.RunOptions(resume=path, reuse=False))
+    assert resumed.calls == whole.calls[2 * n + 5 :]
+    assert result.answer.reply == replies[-1]
+    assert read_trace(path).finished
+
+
+def stand_in(prompt: str) -> str:
+    """A MemReread model for the stand-in server: the first decomposing call asks one
+    sub-question, the next finds the memory enough; reads, answers and the integration
+    reply as the stand-in's MemAgent does."""
+    from support import fake_openai
+
+    user = prompt.split("<|im_start|>user\n", 1)[1].rsplit("<|im_end|>", 1)[0]
+    if user.startswith("You are a Question Analysis"):
+        return QUERY if "NO HISTORY" in user else "The memory is enough."
+    return fake_openai.reply_to(user)
+
+
+def test_the_command_reads_traces_shows_and_resumes_through_a_server(
+    cli, fake_server, tmp_path, monkeypatch
+):
+    """`ask --reader memreread` through a server: its prompts, written whole, go to
+    /v1/completions in Qwen3's markup with thinking off; `trace` and `trace --html` show
+    the reread; a trace cut inside the reread resumes asking what the whole run asked."""
+    from support import fake_openai
+
+    monkeypatch.setattr(fake_openai, "completion_to", stand_in)
+    book = tmp_path / "village.txt"
+    book.write_text(story(60))
+    sizes = ["--chunk-tokens", "200", "--memory-tokens", "48", "--temperature", "0"]
+    args = [str(book), FACT_QUESTION, *served(fake_server, *sizes), "--reader", "memreread"]
+    whole = cli("ask", *args, "--json", "--trace", str(tmp_path / "whole.jsonl"))
+    assert whole.returncode == 0, whole.stderr
+    result, asked = json.loads(whole.stdout), list(fake_server.prompts)
+    n = result["document"]["chunks"]
+    assert n >= 2 and fake_server.chat_calls == 0
+    # A pass, a decomposing call, a reread, its answer and integration, another
+    # decomposing call and the answer.
+    assert len(asked) == n + 1 + n + 2 + 1 + 1
+    assert asked[0] == memreread.chat(
+        memreread.render_read(
+            FACT_QUESTION,
+            memreread.INITIAL_MEMORY,
+            asked[0].split("<section>\n")[1].split("\n</section>")[0],
+        )
+    )
+    assert result["chunks_read"] == 2 * n and result["steps"][n]["chunk"] == 0
+    assert result["steps"][n]["question"] == "Who rang the tower bell?"
+
+    shown = cli("trace", str(tmp_path / "whole.jsonl"), "--step", str(2 * n))
+    assert shown.returncode == 0, shown.stderr
+    assert "Reread for: 'Who rang the tower bell?'" in shown.stdout
+    assert "Merged into the memory:" in shown.stdout
+    page = tmp_path / "whole.html"
+    html = cli("trace", str(tmp_path / "whole.jsonl"), "--html", str(page))
+    assert html.returncode == 0, html.stderr
+    assert "Reread for: &#x27;Who rang the tower bell?&#x27;" in page.read_text()
+
+    # The trace as a run stopped after the reread's first step would have left it.
+    lines = (tmp_path / "whole.jsonl").read_text().splitlines()
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text("\n".join(lines[: 1 + n + 1]) + "\n")
+    fake_server.prompts.clear()
+    resumed = cli("ask", *args, "--json", "--resume", str(cut))
+    assert resumed.returncode == 0, resumed.stderr
+    assert fake_server.prompts == asked[n + 2 :]
+    again = json.loads(resumed.stdout)
+    assert again["reply"] == result["reply"]
+    assert [s["memory"] for s in again["steps"]] == [s["memory"] for s in result["steps"]]
+
+
+# --- what a reading costs and needs ---------------------------------------------------------
+
+
+def test_inspect_prices_the_first_pass_and_every_reread_at_most():
+    from memagent_cli.readers.spec import CallSize, Templates
+    from memagent_cli.run.inspect import reading_calls
+
+    templates = Templates(update=100, final=50, planner=800, merge=500)
+    calls = reading_calls("memreread", [5000, 300], templates, 1024, first_memory=4)
+    sub = memreread.SUBQUESTION_TOKENS
+    reread = [
+        CallSize(100 + 4 + 5000, 1024),  # a fresh memory for the sub-question
+        CallSize(100 + 1024 + 300, 1024),
+        CallSize(50 + 1024, 1024),  # the sub-answer
+        CallSize(500 + 1024 + sub + 1024, 1024),  # the integration
+    ]
+    assert calls == [
+        CallSize(100 + 4 + 5000, 1024),
+        CallSize(100 + 1024 + 300, 1024),
+        *[
+            call
+            for k in range(3)
+            for call in [CallSize(800 + 1024 + k * (sub + 1024), 8192), *reread]
+        ],
+        CallSize(50 + 1024, 1024),
+    ]
+    assert len(calls) == 4 * 2 + 10
+    assert "3 times at most" in readers.get("memreread").stops_early
+
+
+def test_the_context_holds_the_decomposing_reply_where_the_model_can():
+    spec, settings = readers.get("memreread"), Settings(500, 128, reader="memreread")
+    roomy = spec.context_needed(ScriptedBackend([], context_limit=100_000), ["Who?"], settings)
+    assert 8192 < roomy < 100_000
+    # The default model's 8K: all of it, the decomposing reply taking what is left.
+    small = ScriptedBackend([], context_limit=8192)
+    assert spec.context_needed(small, ["Who?"], settings) == 8192
+    with pytest.raises(BudgetError, match="MemReread's integration of a sub-answer needs"):
+        spec.context_needed(ScriptedBackend([], context_limit=1500), ["Who?"], settings)
