@@ -20,7 +20,7 @@ from memagent_cli.readers.spec import Spec
 
 DEFAULT = protocol.READER  # what a model no one says otherwise of reads with
 ENTRY_POINTS = "memagent.readers"
-BUILT_IN = ("memagent", "infmem", "rememr1", "memreread")  # their modules, in readers/
+BUILT_IN = ("memagent", "infmem", "rememr1", "memreread", "pi-mem")  # each a module in readers/
 
 _registry: dict[str, Spec] = {}
 _broken: dict[str, str] = {}  # a plugin that cannot be loaded: why, said when it is asked for
@@ -77,12 +77,12 @@ def _load() -> None:
     global _loaded
     if _loaded:
         return
-    from memagent_cli.readers import infmem, memagent, memreread, rememr1
+    from memagent_cli.readers import infmem, memagent, memreread, pimem, rememr1
 
     with _lock:
         if _loaded:
             return
-        for spec in (memagent.SPEC, infmem.SPEC, rememr1.SPEC, memreread.SPEC):
+        for spec in (memagent.SPEC, infmem.SPEC, rememr1.SPEC, memreread.SPEC, pimem.SPEC):
             _registry.setdefault(spec.name, spec)
         _loaded = True
     for point in metadata.entry_points(group=ENTRY_POINTS):

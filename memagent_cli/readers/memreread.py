@@ -41,7 +41,7 @@ from memagent_cli.reader import (
 )
 from memagent_cli.readers.spec import USUAL_QUESTION, CallSize, Replies, Spec, Templates
 
-# Their MEMAGENT_READING_TEMPLATE is MemAgent's update template, byte for byte: every read,
+# Their reading template is MemAgent's update template, byte for byte: every read,
 # of the first pass and of each reread, is MemAgent's.
 READ_TEMPLATE = protocol.UPDATE_TEMPLATE
 
