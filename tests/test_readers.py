@@ -560,6 +560,7 @@ def test_eval_reads_with_the_reader_its_registry_model_names(memagent, fake_serv
         ("infmem-4b", "ucmp137538/infmem-4B", True, "infmem"),
         ("rememr1-7b", "yrshi/ReMemR1-7B", False, "rememr1"),
         ("memreread-4b", "iiiiGray/MemReread-4B", True, "memreread"),
+        ("pi-mem-7b", "JetLM/PI-Mem-7B", False, "pi-mem"),
     ],
 )
 def test_a_reader_s_registry_model_pulls_from_the_hub_as_memagent_7b_does(
