@@ -39,6 +39,13 @@ class Step:
     stops: int = 0
     found: tuple[tuple[int, int], ...] = ()
     found_chars: tuple[tuple[int, int], ...] = ()
+    # A reader that reads the document again for a question of its own (readers/
+    # memreread.py): that question, and, on the last step of such a reading, its answer.
+    question: str | None = None
+    answer: str | None = None
+    # The memory the reading goes on with, where this step ends a pass or a reread whose
+    # findings were merged into it (readers/pimem.py, readers/memreread.py).
+    merged: str | None = None
 
 
 @dataclass(frozen=True)
@@ -135,6 +142,21 @@ def memagent(
     answer = Answer(question, protocol.extract_boxed(reply.text), reply.text, steps, reply)
     listener(Finished(answer))
     return answer
+
+
+def joined(*calls: Generation) -> Generation:
+    """Several calls recorded as one step: the last one's text, everyone's tokens and
+    seconds."""
+    return Generation(
+        calls[-1].text,
+        sum(c.prompt_tokens for c in calls),
+        sum(c.completion_tokens for c in calls),
+        sum(c.prompt_seconds for c in calls),
+        sum(c.seconds for c in calls),
+        calls[-1].finish_reason,
+        sum(c.drafted for c in calls),
+        sum(c.accepted for c in calls),
+    )
 
 
 def read(

@@ -56,6 +56,10 @@ def test_the_registry_names_each_models_reader():
     assert registry["rememr1-7b"]["hf"] == "yrshi/ReMemR1-7B:Q4_K_M"
     assert models.registry.reader_for("infmem-4b") == "infmem"
     assert models.registry.reader_for("rememr1-7b") == "rememr1"
+    assert registry["memreread-4b"]["hf"] == "iiiiGray/MemReread-4B:Q4_K_M"
+    assert models.registry.reader_for("memreread-4b") == "memreread"
+    assert registry["pi-mem-7b"]["hf"] == "JetLM/PI-Mem-7B:Q4_K_M"
+    assert models.registry.reader_for("pi-mem-7b") == "pi-mem"
     # No `reader`: MemAgent's, as for a model the registry does not know.
     assert "reader" not in registry["memagent-7b"]
     assert models.registry.reader_for("memagent-7b") == "memagent"

@@ -81,7 +81,9 @@ def test_rememr1_read_together_equals_read_alone_and_resumes_to_the_same_prompts
 
 
 def test_a_reader_not_built_in_says_so():
-    with pytest.raises(UserError, match="There is no reader 'nosuch'.*memagent, infmem, rememr1"):
+    with pytest.raises(
+        UserError, match="There is no reader 'nosuch'.*memagent, infmem, rememr1, memreread"
+    ):
         readers.get("nosuch")
 
 
@@ -557,6 +559,8 @@ def test_eval_reads_with_the_reader_its_registry_model_names(memagent, fake_serv
     [
         ("infmem-4b", "ucmp137538/infmem-4B", True, "infmem"),
         ("rememr1-7b", "yrshi/ReMemR1-7B", False, "rememr1"),
+        ("memreread-4b", "iiiiGray/MemReread-4B", True, "memreread"),
+        ("pi-mem-7b", "JetLM/PI-Mem-7B", False, "pi-mem"),
     ],
 )
 def test_a_reader_s_registry_model_pulls_from_the_hub_as_memagent_7b_does(

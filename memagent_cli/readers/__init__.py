@@ -20,7 +20,7 @@ from memagent_cli.readers.spec import Spec
 
 DEFAULT = protocol.READER  # what a model no one says otherwise of reads with
 ENTRY_POINTS = "memagent.readers"
-BUILT_IN = ("memagent", "infmem", "rememr1")  # their modules, in readers/
+BUILT_IN = ("memagent", "infmem", "rememr1", "memreread", "pi-mem")  # each a module in readers/
 
 _registry: dict[str, Spec] = {}
 _plugins_loaded = False
@@ -77,10 +77,10 @@ def _load(plugins: bool = True) -> None:
     """The built-in readers, once; with `plugins`, the entry points' too, once."""
     global _loaded, _plugins_loaded
     if not _loaded:
-        from memagent_cli.readers import infmem, memagent, rememr1
+        from memagent_cli.readers import infmem, memagent, memreread, pimem, rememr1
 
         with _lock:
-            for spec in (memagent.SPEC, infmem.SPEC, rememr1.SPEC):
+            for spec in (memagent.SPEC, infmem.SPEC, rememr1.SPEC, memreread.SPEC, pimem.SPEC):
                 _registry.setdefault(spec.name, spec)
             _loaded = True
     if not plugins or _plugins_loaded:

@@ -30,11 +30,14 @@ class CallSize:
 @dataclass(frozen=True)
 class Templates:
     """Prompt tokens of a reader's calls before any memory, chunk or units are put in: chat
-    markup, template and question. `planner`: a call before each update (InfMem's)."""
+    markup, template and question. `planner`: a call before each update (InfMem's) or each
+    reread (MemReread's); `merge`: a call that folds what was found into the memory
+    (PI-Mem's merge, MemReread's integration)."""
 
     update: int
     final: int
     planner: int = 0
+    merge: int = 0
 
 
 @dataclass(frozen=True)

@@ -252,7 +252,7 @@ def estimate_reading(
     calls = reading_calls(settings.reader, sizes, templates, memory, first)
     deepest = max(calls, key=lambda call: call.prompt)
     speed, kept = _speed(backend, chunks, context, deepest.prompt, report, measure, kept_as)
-    speculating = bool(getattr(backend, "speculate", False))
+    speculating = bool(backend.describe().engine.get("speculate", False))
     reading = Reading(settings.reader, sizes, templates, memory, first)
     priced = reading.priced(speed, past, speculating)
     most, least, seconds, likely = priced.most, priced.least, priced.seconds, priced.likely

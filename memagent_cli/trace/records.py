@@ -180,6 +180,11 @@ class StepRecord:
     # The chunk it read (from 0), where that is not the step's own: a reader that skips
     # chunks or reads one again. Records of the others leave it out.
     chunk: int | None = None
+    # A reread's question and, on its last step, its answer (MemReread); the memory a
+    # pass's merge or a reread's integration left (PI-Mem, MemReread). Kept to resume.
+    question: str | None = None
+    answer: str | None = None
+    merged: str | None = None
 
     _CHECKS = {
         "step": int,
@@ -202,13 +207,18 @@ class StepRecord:
         "found": list,
         "found_chars": list,
         "found_spans": list,
+        "question": str,
+        "answer": str,
+        "merged": str,
     }
     _UNITS = ("found", "found_chars", "found_spans")
+    _READ_AGAIN = frozenset({"question", "answer", "merged"})
 
     @classmethod
     def parse(cls, record: dict[str, Any], where: str, version: int = FORMAT_VERSION) -> StepRecord:
         optional = frozenset(
             {"drafted", "accepted", "recall", "searches", "stops", "chunk", *cls._UNITS}
+            | cls._READ_AGAIN
         )
         if version == 1:  # counted from 0, as "index"
             record = {("step" if k == "index" else k): v for k, v in record.items() if k != "step"}
@@ -266,6 +276,9 @@ class StepRecord:
             found=step.found,
             found_chars=step.found_chars,
             found_spans=spans,
+            question=step.question,
+            answer=step.answer,
+            merged=step.merged,
         )
 
     @property
@@ -294,6 +307,9 @@ class StepRecord:
             stops=self.stops,
             found=self.found,
             found_chars=self.found_chars,
+            question=self.question,
+            answer=self.answer,
+            merged=self.merged,
         )
 
     def to_json(self, version: int = FORMAT_VERSION) -> dict[str, Any]:
@@ -306,8 +322,9 @@ class StepRecord:
         for name in ("recall", "searches", "stops", *self._UNITS):
             if not record[name]:
                 del record[name]
-        if record["chunk"] is None:
-            del record["chunk"]
+        for name in ("chunk", *sorted(self._READ_AGAIN)):
+            if record[name] is None:
+                del record[name]
         index = record.pop("index")
         number = {"index": index} if version == 1 else {"step": index + 1}
         return {"type": "step", **number, **record}

@@ -93,7 +93,9 @@ def stopped(loaded: Trace) -> str | None:
 def reader_actions(record: StepRecord) -> list[tuple[str, str]]:
     """What a reader after MemAgent did at a step besides its update, as (label, text):
     InfMem's searches, the units found that the update was shown (with their pages or
-    chapters) and a planner that searched nothing; ReMemR1's recall query."""
+    chapters) and a planner that searched nothing; ReMemR1's recall query; MemReread's
+    sub-question a reread read for, its answer, and the memory its integration left;
+    the memory a PI-Mem pass's merge left."""
     actions = [("searched", f"{query!r} (top_k {top_k})") for query, top_k in record.searches]
     if record.found:
         spans = record.found_spans or ("",) * len(record.found)
@@ -108,6 +110,12 @@ def reader_actions(record: StepRecord) -> list[tuple[str, str]]:
         )
     if record.recall is not None:
         actions.append(("asked to recall", repr(record.recall)))
+    if record.question is not None:
+        actions.append(("reread for", repr(record.question)))
+    if record.answer is not None:
+        actions.append(("its answer", record.answer))
+    if record.merged is not None:
+        actions.append(("merged into the memory", record.merged))
     return actions
 
 
