@@ -12,7 +12,7 @@ from support.scripted import ScriptedBackend
 from support.story import story
 
 from memagent_cli import protocol, readers
-from memagent_cli.backend import Generation
+from memagent_cli.backend import Description, Generation
 from memagent_cli.backends.speed import Speed
 from memagent_cli.chunking import make_chunks
 from memagent_cli.reader import Answer, Finished, Settings, Step, StepFinished
@@ -225,12 +225,21 @@ def test_the_estimate_is_about_what_past_readings_say_and_at_most_the_bound():
     )
 
 
+class _Drafting(ScriptedBackend):
+    """The stand-in, saying as llama.cpp's does whether it drafts (describe().engine)."""
+
+    speculate = True
+
+    def describe(self) -> Description:
+        found = super().describe()
+        return Description(found.model, {**found.engine, "speculate": self.speculate})
+
+
 def test_before_any_reading_the_estimate_is_a_likely_figure_within_a_range_to_the_bound():
     """On first use (no reading of this model here) the bound alone overstated a reading
     1.4-1.9x (replies ran shorter, drafts copied): the figure is priced at the replies and
     draft savings of FIRST_GUESS, within a range from LEAST_GUESS to the bound."""
-    backend = ScriptedBackend([])
-    backend.speculate = True  # type: ignore[attr-defined]  # drafts, as by default
+    backend = _Drafting([])  # drafts, as by default
     chunks = make_chunks(backend.tokenize(story(40)), 500, backend.detokenize)
     settings = Settings(chunk_tokens=500, memory_tokens=64)
     speed = Speed(1e-3, 1e-7, 2e-2, 1e-6, measured_to=700, seconds=3.0)
@@ -247,6 +256,6 @@ def test_before_any_reading_the_estimate_is_a_likely_figure_within_a_range_to_th
     assert likely == pytest.approx(priced, abs=0.05)
     assert "before this model has read here" in est["assumes"]
     # Without drafts nothing is saved on decoding: only shorter replies lower it.
-    backend.speculate = False  # type: ignore[attr-defined]
+    backend.speculate = False
     plain = estimate_reading(backend, chunks, settings, measure=lambda *_: speed, past=History())  # type: ignore[arg-type]
     assert likely < plain["seconds_per_question"] < most == plain["seconds_at_most"]

@@ -514,7 +514,7 @@ def test_a_trace_keeps_the_rereads_and_a_run_resumes_from_it(tmp_path):
     resumed = Completing(replies[2 * n + 5 :])
     result = run.ask(session(resumed), "Who rang?", run.RunOptions(resume=path, reuse=False))
     assert resumed.calls == whole.calls[2 * n + 5 :]
-    assert result.answer.reply == replies[-1]
+    assert result.answered.reply == replies[-1]
     assert read_trace(path).finished
 
 
