@@ -19,11 +19,16 @@ def usable() -> int:
         count = len(os.sched_getaffinity(0))
     else:
         count = os.cpu_count() or 1
+    limit = quota()
+    return max(1, min(count, limit or count))
+
+
+def quota() -> int | None:
+    """The CPUs this process's cgroup quota allows (cgroup_cpus), None without one."""
     try:
-        quota = cgroup_cpus(Path("/proc/self/cgroup").read_text(), _CGROUP_ROOT)
+        return cgroup_cpus(Path("/proc/self/cgroup").read_text(), _CGROUP_ROOT)
     except OSError:  # not Linux, or no /proc
-        quota = None
-    return max(1, min(count, quota or count))
+        return None
 
 
 def cgroup_cpus(cgroup: str, root: Path) -> int | None:
@@ -61,7 +66,7 @@ def _v2(file: Path) -> float | None:
     """cpu.max: "QUOTA PERIOD" in microseconds, or "max PERIOD" for none."""
     try:
         quota, period = file.read_text().split()
-        return int(quota) / int(period) if quota != "max" and int(period) > 0 else None
+        return _ratio(int(quota), int(period)) if quota != "max" else None
     except (OSError, ValueError):
         return None
 
@@ -73,4 +78,15 @@ def _v1(folder: Path) -> float | None:
         period = int((folder / "cpu.cfs_period_us").read_text())
     except (OSError, ValueError):
         return None
-    return quota / period if quota > 0 and period > 0 else None
+    return _ratio(quota, period)
+
+
+def _ratio(quota: int, period: int) -> float | None:
+    """CPUs of a quota over its period; None for none, and for one past what a float holds
+    (above about 1e308 CPUs: no limit, where dividing would raise OverflowError)."""
+    if quota <= 0 or period <= 0:
+        return None
+    try:
+        return quota / period
+    except OverflowError:
+        return None

@@ -99,9 +99,15 @@ def install() -> None:
 
 
 def _after_fork() -> None:
-    # A child has no watcher: its faulthandler writes to stderr itself.
+    # A child has no watcher: its faulthandler writes to stderr itself, and its report
+    # leaves the parent's pipes alone. A byte in them would wake the parent's watcher,
+    # which then ends the parent, healthy, with the child's signal.
     if sys.stderr is not None:
         faulthandler.enable(file=sys.stderr, all_threads=True)
+    inherited, _pipe[:] = list(_pipe), []
+    for fd in inherited:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def _forward() -> int:
@@ -145,8 +151,9 @@ def _on_fatal(signum: int) -> None:
     libc.signal(signal.SIGALRM, 0)  # SIG_DFL: the alarm ends the process
     libc.alarm(REPORT_SECONDS + _LAST_RESORT_SECONDS)
     try:
-        os.write(_pipe[3], b"!")  # wakes the watcher, which ends a report that hangs
-        _forward()  # faulthandler's traceback first, where the watcher has not sent it
+        if _pipe:  # a forked child has no watcher (_after_fork)
+            os.write(_pipe[3], b"!")  # wakes the watcher, which ends a report that hangs
+            _forward()  # faulthandler's traceback first, where the watcher has not sent it
         ident = threading.get_ident()
         frames = fault_frames(native_frames())
         if frames:

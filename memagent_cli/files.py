@@ -84,9 +84,13 @@ def open_private(
     except FileExistsError:
         if mode == "x":
             raise
-        handle = os.open(path, flags)
+        # Without waiting: opening a FIFO to write waits for a reader forever (with none,
+        # O_NONBLOCK makes it ENXIO). Only the open; writes then wait as ever.
+        handle = os.open(path, flags | getattr(os, "O_NONBLOCK", 0))
         created = False
     try:
+        if hasattr(os, "O_NONBLOCK"):
+            os.set_blocking(handle, True)
         if created and hasattr(os, "fchmod"):
             _restrict(os.fchmod, handle, PRIVATE_FILE, Path(path).parent)
         return os.fdopen(handle, "w" if mode == "x" else mode, encoding=encoding, errors=errors)
@@ -201,25 +205,67 @@ def check_folder(folder: Path, what: str, error: type[UserError] = UserError) ->
         raise error(f"Cannot write {what} in {folder}: {cannot_write(folder, exc)}.") from None
 
 
+class NotRegular(OSError):
+    """A path that is there but is no regular file (a FIFO, a device, a folder)."""
+
+
+class TooLarge(OSError):
+    """A regular file over the size its reader allows."""
+
+    def __init__(self, path: Path, size: int, limit: int) -> None:
+        super().__init__(errno.EFBIG, f"it is over {limit:,} bytes", str(path))
+        self.size = size
+
+
+def open_checked(path: Path, limit: int | None = None) -> BinaryIO:
+    """`path` opened for reading, as a regular file of at most `limit` bytes, else OSError:
+    NotRegular, TooLarge, or the open's own (FileNotFoundError...). Opened without waiting
+    (O_NONBLOCK: opening a FIFO, or reading one, would wait forever for a writer) and
+    checked through the handle opened, so the file checked is the file read."""
+    nonblock = getattr(os, "O_NONBLOCK", 0)
+    flags = os.O_RDONLY | nonblock | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+    if not nonblock and os.path.exists(path) and not os.path.isfile(path):  # Windows
+        raise NotRegular(errno.EINVAL, "it is not a regular file", str(path))
+    handle = os.open(path, flags)
+    try:
+        info = os.fstat(handle)
+        if not stat.S_ISREG(info.st_mode):
+            raise NotRegular(errno.EINVAL, "it is not a regular file", str(path))
+        if limit is not None and info.st_size > limit:
+            raise TooLarge(path, info.st_size, limit)
+        if nonblock:
+            os.set_blocking(handle, True)
+        return os.fdopen(handle, "rb")
+    except BaseException:
+        os.close(handle)
+        raise
+
+
+def read_checked(path: Path, limit: int) -> bytes:
+    """The bytes of `path`, a regular file of at most `limit` bytes (open_checked), read
+    only that far: a file that grew past `limit` since is TooLarge too."""
+    with open_checked(path, limit) as file:
+        data = file.read(limit + 1)
+    if len(data) > limit:
+        raise TooLarge(path, len(data), limit)
+    return data
+
+
 def open_regular(
     path: Path, what: str, *, limit: int | None = None, error: type[UserError] = UserError
 ) -> BinaryIO:
     """`path` opened for reading if it is a regular file of at most `limit` bytes; otherwise
     `error` with one sentence. `what` names the file in that sentence ("trace")."""
     try:
-        info = path.stat()
+        return open_checked(path, limit)
     except FileNotFoundError:
         raise error(f"{what.capitalize()} not found: {path}") from None
-    except OSError as exc:
-        raise error(f"Cannot read {what} {path}: {exc.strerror}.") from None
-    if not stat.S_ISREG(info.st_mode):
-        raise error(f"{what.capitalize()} {path} is not a regular file.")
-    if limit is not None and info.st_size > limit:
+    except NotRegular:
+        raise error(f"{what.capitalize()} {path} is not a regular file.") from None
+    except TooLarge as exc:
         raise error(
-            f"{what.capitalize()} {path} is {info.st_size:,} bytes; the limit is {limit:,}."
-        )
-    try:
-        return path.open("rb")
+            f"{what.capitalize()} {path} is {exc.size:,} bytes; the limit is {limit:,}."
+        ) from None
     except OSError as exc:
         raise error(f"Cannot read {what} {path}: {exc.strerror}.") from None
 

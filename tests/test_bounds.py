@@ -221,6 +221,9 @@ CGROUP_V1 = "4:memory:/docker/abc\n3:cpu,cpuacct:/docker/abc\n0::/\n"
         ),  # fmt: skip
         ("1:cpu:/\n", {"cpu/cpu.cfs_quota_us": "300000", "cpu/cpu.cfs_period_us": "100000"}, 3),
         (CGROUP_V2, {"user.slice/run.scope/cpu.max": "garbage"}, None),
+        # A quota past what a float holds is no limit, not an OverflowError.
+        (CGROUP_V2, {"user.slice/run.scope/cpu.max": f"{10**400} 100000"}, None),
+        ("1:cpu:/\n", {"cpu/cpu.cfs_quota_us": str(10**400), "cpu/cpu.cfs_period_us": "1"}, None),
         ("", {}, None),
     ],
 )

@@ -290,3 +290,51 @@ def test_version_says_why_a_broken_llama_cpp_cannot_load(env, tmp_path):
         else:
             assert result.stdout.startswith("memagent 0.")
             assert result.stdout.splitlines()[1] == f"llama.cpp cannot load: {why}"
+
+
+def _numeric_options() -> list[tuple[list[str], str, int, list[str]]]:
+    """(command words, flag, the arguments the command takes, its required options) of
+    every option of every command that takes a number."""
+    import typing
+
+    from typer import core
+    from typer.main import get_command
+
+    from memagent_cli.cli import app
+
+    found = []
+
+    def walk(command: typing.Any, words: list[str]) -> None:
+        for name, sub in getattr(command, "commands", {}).items():
+            walk(sub, [*words, name])
+        for param in command.params if words else []:
+            kind = param.type_descriptor.annotation
+            kinds = set(typing.get_args(kind)) or {kind}
+            if isinstance(param, core.TyperOption) and kinds & {int, float}:
+                arguments = sum(isinstance(p, core.TyperArgument) for p in command.params)
+                needed = [max(p.opts, key=len) for p in command.params if p.required]
+                found.append((words, max(param.opts, key=len), arguments, needed))
+
+    walk(get_command(app), [])
+    return found
+
+
+NUMERIC = _numeric_options()
+
+
+@pytest.mark.parametrize(
+    ("words", "flag", "arguments", "needed"),
+    NUMERIC,
+    ids=[" ".join([*w, f]) for w, f, _, _ in NUMERIC],
+)
+def test_every_number_option_refuses_nan_and_infinities_in_one_line(
+    cli, env, doc, tmp_path, words, flag, arguments, needed
+):
+    """A NaN compares false with every bound, so a range check alone lets it through
+    (`--temperature nan` started a reading)."""
+    assert ("ask", "--temperature") in {(" ".join(w), f) for w, f, _, _ in NUMERIC}
+    env["MEMAGENT_MODEL"] = str(tmp_path / "absent.gguf")  # a value let through reads nothing
+    given = [f"{option}={doc}" for option in needed if option != flag]
+    for value in ("nan", "inf", "-inf", "-Infinity"):
+        result = cli(*words, f"{flag}={value}", *given, *[str(doc)] * arguments)
+        assert_clean_failure(result, 2, f"Invalid value for '{flag}'")

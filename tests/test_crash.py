@@ -120,3 +120,23 @@ def test_with_a_model_loaded_a_workers_fault_names_the_call_it_computed_for(tmp_
         ", on one of its native threads."
     )
     assert "--no-repack" in sentence
+
+
+def test_a_crash_in_a_forked_child_ends_the_child_only(tmp_path, faults):
+    # The API's users may fork (multiprocessing's default on Linux): the child's crash is
+    # reported and ends the child; the parent, healthy, goes on past the watcher's deadline.
+    body = (
+        "import os, sys\n"
+        "crash.REPORT_SECONDS = 1\n"
+        "child = os.fork()\n"
+        "if child == 0:\n"
+        "    lib.fault_here()\n"
+        "_, status = os.waitpid(child, 0)\n"
+        "time.sleep(4)\n"  # the watcher's deadline and then some
+        "print('parent alive', os.waitstatus_to_exitcode(status), flush=True)\n"
+    )
+    result, _ = crash(tmp_path, faults, body)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"parent alive {-signal.SIGSEGV}"
+    assert "memagent: native code crashed with SIGSEGV in fault_here" in result.stderr
+    assert "could not finish" not in result.stderr

@@ -815,3 +815,36 @@ def test_two_pulls_recording_files_at_once_lose_no_record(env, tmp_path):
     assert sorted(recorded) == sorted(
         f"{n}/part{i}.gguf" for n in ("first", "second") for i in range(40)
     )
+
+
+def test_the_record_of_files_checked_whole_is_private(cli, env, fake_hub):
+    assert cli("models", "pull", f"{REPO}:Q4_1").returncode == 0
+    record = Path(env["XDG_DATA_HOME"]) / "memagent" / "models" / hub.VERIFIED_FILE
+    assert oct(record.stat().st_mode & 0o777) == "0o600"  # under the usual umask 022
+    # What pulls killed while writing it left goes once an hour old.
+    old, new = record.with_name(f"{record.name}.1.tmp"), record.with_name(f"{record.name}.2.tmp")
+    old.write_text("{}")
+    new.write_text("{}")
+    os.utime(old, (time.time() - 7200, time.time() - 7200))
+    assert cli("models", "pull", f"{REPO}:Q8_0").returncode == 0
+    assert sorted(p.name for p in record.parent.iterdir() if ".tmp" in p.name) == [new.name]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "huge"])
+def test_a_record_that_is_not_a_small_file_is_checked_again_without_waiting(
+    cli, env, fake_hub, kind
+):
+    """A FIFO at models/verified.json would block the read forever, a huge file be read
+    whole: either is no record, and the pulled file is checked against the Hub again."""
+    assert cli("models", "pull", f"{REPO}:Q4_1").returncode == 0
+    record = Path(env["XDG_DATA_HOME"]) / "memagent" / "models" / hub.VERIFIED_FILE
+    record.unlink()
+    if kind == "fifo":
+        os.mkfifo(record)
+    else:
+        with record.open("wb") as file:
+            file.truncate(1 << 30)  # sparse: a GB of zeros that must not be read
+    again = cli("models", "pull", f"{REPO}:Q4_1", timeout=60)
+    assert again.returncode == 0, again.stderr
+    assert "against the Hub's checksum" in again.stderr and "already pulled" in again.stderr
+    assert record.is_file() and record.stat().st_size < 1 << 20  # written anew, as a file

@@ -13,9 +13,14 @@ from support import split_run
 class Started:
     """The runs split_run starts, with the CPUs each asked for, instead of starting them."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, cpus: set[int]) -> None:
+    def __init__(
+        self, monkeypatch: pytest.MonkeyPatch, cpus: set[int], quota: int | None = None
+    ) -> None:
+        from memagent_cli import cpus as usable
+
         self.runs: list[tuple[list[str], set[int] | None]] = []
         pinned: list[set[int]] = []
+        monkeypatch.setattr(usable, "quota", lambda: quota, raising=False)  # none unless given
         monkeypatch.setattr(os, "sched_getaffinity", lambda pid: cpus, raising=False)
         monkeypatch.setattr(
             os, "sched_setaffinity", lambda pid, s: pinned.append(set(s)), raising=False
@@ -58,4 +63,26 @@ def test_with_one_cpu_the_two_run_one_after_the_other_unpinned(monkeypatch, tmp_
     assert started.selections() == [
         ("not model and not real_model", None),
         ("model and not real_model", None),
+    ]
+
+
+def test_a_cpu_quota_below_the_affinity_is_what_is_split(monkeypatch, tmp_path):
+    """Under `docker --cpus=2` on an 8-core host every CPU is in the affinity, but the two
+    runs share 2 CPUs of time: each half gets one CPU, not four."""
+    monkeypatch.setattr(split_run, "ROOT", tmp_path)
+    started = Started(monkeypatch, set(range(8)), quota=2)
+    assert split_run.main([]) == 0
+    assert started.selections() == [
+        ("model and not real_model", {0}),
+        ("not model and not real_model", {1}),
+    ]
+
+
+def test_a_quota_of_one_cpu_runs_the_two_one_after_the_other(monkeypatch, tmp_path):
+    monkeypatch.setattr(split_run, "ROOT", tmp_path)
+    started = Started(monkeypatch, set(range(8)), quota=1)
+    assert split_run.main([]) == 0
+    assert [selection for selection, _ in started.selections()] == [
+        "not model and not real_model",
+        "model and not real_model",
     ]

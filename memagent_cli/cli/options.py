@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import math
 import os
 import signal
 import sys
@@ -99,6 +100,7 @@ def at_least(low: float) -> Callable[[Any], Any]:
     also print the range in `--help`, where the help says it."""
 
     def check(value: Any) -> Any:
+        _finite(value)
         if value is not None and value < low:
             raise typer.BadParameter(f"Input should be greater than or equal to {low:g}")
         return value
@@ -106,7 +108,15 @@ def at_least(low: float) -> Callable[[Any], Any]:
     return check
 
 
+def _finite(value: Any) -> None:
+    """Refuse NaN and the infinities, which Typer reads as floats: a NaN compares false with
+    every bound, so a range check alone lets it through."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise typer.BadParameter("Input should be a finite number")
+
+
 def _fraction(value: float) -> float:
+    _finite(value)
     if value < 0:
         raise typer.BadParameter("Input should be greater than or equal to 0")
     if value > 1:

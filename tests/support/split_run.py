@@ -5,9 +5,11 @@ The model tests run llama.cpp one test at a time on the first half of the CPUs t
 may use (llama.cpp's threads follow the affinity: memagent_cli/cpus.py); the tests that load
 no model run on the other half, on two workers. So two llama.cpp processes never run at
 once, and llama.cpp never has more threads than cores beside it: its thread pool then slows
-down 10-100x. The model tests' output is kept in build/tests-model.log and printed after
-the others'. Where a process's CPUs cannot be set (macOS, Windows) or there is one CPU, the
-two run one after the other, as before.
+down 10-100x. Under a cgroup CPU quota (`docker --cpus=2` on a many-core host) every core
+may be in the affinity while the two runs share the quota's time: the halves are then of
+as many CPUs as the quota allows. The model tests' output is kept in
+build/tests-model.log and printed after the others'. Where a process's CPUs cannot be set
+(macOS, Windows) or there is one CPU, the two run one after the other, as before.
 
 (pytest-xdist's `--dist loadgroup` would keep the model tests on one worker, but with
 pytest 9.2 it no longer groups: xdist 3.8 renames a test by writing `item._nodeid`, which
@@ -29,6 +31,7 @@ REST = ["-m", "not model and not real_model"]
 def main(args: list[str]) -> int:
     pytest = [sys.executable, "-m", "pytest", *args]
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_setaffinity") else []
+    cpus = cpus[: quota() or len(cpus)]
     if len(cpus) < 2:
         return subprocess.call([*pytest, *REST, "-n", "2"]) or subprocess.call([*pytest, *MODEL])
     half = len(cpus) // 2
@@ -55,6 +58,15 @@ def main(args: list[str]) -> int:
     print(f"\n---- the model tests ({log.relative_to(ROOT)}) ----", flush=True)
     sys.stdout.write(log.read_text())
     return rest or model
+
+
+def quota() -> int | None:
+    """The CPUs the cgroup quota allows, from memagent's own reading of it."""
+    if str(ROOT) not in sys.path:  # run as a script: tests/support/ is on the path
+        sys.path.insert(0, str(ROOT))
+    from memagent_cli import cpus
+
+    return cpus.quota()
 
 
 if __name__ == "__main__":

@@ -4,22 +4,28 @@ modification time, instead of reading gigabytes again at every pull."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 from rich.filesize import decimal
 
 from memagent_cli.errors import ModelError
-from memagent_cli.files import lock, open_private
+from memagent_cli.files import lock, open_private, read_checked
 from memagent_cli.models import gguf
 from memagent_cli.models.hub.listing import RemoteFile
 from memagent_cli.models.hub.specs import models_dir
 from memagent_cli.progress import Note, Progress
 
 VERIFIED_FILE = "verified.json"  # in models/: the pulled files that matched the Hub's checksum
+# About 150 bytes a file: room for thousands. A larger file, or no regular file (a FIFO would
+# block the read forever), is no record, and a pulled file is checked against the Hub again.
+MAX_VERIFIED_BYTES = 4 << 20
+STALE_SECONDS = 3600
 
 
 def _checksum(remote: RemoteFile) -> str | None:
@@ -33,8 +39,8 @@ def _verified_path() -> Path:
 
 def _verified() -> dict[str, Any]:
     try:
-        recorded = json.loads(_verified_path().read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        recorded = json.loads(read_checked(_verified_path(), MAX_VERIFIED_BYTES))
+    except (OSError, ValueError, RecursionError):
         return {}
     return recorded if isinstance(recorded, dict) else {}
 
@@ -67,10 +73,23 @@ def mark_verified(dest: Path, remote: RemoteFile) -> None:
                 return
             recorded = {k: v for k, v in _verified().items() if (root / k).is_file()}
             recorded[_key(dest)] = _stamp(dest, remote)
-            temp.write_text(json.dumps(recorded, indent=1), encoding="utf-8")
+            temp.unlink(missing_ok=True)  # one a killed pull of this pid left
+            with open_private(temp, "x") as file:  # 0600, as every file memagent writes
+                file.write(json.dumps(recorded, indent=1))
             os.replace(temp, path)
+            _drop_stale(path)
     except OSError:
         temp.unlink(missing_ok=True)
+
+
+def _drop_stale(path: Path) -> None:
+    """Remove the temporary files that pulls killed while writing the records left: a write
+    takes a moment, so one an hour old is no other pull's in flight."""
+    now = time.time()
+    for temp in path.parent.glob(f"{path.name}.*.tmp"):
+        with contextlib.suppress(OSError):
+            if now - temp.lstat().st_mtime > STALE_SECONDS:
+                temp.unlink()
 
 
 def already_pulled(
