@@ -349,8 +349,8 @@ def test_the_glossary_defines_its_terms_and_pages_that_use_them_link_it():
 def install_check(page: Path) -> tuple[str, str]:
     """The output block of `page`'s install check, and the section around it."""
     text = page.read_text()
-    section = text[text.index("heck the install") :]
-    section = section[: section.index("\n## ")]
+    section = text[text.index("## Check the install") :]
+    section = section[: section.index("\n## ", 3)]
     return re.search(r"```text\n(.*?)```", section, re.S)[1], section
 
 
