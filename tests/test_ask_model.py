@@ -115,6 +115,8 @@ def test_json_answers_every_question_from_stdin(memagent, env):
     assert doc["chunks"] == len(first["steps"]) == len(second["steps"]) >= 2
     assert first["model"]["name"] == Path(env["MEMAGENT_MODEL"]).stem  # a path: its stem
     assert first["settings"]["chunk_tokens"] == CHUNK and first["settings"]["backend"] == "llama"
+    # The sampler chain's order, vLLM's and SGLang's: the temperature before top-p.
+    assert first["settings"]["sampler"] == "temperature, top-p, dist (greedy at temperature 0)"
     assert first["tokens_per_second"]["prompt"] > 0 and first["tokens_per_second"]["generation"] > 0
     assert first["seconds"] > 0
     traces = {first["trace"], second["trace"]}

@@ -261,6 +261,8 @@ class LlamaCppBackend:
         return len(self._chat_prompt("")[0])
 
     def describe(self) -> Description:
+        from memagent_cli.backends.llama_parts import CHAIN
+
         path = self.path.resolve()
         return Description(
             model={"path": str(path), "name": self.name, "size": path.stat().st_size},
@@ -273,6 +275,7 @@ class LlamaCppBackend:
                 "flash_attn": self.flash_attn,
                 "cache_type_k": self.cache_type_k,
                 "cache_type_v": self.cache_type_v,
+                "sampler": CHAIN,  # the order of the sampler chain (vLLM's and SGLang's)
             },
         )
 
