@@ -286,3 +286,29 @@ def test_every_character_of_rules_and_spaced_tables_is_read(memagent, tmp_path, 
     assert len(ranges) == out["document"]["chunks"] >= 3
     assert ranges[0][0] == 0 and ranges[-1][1] == out["document"]["characters"]
     assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
+
+
+@pytest.mark.usefixtures("on_tiny_model")
+def test_a_decomposed_text_is_read_as_qwens_tokenizer_reads_it(memagent, tmp_path, tiny_model):
+    """NFD text (a Mac's, a PDF's) reaches the model composed, as the authors' tokenizer
+    gives it; the chunks' ranges are the document's characters as extracted."""
+    import unicodedata
+
+    from memagent_cli.backends.llama_cpp import LlamaCppBackend, LlamaOptions
+
+    composed = "Le café était déjà fermé. Tiếng Việt: người được. 한국어 문장, 한글.\n" * 12
+    doc = tmp_path / "nfd.txt"
+    doc.write_text(unicodedata.normalize("NFD", composed))
+    result = memagent(
+        "ask", str(doc), "Where?", "--chunk-tokens", "64", "--memory-tokens", "8",
+        "--temperature", "0", "--json", "--no-reuse",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    backend = LlamaCppBackend(tiny_model, LlamaOptions(threads=1, gpu_layers=0))
+    assert out["document"]["tokens"] == len(backend.tokenize(composed.strip()))
+    characters = len(doc.read_text().strip())
+    assert out["document"]["characters"] == characters > len(composed.strip())
+    ranges = [step["chars"] for step in out["steps"]]
+    assert ranges[0][0] == 0 and ranges[-1][1] == characters
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
