@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import bisect
 import codecs
+import functools
+import re
+import unicodedata
 from array import array
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -49,6 +53,10 @@ class Chunk:
     char_end: int
     own_text: str | None = field(default=None, repr=False)  # None: a slice of `document`
     document: str = field(default="", repr=False)
+    # Where the text was normalized before tokenizing (NFC for Qwen): the text read, and
+    # where this chunk starts in it; the ranges above are the document's as extracted.
+    normal: Normalized | None = field(default=None, repr=False)
+    normal_start: int = 0
 
     @property
     def text(self) -> str:
@@ -70,6 +78,13 @@ class Chunk:
     @property
     def tokens(self) -> int:
         return self.token_end - self.token_start
+
+    def at(self, offset: int) -> int:
+        """Where character `offset` (0 to its length) of the chunk's text falls in the
+        document as extracted."""
+        if self.normal is None:
+            return self.char_start + offset
+        return self.normal.original(self.normal_start + offset)
 
     def where(self, span: str) -> dict[str, Any]:
         """Where the chunk sits, as traces, `--json` and `inspect` report it: numbered from 1,
@@ -143,10 +158,126 @@ def tokenize(text: str, tokenizer: Tokenizer, progress: Counted | None = None) -
     return Tokens(tokenizer.tokenize(text))
 
 
-def chunk_text(text: str, tokenizer: Tokenizer, size: int) -> tuple[Tokens, list[Chunk]]:
-    """The document's tokens and its chunks of `size` tokens, as the protocol cuts them."""
-    tokens = tokenize(text, tokenizer)
-    return tokens, make_chunks(tokens, size, tokenizer.detokenize, text)
+def chunk_text(
+    text: str,
+    tokenizer: Tokenizer,
+    size: int,
+    tokenized: Counted | None = None,
+    chunked: Counted | None = None,
+) -> tuple[Tokens, list[Chunk]]:
+    """The document's tokens and its chunks of `size` tokens, as the protocol cuts them:
+    of the text as the tokenizer normalizes it (its `normalization`, NFC for Qwen, as the
+    authors' Hugging Face tokenizer does), with the chunks' character ranges in `text` as
+    it is. `tokenized` and `chunked` hear how the two stages go (progress(done, total))."""
+    normal = normalized(text, getattr(tokenizer, "normalization", None))
+    tokens = tokenize(normal.text, tokenizer, tokenized)
+    chunks = make_chunks(tokens, size, tokenizer.detokenize, normal.text, chunked)
+    return tokens, normal.placed(chunks)
+
+
+# --- normalization ------------------------------------------------------------------------
+
+
+@functools.cache
+def _unstable(form: str) -> tuple[re.Pattern[str], frozenset[str]]:
+    """Runs of the characters around which `form` (NFC) may change a text (combining marks,
+    characters that combine with the one before them, characters that change or decompose
+    into such), and those of them before which a text may still be cut (a singleton such as
+    the Ångström sign). Before any other character a text splits into pieces that normalize
+    on their own (Unicode's stable boundaries, UAX #15)."""
+    decomposing = []
+    for code in range(0x30000):  # no canonical decomposition lies above
+        decomposition = unicodedata.decomposition(chr(code))
+        if decomposition and not decomposition.startswith("<"):
+            decomposing.append((code, [int(part, 16) for part in decomposition.split()]))
+    back = set(range(0x1161, 0x1176)) | set(range(0x11A8, 0x11C3))  # Hangul V and T jamo
+    for code, parts in decomposing:
+        if len(parts) == 2 and unicodedata.normalize(form, chr(code)) == chr(code):
+            back.add(parts[1])  # a primary composite: its second part combines backward
+    marks = {code for code in range(0x110000) if unicodedata.combining(chr(code))}
+    unstable, cut_before = back | marks, set()
+    for code, parts in decomposing:
+        if unicodedata.normalize(form, chr(code)) != chr(code) or parts[0] in back | marks:
+            unstable.add(code)
+            first = unicodedata.normalize("NFD", chr(code))[0]
+            if code not in marks and ord(first) not in back | marks:
+                cut_before.add(chr(code))
+    codes = sorted(unstable)
+    spans, first = [], codes[0]
+    for previous, code in zip(codes, [*codes[1:], -1], strict=True):
+        if code != previous + 1:
+            last = f"-{re.escape(chr(previous))}" if previous > first else ""
+            spans.append(re.escape(chr(first)) + last)
+            first = code
+    return re.compile(f"[{''.join(spans)}]+"), frozenset(cut_before)
+
+
+class Normalized:
+    """A text as a tokenizer normalizes it (`text`), and where each of its characters comes
+    from in the text as it was: exact outside the pieces normalization changed; inside one,
+    the piece's start (a composed character is where its first part was)."""
+
+    def __init__(self, source: str, text: str, changed: list[tuple[int, int, int, int]]):
+        self.source, self.text = source, text
+        self._changed = changed  # each piece changed: (start, end) in `text`, in `source`
+        self._starts = [piece[0] for piece in changed]
+
+    def original(self, offset: int) -> int:
+        """Where character `offset` (0 to len(text)) of `text` is in `source`."""
+        index = bisect.bisect_right(self._starts, offset) - 1
+        if index < 0:
+            return offset
+        start, end, source_start, source_end = self._changed[index]
+        return source_start if offset < end else source_end + offset - end
+
+    def placed(self, chunks: list[Chunk]) -> list[Chunk]:
+        """`chunks` of `text`, with their character ranges in `source`."""
+        if self.text is self.source:
+            return chunks
+        placed = []
+        for chunk in chunks:
+            start, end = self.original(chunk.char_start), self.original(chunk.char_end)
+            own = None if self.source[start:end] == chunk.text else chunk.text
+            placed.append(
+                Chunk(
+                    chunk.index,
+                    chunk.token_start,
+                    chunk.token_end,
+                    start,
+                    end,
+                    own,
+                    self.source,
+                    self,
+                    chunk.char_start,
+                )
+            )
+        return placed
+
+
+def normalized(text: str, form: str | None) -> Normalized:
+    """`text` in Unicode normalization `form` (NFC, ...; None: as it is), with the way back
+    to its offsets. Nearly every text is NFC already: then it is `text` itself, at once."""
+    if form is None or unicodedata.is_normalized(form, text):
+        return Normalized(text, text, [])
+    pieces: list[str] = []
+    changed: list[tuple[int, int, int, int]] = []
+    at = length = 0  # in `text`, in the normalized text so far
+    runs, cut_before = _unstable(form)
+    for match in runs.finditer(text):
+        start, end = match.start(), match.end()
+        if text[start] not in cut_before:
+            start = max(start - 1, at)  # from the starter they follow
+        if start > at:
+            pieces.append(text[at:start])
+            length += start - at
+        piece = unicodedata.normalize(form, text[start:end])
+        if piece != text[start:end]:
+            changed.append((length, length + len(piece), start, end))
+        pieces.append(piece)
+        length += len(piece)
+        at = end
+    pieces.append(text[at:])
+    return Normalized(text, "".join(pieces), changed)
 
 
 def tokenize_in_pieces(

@@ -115,6 +115,8 @@ def test_json_answers_every_question_from_stdin(memagent, env):
     assert doc["chunks"] == len(first["steps"]) == len(second["steps"]) >= 2
     assert first["model"]["name"] == Path(env["MEMAGENT_MODEL"]).stem  # a path: its stem
     assert first["settings"]["chunk_tokens"] == CHUNK and first["settings"]["backend"] == "llama"
+    # The sampler chain's order, vLLM's and SGLang's: the temperature before top-p.
+    assert first["settings"]["sampler"] == "temperature, top-p, dist (greedy at temperature 0)"
     assert first["tokens_per_second"]["prompt"] > 0 and first["tokens_per_second"]["generation"] > 0
     assert first["seconds"] > 0
     traces = {first["trace"], second["trace"]}
@@ -343,4 +345,30 @@ def test_every_character_of_rules_and_spaced_tables_is_read(memagent, tmp_path, 
     ranges = [step["chars"] for step in out["steps"]]
     assert len(ranges) == out["document"]["chunks"] >= 3
     assert ranges[0][0] == 0 and ranges[-1][1] == out["document"]["characters"]
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
+
+
+@pytest.mark.usefixtures("on_tiny_model")
+def test_a_decomposed_text_is_read_as_qwens_tokenizer_reads_it(memagent, tmp_path, tiny_model):
+    """NFD text (a Mac's, a PDF's) reaches the model composed, as the authors' tokenizer
+    gives it; the chunks' ranges are the document's characters as extracted."""
+    import unicodedata
+
+    from memagent_cli.backends.llama_cpp import LlamaCppBackend, LlamaOptions
+
+    composed = "Le café était déjà fermé. Tiếng Việt: người được. 한국어 문장, 한글.\n" * 12
+    doc = tmp_path / "nfd.txt"
+    doc.write_text(unicodedata.normalize("NFD", composed))
+    result = memagent(
+        "ask", str(doc), "Where?", "--chunk-tokens", "64", "--memory-tokens", "8",
+        "--temperature", "0", "--json", "--no-reuse",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    backend = LlamaCppBackend(tiny_model, LlamaOptions(threads=1, gpu_layers=0))
+    assert out["document"]["tokens"] == len(backend.tokenize(composed.strip()))
+    characters = len(doc.read_text().strip())
+    assert out["document"]["characters"] == characters > len(composed.strip())
+    ranges = [step["chars"] for step in out["steps"]]
+    assert ranges[0][0] == 0 and ranges[-1][1] == characters
     assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))

@@ -1,5 +1,6 @@
 """Model-token windows: sizes, no overlap, and detokenized windows that cover the document."""
 
+import unicodedata
 from pathlib import Path
 
 import pytest
@@ -165,3 +166,114 @@ def test_a_document_of_long_runs_chunks_back_to_itself(name, request):
         whole = [c for c in chunks if "\ufffd" not in c.text]
         assert all(text[c.char_start : c.char_end] == c.text for c in whole)
         assert len(whole) >= len(chunks) // 2
+
+
+# --- the text as the model's tokenizer normalizes it --------------------------------------
+
+# The same words composed (NFC) and decomposed (NFD: as some PDFs, macOS and Vietnamese and
+# Korean input methods write them).
+WORDS = {
+    "french": "Le café était déjà fermé; où êtes-vous, Hélène? Ça dépend.",
+    "vietnamese": "Tiếng Việt có dấu: người, được, những, chuyện, thuở ấy.",
+    "korean": "한국어 문장입니다. 읽기 쉬운 글자, 한글.",
+    "swedish": "Å, ä och ö: Ångström såg ön från båten.",
+}
+
+
+def nfd(text: str) -> str:
+    return unicodedata.normalize("NFD", text)
+
+
+class CharTokenizer:
+    """A token per character, normalizing as `normalization` says (NFC: Qwen's)."""
+
+    def __init__(self, normalization: str | None = "NFC") -> None:
+        self.normalization = normalization
+
+    def tokenize(self, text: str) -> list[int]:
+        if self.normalization:
+            text = unicodedata.normalize(self.normalization, text)
+        return [ord(c) for c in text]
+
+    def detokenize(self, tokens) -> bytes:
+        return "".join(map(chr, tokens)).encode()
+
+
+def assert_tiles(chunks, document: str) -> None:
+    assert chunks[0].char_start == 0 and chunks[-1].char_end == len(document)
+    for before, after in zip(chunks, chunks[1:], strict=False):
+        assert before.char_end == after.char_start
+
+
+@pytest.mark.parametrize("language", sorted(WORDS))
+def test_decomposed_text_is_read_composed_and_placed_in_the_text_as_extracted(language):
+    document = nfd(WORDS[language]) * 3
+    assert document != WORDS[language] * 3
+    for size in (1, 2, 5, 17):
+        tokens, chunks = chunk_text(document, CharTokenizer(), size)
+        assert tokens == [ord(c) for c in WORDS[language] * 3]  # the model reads NFC
+        assert "".join(c.text for c in chunks) == WORDS[language] * 3
+        assert_tiles(chunks, document)  # the ranges are the document's, as extracted
+        for chunk in chunks:
+            original = document[chunk.char_start : chunk.char_end]
+            assert unicodedata.normalize("NFC", original) == chunk.text
+
+
+def test_a_tokenizer_that_does_not_normalize_reads_the_text_as_it_is():
+    document = nfd(WORDS["french"])
+    tokens, chunks = chunk_text(document, CharTokenizer(None), 7)
+    assert tokens == [ord(c) for c in document]
+    assert "".join(c.text for c in chunks) == document
+    assert all(document[c.char_start : c.char_end] == c.text for c in chunks)
+
+
+def test_a_character_composed_into_several_keeps_the_chunks_tiling():
+    # e + cedilla + acute composes to ȩ (U+0229) + acute: two characters from three, where a
+    # window may fall between them; the rest of the text around stays exact.
+    document = "ab" + "e\u0301\u0327" * 5 + "cd" + nfd(WORDS["vietnamese"])
+    for size in (1, 2, 3):
+        _, chunks = chunk_text(document, CharTokenizer(), size)
+        assert "".join(c.text for c in chunks) == unicodedata.normalize("NFC", document)
+        assert_tiles(chunks, document)
+
+
+def test_normalized_offsets_map_back_exactly():
+    from memagent_cli.chunking import normalized
+
+    document = "x" + nfd(WORDS["korean"]) + "\u212b" + nfd(WORDS["vietnamese"]) + "e\u0301"
+    text = normalized(document, "NFC")
+    assert text.text == unicodedata.normalize("NFC", document)
+    offsets = [text.original(n) for n in range(len(text.text) + 1)]
+    assert offsets[0] == 0 and offsets[-1] == len(document)
+    assert offsets == sorted(offsets)
+    for n, at in enumerate(offsets):  # here every composed character comes from one place
+        assert unicodedata.normalize("NFC", document[:at]) == text.text[:n]
+    plain = normalized("already composed: é", "NFC")
+    assert plain.text == "already composed: é" and plain.original(5) == 5
+
+
+@pytest.mark.model
+def test_qwens_tokenizer_reads_decomposed_text_composed(tiny_model):
+    """Qwen2's tokenizer (the tiny model's, memagent-7b's, ReMemR1's, InfMem's Qwen3) composes
+    Unicode first in Hugging Face's hands: llama.cpp does not, so memagent does."""
+    backend = LlamaCppBackend(tiny_model, LlamaOptions(threads=1, gpu_layers=0))
+    assert backend.normalization == "NFC"
+    composed = " ".join(WORDS.values()) + "\n"
+    document = nfd(composed) * 4
+    tokens, chunks = chunk_text(document, backend, 50)
+    assert tokens == backend.tokenize(composed * 4) == backend.tokenize(document)
+    assert len(tokens) < len(backend._vocab.tokenize(document.encode(), False, False)) / 1.5
+    assert_tiles(chunks, document)
+    whole = [c for c in chunks if "\ufffd" not in c.text]
+    assert len(whole) >= len(chunks) // 2
+    for chunk in whole:
+        original = document[chunk.char_start : chunk.char_end]
+        assert unicodedata.normalize("NFC", original) == chunk.text
+
+
+@pytest.mark.real_model
+def test_a_tokenizer_without_normalization_reads_the_text_as_it_is():
+    backend = LlamaCppBackend(real_model_path(), LlamaOptions(threads=1, gpu_layers=0))
+    assert backend.normalization is None
+    document = nfd(WORDS["french"])
+    assert backend.tokenize(document) != backend.tokenize(WORDS["french"])

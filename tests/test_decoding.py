@@ -3,10 +3,13 @@ engine settings llama.cpp would refuse or cannot keep. No model's weights are lo
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from memagent_cli.backend import Sampling
 from memagent_cli.backends import llama_cpp as llama_cpp_backend
 from memagent_cli.backends.drafting import DraftPolicy, Lookup
 from memagent_cli.backends.llama_cpp import LlamaCppBackend, LlamaOptions
@@ -184,3 +187,69 @@ def test_exact_with_layers_on_a_gpu_says_it_is_exact_on_the_cpu_only(
     assert backend.gpu_layers == (-1 if gpu_layers is None else gpu_layers)  # all layers
     said = [n for n in notes if "--exact is byte-exact on the CPU only" in n]
     assert len(said) == warned
+
+
+# --- sampling, as the authors' engines sample ---------------------------------------------
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = np.exp(logits - logits.max())
+    return shifted / shifted.sum()
+
+
+def vllm_candidates(logits: list[float], temperature: float, top_p: float) -> dict[int, float]:
+    """vLLM's sampler (v1/sample/sampler.py, ops/topk_topp_sampler.py `apply_top_k_top_p`),
+    which ran MemAgent, in numpy: the logits divided by the temperature, sorted ascending,
+    every token whose cumulative probability from the bottom is at most 1 - top_p masked
+    (never the best), then the probabilities of what is left. SGLang, which ran ReMemR1,
+    keeps the same set: the temperature first, then top-p of the sharpened distribution."""
+    scaled = np.asarray(logits, dtype=np.float32) / np.float32(temperature)
+    order = np.argsort(scaled, kind="stable")
+    ranked = scaled[order]
+    masked = np.cumsum(softmax(ranked.astype(np.float64))) <= 1 - top_p
+    masked[-1] = False
+    ranked[masked] = -np.inf
+    kept = np.empty_like(scaled)
+    kept[order] = ranked
+    probabilities = softmax(kept.astype(np.float64))
+    return {int(token): float(p) for token, p in enumerate(probabilities) if p > 0}
+
+
+def held_against_vllm(logits: list[float], temperature: float, top_p: float) -> None:
+    from memagent_cli.backends.llama_parts import Sampler
+
+    sampler = Sampler(Sampling(temperature, top_p, seed=1))
+    try:
+        ours = sampler.candidates(logits)
+    finally:
+        sampler.close()
+    theirs = vllm_candidates(logits, temperature, top_p)
+    assert sorted(ours) == sorted(theirs)
+    for token, p in theirs.items():
+        assert ours[token] == pytest.approx(p, rel=1e-4, abs=1e-7)
+
+
+def test_the_sampler_keeps_what_vllm_keeps_one_token_at_090_and_ten_at_001():
+    """The issue's case: vLLM sharpens first (0.7), so the nucleus (0.95) is the first token
+    alone; top-p on the raw distribution kept six and drew another 0.8% of the time."""
+    logits = [math.log(0.90)] + [math.log(0.01)] * 10
+    held_against_vllm(logits, 0.7, 0.95)
+    from memagent_cli.backends.llama_parts import Sampler
+
+    assert Sampler(Sampling(0.7, 0.95)).candidates(logits) == {0: 1.0}
+
+
+@pytest.mark.parametrize(
+    ("temperature", "top_p"), [(0.7, 0.95), (1.0, 0.9), (0.5, 0.5), (1.3, 0.99), (0.7, 1.0)]
+)
+def test_the_sampler_keeps_what_vllm_keeps_on_random_logits(temperature, top_p):
+    rng = np.random.default_rng(47)
+    for _ in range(5):
+        logits = (rng.standard_normal(2000) * 3).tolist()
+        held_against_vllm(logits, temperature, top_p)
+
+
+def test_a_greedy_sampler_keeps_the_best_token_alone():
+    from memagent_cli.backends.llama_parts import Sampler
+
+    assert Sampler(Sampling(0.0, 0.95)).candidates([0.5, 2.0, 1.0]) == {1: 1.0}

@@ -753,3 +753,31 @@ def test_infmem_has_room_for_every_search_of_a_long_document():
     with pytest.raises(BudgetError, match="planner is shown every search so far: a document"):
         open_session(book, engine)
     assert small.messages == []
+
+
+def test_a_unit_of_decomposed_text_is_placed_in_the_text_as_extracted():
+    """The model reads NFC (Qwen's tokenizer composes first): a unit found is still placed
+    in the document's own characters, as its chunk is."""
+    import unicodedata
+
+    from memagent_cli.chunking import chunk_text
+
+    class Composing:  # a token per character of the composed text
+        normalization = "NFC"
+
+        def tokenize(self, text: str) -> list[int]:
+            return [ord(c) for c in unicodedata.normalize("NFC", text)]
+
+        def detokenize(self, tokens) -> bytes:
+            return "".join(map(chr, tokens)).encode()
+
+    composed = "Le café était déjà fermé. Tiếng Việt: người được. 한국어, 한글."
+    document = unicodedata.normalize("NFD", composed)
+    tokens, chunks = chunk_text(document, Composing(), 20)
+    found = infmem.units([(c.token_start, c.token_end) for c in chunks], size=6)
+    raw = [Composing().detokenize(tokens[u.token_start : u.token_end]) for u in found]
+    placed = infmem.unit_chars(found, raw, chunks)
+    assert placed[0][0] == 0 and placed[-1][1] == len(document)
+    assert all(a[1] == b[0] for a, b in zip(placed, placed[1:], strict=False))
+    for (start, end), data in zip(placed, raw, strict=True):
+        assert unicodedata.normalize("NFC", document[start:end]) == data.decode()

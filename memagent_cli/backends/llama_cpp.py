@@ -7,6 +7,7 @@ import ctypes
 import os
 import sys
 import tempfile
+import unicodedata
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -55,6 +56,11 @@ _TYPE_BYTES |= {"q4_1": 20 / 32, "iq4_nl": 18 / 32, "q5_0": 22 / 32, "q5_1": 24 
 _RESERVE = 1 << 30  # compute buffers and everything else: leave a GiB free
 # Stands for the user's message while the chat template renders: no text holds it.
 _PLACEHOLDER = "\x00memagent-message\x00"
+# The Unicode normalization the Hugging Face tokenizer of each of llama.cpp's pre-tokenizers
+# (tokenizer.ggml.pre) applies before it splits, which llama.cpp does not: Qwen2's, Qwen2.5's
+# and Qwen3's tokenizer.json say {"type": "NFC"} (models/conversion/vocabulary.py converts
+# these alone). Text is tokenized so, as the authors' model read it.
+_NORMALIZATIONS = {"qwen2": "NFC"}
 
 
 def physical_cores() -> int:
@@ -182,6 +188,7 @@ class LlamaCppBackend:
             )
         # The weights are not loaded yet, so read the trained context from the metadata.
         metadata = self._vocab.metadata
+        self.normalization = _NORMALIZATIONS.get(metadata.get("tokenizer.ggml.pre", ""))
         arch = metadata.get("general.architecture", "")
         self.context_limit = int(metadata.get(f"{arch}.context_length", 0)) or 2048
         # A document's tokens as text, every one: llama.cpp makes some plain words control
@@ -207,7 +214,14 @@ class LlamaCppBackend:
             return ""
         return piece(self._pieces.vocab, token, special=True).decode("utf-8", errors="replace")
 
+    def _normal(self, text: str) -> str:
+        """`text` as the model's own tokenizer normalizes it before splitting."""
+        if self.normalization is None or unicodedata.is_normalized(self.normalization, text):
+            return text
+        return unicodedata.normalize(self.normalization, text)
+
     def tokenize(self, text: str) -> list[int]:
+        text = self._normal(text)
         return self._vocab.tokenize(text.encode("utf-8"), add_bos=False, special=False)
 
     def detokenize(self, tokens: Sequence[int]) -> bytes:
@@ -223,6 +237,7 @@ class LlamaCppBackend:
         with a newline, which a tokenizer may join with the template's: MemAgent's
         messages never do)."""
         before, after, bos, stop = self._template
+        message = self._normal(message)
         text = self._vocab.tokenize(message.encode("utf-8"), add_bos=bos, special=False)
         return [*before, *text, *after], stop
 
@@ -233,7 +248,9 @@ class LlamaCppBackend:
         tokens = [
             token
             for text, markup in raw
-            for token in self._vocab.tokenize(text.encode("utf-8"), add_bos=False, special=markup)
+            for token in self._vocab.tokenize(
+                self._normal(text).encode("utf-8"), add_bos=False, special=markup
+            )
         ]
         return tokens, []
 
@@ -263,6 +280,8 @@ class LlamaCppBackend:
         return len(self._chat_prompt("")[0])
 
     def describe(self) -> Description:
+        from memagent_cli.backends.llama_parts import CHAIN
+
         path = self.path.resolve()
         return Description(
             model={"path": str(path), "name": self.name, "size": path.stat().st_size},
@@ -275,6 +294,7 @@ class LlamaCppBackend:
                 "flash_attn": self.flash_attn,
                 "cache_type_k": self.cache_type_k,
                 "cache_type_v": self.cache_type_v,
+                "sampler": CHAIN,  # the order of the sampler chain (vLLM's and SGLang's)
             },
         )
 

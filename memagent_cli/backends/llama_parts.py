@@ -4,19 +4,24 @@ batch, and token pieces. Each wraps one ctypes API of llama-cpp-python and nothi
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Sequence
 
 import llama_cpp
 
 from memagent_cli.backend import Sampling
 
+# The sampler chain, in order, as the trace header records it (backends/llama_cpp.py
+# `describe`): vLLM's and SGLang's (which ran MemAgent and ReMemR1) divide the logits by the
+# temperature first, then take the nucleus of that sharpened distribution, then draw. Their
+# top-k and min-p are off by default, as here. llama.cpp's common chain (and llama-cpp-python's
+# create_completion) puts top-p before the temperature, which keeps more candidates.
+CHAIN = "temperature, top-p, dist (greedy at temperature 0)"
+
 
 class Sampler:
-    """llama.cpp's sampler chain as memagent configures it: top-p, temperature, seeded draw.
-
-    The order (top-p on the raw distribution, then temperature) is the one
-    llama-cpp-python's create_completion used with top-k, min-p and penalties switched off.
-    """
+    """llama.cpp's sampler chain as memagent configures it (CHAIN): temperature, top-p,
+    seeded draw; greedy at temperature 0. Drafts are verified by the same chain."""
 
     def __init__(self, sampling: Sampling) -> None:
         params = llama_cpp.llama_sampler_chain_default_params()
@@ -26,12 +31,34 @@ class Sampler:
             self._add(llama_cpp.llama_sampler_init_greedy())
         else:
             seed = llama_cpp.LLAMA_DEFAULT_SEED if sampling.seed is None else sampling.seed
-            self._add(llama_cpp.llama_sampler_init_top_p(sampling.top_p, 1))
             self._add(llama_cpp.llama_sampler_init_temp(sampling.temperature))
+            self._add(llama_cpp.llama_sampler_init_top_p(sampling.top_p, 1))
             self._add(llama_cpp.llama_sampler_init_dist(seed & 0xFFFFFFFF))
 
     def _add(self, sampler: llama_cpp.llama_sampler_p) -> None:
         llama_cpp.llama_sampler_chain_add(self._chain, sampler)
+
+    def candidates(self, logits: Sequence[float]) -> dict[int, float]:
+        """What the chain keeps of `logits` (one per token id) before its draw, each token
+        with the probability the draw gives it; greedy keeps the best token alone."""
+        size = len(logits)
+        data = (llama_cpp.llama_token_data * size)()
+        for token, logit in enumerate(logits):
+            data[token].id, data[token].logit, data[token].p = token, float(logit), 0.0
+        array = llama_cpp.llama_token_data_array(data, size, -1, False)
+        steps = llama_cpp.llama_sampler_chain_n(self._chain)
+        for step in range(steps):
+            sampler = llama_cpp.llama_sampler_chain_get(self._chain, step)
+            if step == steps - 1 and llama_cpp.llama_sampler_name(sampler) != b"greedy":
+                break  # the draw
+            llama_cpp.llama_sampler_apply(sampler, ctypes.byref(array))
+        if array.selected >= 0:
+            return {int(array.data[array.selected].id): 1.0}
+        kept = {int(array.data[i].id): float(array.data[i].logit) for i in range(array.size)}
+        top = max(kept.values())
+        weights = {token: math.exp(logit - top) for token, logit in kept.items()}
+        total = math.fsum(weights.values())
+        return {token: weight / total for token, weight in weights.items()}
 
     def sample(self, context: llama_cpp.llama_context_p, index: int) -> int:
         """One draw from the logits of batch row `index` of the last decode."""

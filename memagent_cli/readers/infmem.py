@@ -451,14 +451,15 @@ def unit_chars(
     between two units is counted in the unit where it ends); the last unit of a chunk ends
     where the chunk does."""
     placed: list[tuple[int, int]] = []
-    offset, chunk = 0, -1
+    offset, inside, chunk = 0, 0, -1  # inside: characters into the chunk's text
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     for unit, data in zip(found, raw, strict=True):
         if unit.chunk != chunk:
-            chunk, offset = unit.chunk, chunks[unit.chunk].char_start
+            chunk, offset, inside = unit.chunk, chunks[unit.chunk].char_start, 0
             decoder.reset()
         last = unit.token_end == chunks[chunk].token_end
-        end = offset + len(decoder.decode(data, final=last))
+        inside += len(decoder.decode(data, final=last))
+        end = chunks[chunk].at(inside)  # in the document as extracted (NFC text: Chunk.at)
         end = chunks[chunk].char_end if last else min(end, chunks[chunk].char_end)
         placed.append((offset, end))
         offset = end

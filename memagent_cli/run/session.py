@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from memagent_cli import __version__, readers
-from memagent_cli.chunking import Chunk, Tokenizer, Tokens, make_chunks, tokenize
+from memagent_cli.chunking import Chunk, Tokenizer, Tokens, make_chunks, normalized, tokenize
 from memagent_cli.documents import Document
 from memagent_cli.progress import SILENT, Reporter
 from memagent_cli.reader import Reader
@@ -86,9 +86,11 @@ def cut(
     """`document`'s tokens and chunks, telling `report` how tokenizing a long document goes
     (a server's tokenizer is a call per piece and per chunk)."""
     name = Path(document.path).name
+    # The text as the model's tokenizer normalizes it (chunking.chunk_text): NFC for Qwen.
+    normal = normalized(document.text, getattr(tokenizer, "normalization", None))
     with report.progress("characters") as progress:
         tokens = tokenize(
-            document.text,
+            normal.text,
             tokenizer,
             lambda done, total: progress(f"tokenizing {name}", done, total),
         )
@@ -97,10 +99,10 @@ def cut(
             tokens,
             chunk_tokens,
             tokenizer.detokenize,
-            document.text,
+            normal.text,
             lambda done, total: progress(f"cutting {name} into chunks", done, total),
         )
-    return tokens, chunks
+    return tokens, normal.placed(chunks)
 
 
 def open_session(document: Document, engine: Engine, report: Reporter = SILENT) -> Session:
