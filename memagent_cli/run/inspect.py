@@ -249,7 +249,7 @@ def estimate_reading(
         # Each call's prompt and longest reply in tokens, and the lines the rates lie on.
         "calls": [[call.prompt, call.reply] for call in calls],
         "likely_calls": [[call.prompt, call.reply] for call in likely],
-        "learned": _learned(past, written, answered, factor),
+        "learned": _learned(past, written, answered, factor, past.ignored(speed)),
         "speed": dataclasses.asdict(speed),
         "prompt_tokens": sum(call.prompt for call in calls),
         "reply_tokens": sum(call.reply for call in calls),
@@ -269,13 +269,17 @@ def estimate_reading(
     }
 
 
-def _learned(past: History, written: float, answered: float, factor: float) -> dict | None:
-    """What the estimate took from past readings (`--json`), None where there were none."""
+def _learned(
+    past: History, written: float, answered: float, factor: float, ignored: int = 0
+) -> dict | None:
+    """What the estimate took from past readings (`--json`): from how many traces, and how
+    many of their calls it left out (values no machine gives); None where there were none."""
     if not past.readings:
         return None
     return {
         "readings": past.readings,
         "calls": len(past.calls),
+        "ignored_calls": ignored,
         "memory_fraction": round(written, 3),
         "answer_fraction": round(answered, 3),
         "decode_factor": round(factor, 3),
