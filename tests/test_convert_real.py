@@ -133,6 +133,8 @@ def test_metadata_is_what_llama_cpp_wrote(shipped, converted):
     )
     # Newer llama.cpp converters than the shipped file's also copy generation_config.json's
     # sampling defaults, as gguf.Metadata does here.
+    # memagent's own key: the reader the model was trained for (MemAgent's by default).
+    assert meta.pop("memagent.reader") == "memagent"
     extra = {k: round(v, 6) for k, v in meta.items() if k not in expected}
     assert extra == {
         "general.sampling.top_k": 20,
