@@ -6,10 +6,12 @@
 One run, default model:
 1. the engine: prefill and decode rates at depths 512 to 7K tokens, and the cost of
    decoding k tokens in one batch relative to one (k = 2..16) at three depths;
-2. the same calls decoded four ways, side by side, each way a backend opened as the CLI's
+2. the same calls decoded five ways, side by side, each way a backend opened as the CLI's
    flags open it (LlamaOptions), every call from an empty cache, the order rotating:
    llama.cpp's single-row path (the default with --no-speculate), the default (drafts
-   verified in a batch, single-row kernels otherwise), --exact --no-speculate and --exact.
+   verified in a batch, single-row kernels otherwise, a batch row priced from this
+   machine's calibration), the default with a row at the fixed price the calibration
+   replaced (0.6 of a decode: fixed-price), --exact --no-speculate and --exact.
    Two cases: a reply that copies (one document read greedily, the memory carried on the
    exact reference's) and replies that do not (first updates sampled at temperature 1,
    where drafts are mostly rejected). Per case and way: seconds, decode tokens/s,
@@ -97,6 +99,9 @@ VARIANTS = {  # name: (exact, speculate), as LlamaOptions and the CLI's flags ta
     # llama.cpp's own path (its server, create_completion): the default with --no-speculate
     "single-row": (False, False),
     "default": (False, True),  # drafts verified in a batch, single-row kernels otherwise
+    # The default as it was before the calibration priced its rows: 0.6 of a decode a row
+    # (backends/drafting.py DraftPolicy.PRICE). The calibration must be no slower.
+    "fixed-price": (False, True),
     "exact-plain": (True, False),  # --exact --no-speculate: the reference
     "exact": (True, True),  # --exact: the reference's output, byte for byte (checked)
 }
@@ -111,6 +116,9 @@ def open_variants(path: Path, options: LlamaOptions, context: int) -> dict[str, 
     for name, (exact, speculate) in VARIANTS.items():
         backend = LlamaCppBackend(path, replace(options, exact=exact, speculate=speculate))
         backend.prepare(context)
+        if name == "fixed-price":
+            assert backend.decoder is not None
+            backend.decoder.policy.prices = None  # DraftPolicy.PRICE a row, not the costs
         backends[name] = backend
     return backends
 
@@ -275,6 +283,11 @@ def compare(calls: Calls, now: EngineNow, ideal: Ideal) -> dict[str, Any]:
     fastest = min(case[name]["seconds_same_tokens"] for name in VARIANTS)
     case["default_vs_fastest"] = case["default"]["seconds_same_tokens"] / fastest
     case["default_fastest_or_within_3pct"] = case["default_vs_fastest"] <= WITHIN
+    # The calibration's prices against the fixed one they replaced: at least as fast.
+    case["calibrated_vs_fixed_price"] = (
+        case["fixed-price"]["seconds_same_tokens"] / case["default"]["seconds_same_tokens"]
+    )
+    case["calibrated_at_least_as_fast"] = case["calibrated_vs_fixed_price"] >= 1 / WITHIN
     case["floor_ratio"] = case["default"]["floor_ratio"]
     for drafts, plain in PAIRS:
         d, p = case[drafts], case[plain]
@@ -321,6 +334,11 @@ def print_side_by_side(result: dict[str, Any]) -> None:
         print(
             f"{'default fastest or within 3%':>28}  {mark}: "
             f"{case['default_vs_fastest']:.3f}x the fastest (seconds, reference's tokens)"
+        )
+        mark = "yes" if case["calibrated_at_least_as_fast"] else "NO"
+        print(
+            f"{'calibrated vs fixed price':>28}  {mark}: the fixed price took "
+            f"{case['calibrated_vs_fixed_price']:.3f}x the default's time (within 3% or more)"
         )
         same = ", ".join(f"{k} {v}" for k, v in case["same_output"].items())
         print(f"{'same output':>28}  {same}")
@@ -375,7 +393,7 @@ def read_ways(
     )
     backends = open_variants(backend.path, backend.options, context)
     # What the default's prices and --exact's round sizes come from (one per model and
-    # engine settings, the same for the four ways: backends/calibration.py).
+    # engine settings, the same for every way: backends/calibration.py).
     used = backends["exact"].calibration
     result["calibration"] = used.to_json() if used is not None else None
     note("a reply that copies: one document, each call decoded every way...")
@@ -390,6 +408,11 @@ def read_ways(
     print_side_by_side(result)
     rows = [result[key]["default_fastest_or_within_3pct"] for key in CASES]
     print(f"default fastest or within 3% in every row: {'yes' if all(rows) else 'NO'}")
+    priced = [result[key]["calibrated_at_least_as_fast"] for key in CASES]
+    print(
+        "calibrated prices at least as fast as the fixed price in every row: "
+        + ("yes" if all(priced) else "NO")
+    )
     print(
         "floor ratio of the default: "
         + ", ".join(f"{key} {result[key]['floor_ratio']:.3f}" for key in CASES)
@@ -430,7 +453,7 @@ def predict_elsewhere(calls: Calls, path: Path, result: dict) -> None:
             f"{predicted[f'{drafts}_vs_{plain}']['speedup']:.3f} (batch costs at depths "
             f"{', '.join(str(d) for d in engine['batch_cost'])})"
         )
-    # The four ways side by side on that engine: which is fastest there, and the default's
+    # The ways side by side on that engine: which is fastest there, and the default's
     # time against it (these rounds, drafts and acceptance; that engine's costs).
     seconds = {name: summary[name]["ideal_seconds"] for name in VARIANTS}
     fastest = min(seconds, key=seconds.get)

@@ -188,3 +188,29 @@ def test_a_cache_write_cut_by_sigterm_leaves_no_temporary_file(env, tmp_path):
     _, stderr = process.communicate(timeout=60)
     assert b"Interrupted: SIGTERM" in stderr, stderr  # it was stopped, not finished
     assert [p.name for p in folder.iterdir() if p.name.startswith(".tmp-")] == []
+
+
+@pytest.mark.parametrize("entry", ["text", "ocr-pages"])
+def test_a_fifo_in_an_entrys_place_is_a_miss_at_once(cli, env, tmp_path, entry):
+    """The cache folder's files are read as regular files only: a FIFO in an entry's place
+    would block the read forever."""
+    book = builders.pdf(tmp_path / "book.pdf", pages())
+    first = cli("inspect", str(book), *INSPECT)
+    sha = json.loads(first.stdout)["document"]["sha256"]
+    folder = Path(env["MEMAGENT_HOME"]) / "cache" / "documents"
+    if entry == "text":
+        (folder / f"{sha}.json").unlink()
+        os.mkfifo(folder / f"{sha}.json")
+        again = cli("inspect", str(book), *INSPECT, timeout=60)
+        assert again.returncode == 0, again.stderr
+        assert json.loads(again.stdout)["document"]["sha256"] == sha  # extracted again
+    else:
+        os.mkfifo(folder / f"{sha}.ocr-eng.jsonl")
+        code = (
+            "import sys\nfrom memagent_cli.documents import cache\n"
+            f"print(cache.load_pages({sha!r}, 'eng'))\n"
+        )
+        read = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert read.returncode == 0 and read.stdout == "{}\n", read.stderr

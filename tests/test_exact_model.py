@@ -19,7 +19,7 @@ from support.story import FACT_QUESTION, story
 
 from memagent_cli import protocol
 from memagent_cli.backend import Call, Sampling
-from memagent_cli.backends import calibration
+from memagent_cli.backends import calibration, calibration_store
 from memagent_cli.backends.drafting import DraftPolicy, Lookup
 from memagent_cli.backends.llama_cpp import LlamaCppBackend, LlamaOptions
 from memagent_cli.trace import read_trace
@@ -158,7 +158,7 @@ def test_exact_replies_equal_plain_decoding_and_reading_alone(
     variant: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert changed_replies(variant, Draws(monkeypatch), Oracle(monkeypatch)) == []
-    assert calibration.kept_for(variant)  # measured at the first use, kept for the next
+    assert calibration_store.kept_for(variant)  # measured at the first use, kept for the next
 
 
 def test_without_the_calibration_some_reply_changes(

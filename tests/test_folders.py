@@ -11,7 +11,10 @@ from support.fake_openai import served
 from support.story import story
 
 STEPS = ["--chunk-tokens", "300", "--memory-tokens", "64", "--temperature", "0"]
-FOLDERS = ["data", "models", "traces", "batches", "evals", "cache", "documents", "tiktoken"]
+FOLDERS = [
+    *("data", "models", "traces", "batches", "evals", "calibrations"),
+    *("cache", "documents", "tiktoken"),
+]
 
 
 def test_paths_follow_the_platform_folders_by_default(cli, env):
@@ -24,6 +27,7 @@ def test_paths_follow_the_platform_folders_by_default(cli, env):
     assert found["data"] == data and found["cache"] == cache
     assert found["traces"] == data / "traces" and found["documents"] == cache / "documents"
     assert found["batches"] == data / "batches"  # the journals of `ask library/` and eval
+    assert found["calibrations"] == data / "calibrations"  # backends/calibration_store.py
     table = cli("paths")
     assert table.returncode == 0 and "MEMAGENT_HOME is not set" in table.stderr
     assert [line.split()[0] for line in table.stdout.splitlines()] == FOLDERS

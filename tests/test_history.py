@@ -4,6 +4,7 @@ writer as `ask` writes them, priced with a made-up speed, then the estimate that
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from pathlib import Path
 
@@ -154,11 +155,11 @@ def test_damaged_unfinished_and_huge_traces_are_passed_over_in_bounded_time(tmp_
     huge = write_reading(tmp_path / "huge.jsonl", steps, final)
     os.truncate(huge, 900 << 20)  # sparse: 900 MB that take no disk, and must not be read
     opened = []
-    read = history.records
-    monkeypatch.setattr(history, "records", lambda path: opened.append(path) or read(path))
+    read = history.read_records
+    monkeypatch.setattr(history, "read_records", lambda f, w: opened.append(w) or read(f, w))
     assert past_readings(MODEL, ENGINE, folder=tmp_path) == History()
-    assert huge not in opened and cut in opened  # passed over by its size, unopened
-    monkeypatch.setattr(history, "records", read)
+    assert str(huge) not in opened and str(cut) in opened  # passed over by its size, unread
+    monkeypatch.setattr(history, "read_records", read)
     write_reading(tmp_path / "whole.jsonl", steps, final)
     assert past_readings(MODEL, ENGINE, folder=tmp_path).readings == 1
     # One that grows past its bound while it is read (a run writing it) is left there.
@@ -206,6 +207,7 @@ def test_the_estimate_is_about_what_past_readings_say_and_at_most_the_bound():
     assert est["learned"] == {
         "readings": 1,
         "calls": 2,
+        "ignored_calls": 0,
         "memory_fraction": 0.25,
         "answer_fraction": round(100 / 1024, 3),
         "decode_factor": 0.4,
@@ -259,3 +261,77 @@ def test_before_any_reading_the_estimate_is_a_likely_figure_within_a_range_to_th
     backend.speculate = False
     plain = estimate_reading(backend, chunks, settings, measure=lambda *_: speed, past=History())  # type: ignore[arg-type]
     assert likely < plain["seconds_per_question"] < most == plain["seconds_at_most"]
+
+
+def step_lines(path: Path, count: int) -> bytes:
+    """`count` step records as the trace at `path` holds its first one, numbered on."""
+    lines = path.read_bytes().splitlines(keepends=True)
+    step = json.loads(next(line for line in lines if b'"type": "step"' in line))
+    return b"".join((json.dumps(step | {"step": i + 1}) + "\n").encode() for i in range(count))
+
+
+def test_blank_lines_count_against_the_bound_on_records(tmp_path, monkeypatch):
+    path = write_reading(tmp_path / "a.jsonl", [(500, 50, 0.5, 1.0)], (200, 30, 0.2, 0.5))
+    header, *rest = path.read_bytes().splitlines(keepends=True)
+    monkeypatch.setattr(history, "MAX_RECORDS", 1000)
+    path.write_bytes(header + b"\n" * 2000 + b"".join(rest))  # 2,003 lines, 3 records
+    assert past_readings(MODEL, ENGINE, folder=tmp_path) == History()
+
+
+def test_unfinished_traces_are_not_read_whole(tmp_path, monkeypatch):
+    """A trace whose last record is not an answer teaches nothing: only its first and last
+    lines are read, however many steps it holds (a run still writing, or one planted: 8 MB
+    of them cost seconds each to parse)."""
+    from memagent_cli.trace import file
+
+    first = write_reading(tmp_path / "0.jsonl", [(500, 50, 0.5, 1.0)], None)
+    header = first.read_bytes().splitlines(keepends=True)[0]
+    steps = step_lines(first, 2_000)
+    for i in range(3):
+        (tmp_path / f"{i}.jsonl").write_bytes(header + steps)
+    parsed = []
+    parse = file._parse
+    monkeypatch.setattr(file, "_parse", lambda *a: parsed.append(a[1]) or parse(*a))
+    assert past_readings(MODEL, ENGINE, folder=tmp_path) == History()
+    assert len(parsed) <= 3  # each one's header
+
+
+def test_an_estimate_reads_a_bounded_number_of_bytes_in_all(tmp_path, monkeypatch):
+    for i in range(5):
+        write_reading(tmp_path / f"{i}.jsonl", [(500, 50, 0.5, 1.0)], (200, 30, 0.2, 0.5))
+    size = (tmp_path / "0.jsonl").stat().st_size
+    monkeypatch.setattr(history, "TOTAL_BYTES", 3 * size + 10, raising=False)
+    assert past_readings(MODEL, ENGINE, folder=tmp_path).readings == 3
+
+
+def test_only_this_machines_readings_teach_the_estimate(tmp_path):
+    """A shared home: the same model read on a machine 10x slower says nothing of this one."""
+    here, there = ENGINE | {"machine": "a1"}, ENGINE | {"machine": "b2"}
+    slow = [(500, 50, 0.5, 0.5 + decoding(50, 10.0))] * 40
+    write_reading(tmp_path / "there.jsonl", slow, (200, 30, 0.2, 0.5), engine=there)
+    write_reading(tmp_path / "before.jsonl", slow, (200, 30, 0.2, 0.5))  # no machine named
+    assert past_readings(MODEL, here, folder=tmp_path) == History()
+    write_reading(
+        tmp_path / "here.jsonl", [(500, 50, 0.5, 0.5 + decoding(50, 1.0))], None, engine=here
+    )
+    write_reading(
+        tmp_path / "here2.jsonl",
+        [(500, 50, 0.5, 0.5 + decoding(50, 1.0))],
+        (200, 30, 0.2, 0.2 + decoding(30, 1.0)),
+        engine=here,
+    )
+    past = past_readings(MODEL, here, folder=tmp_path)
+    assert past.readings == 1 and past.decode_factor(FLAT) == pytest.approx(1.0)
+
+
+def test_values_no_machine_gives_are_ignored_and_counted(tmp_path):
+    """A hostile trace's decoding at 1e16 times the price of a decode, or for nothing."""
+    write_reading(
+        tmp_path / "hostile.jsonl",
+        [(500, 50, 0.5, 1e14), (500, 50, 0.5, 0.5), (500, 50, 0.5, 0.5 + decoding(50, 0.5))],
+        (200, 30, 0.2, 0.2 + decoding(30, 0.5)),
+    )
+    past = past_readings(MODEL, ENGINE, folder=tmp_path)
+    assert past.readings == 1
+    assert past.decode_factor(FLAT) == pytest.approx(0.5)
+    assert past.ignored(FLAT) == 2

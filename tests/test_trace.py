@@ -346,3 +346,17 @@ def test_journals_and_results_files_keep_the_identity_they_were_written_with():
     check_resumable(earlier, run_info(default))  # type: ignore[arg-type]
     with pytest.raises(UserError, match="holds results of another settings"):
         check_resumable(earlier, run_info(other))  # type: ignore[arg-type]
+
+
+def test_a_journal_that_is_not_a_regular_file_is_one_sentence(tmp_path):
+    """A FIFO in a batch journal's place: refused at once, never read (a read would wait for
+    a writer forever) nor a traceback."""
+    import os
+
+    from memagent_cli.errors import UserError
+    from memagent_cli.run.journal import Journal
+
+    fifo = tmp_path / "journal.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(UserError, match="is not a regular file"):
+        Journal(fifo, {"batch": 1})

@@ -6,49 +6,56 @@ where llama.cpp computes a row the same whatever the round around it, which depe
 model's shapes and types, the build, the CPU or GPU and the engine's settings (rounds of 8+
 rows differ with a hidden size of 256, every size with F16 or F32 weights, 9+ on CUDA:
 docs/performance.md). So at a model's first use memagent decodes a few positions both ways in
-a small context of its own and keeps the result in the data folder, keyed by everything that
-picks llama.cpp's kernels. The draft policy then uses only the round sizes proved equal, and
-prices a batch row from the costs measured here (backends/drafting.py).
+a small context of its own (backends/probe.py) and keeps the result in the data folder
+(backends/calibration_store.py), keyed by everything that picks llama.cpp's kernels. The
+draft policy then uses only the round sizes proved equal, and prices a batch row from the
+costs measured (backends/drafting.py). This module is the value: what it says, what a sound
+one holds, and when the readings that follow say it was measured wrong.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import hashlib
 import json
 import math
-import os
-import platform
-import tempfile
-import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, replace
 from typing import Any
 
 from memagent_cli.backends.drafting import MAX_DRAFT
-from memagent_cli.files import private_folder
-from memagent_cli.folders import data_dir
 
-VERSION = 1
+# 2: costs timed in several passes and checked against what a round can cost; the GPU and
+# its driver in the key; a calibration the readings disputed is measured again.
+VERSION = 2
 MOST = MAX_DRAFT + 1  # the largest round of one sequence: its pending token and a full draft
-# Every round size is checked where a round crosses the KV cache's 256-cell padding;
-# sequences together in a shallow cache, at the smallest and largest size.
-DEPTHS = (250,)
-TOGETHER_DEPTH = 40
-# Several sequences in one round: those counts, at those sizes, with and without logits on
-# every row (a sequence without a draft has one logits row and throwaway ones).
+# Several sequences in one round: those counts (backends/probe.py proves them).
 TOGETHER = (2, 4)
-TOGETHER_WIDTHS = (2, MOST)
-CONTENTS = 2  # sequences together hold this many texts, in turns
-TIMING_REPEATS = 3  # 1-row decodes timed at each depth
 MAX_FILE_BYTES = 64 << 10  # a calibration is under 2 KB: anything far larger is not one
 # Readings go together only where a round of them costs under 1/MARGIN of their rounds apart:
 # costs are timings on a machine that may be busy (a few percent either way), and a batch
 # saves on decoding only, while prefills, most of a step on a CPU, gain nothing and were
 # measured slower at once (docs/performance.md, Several documents at once).
 MARGIN = 1.1
+# The readings that follow dispute a calibration where rounds of one size, DISPUTE_ROWS or
+# more rows beyond the smallest and timed at least DISPUTE_AFTER times, cost under
+# 1/DISPUTE_MARGIN of its price (each size's fastest over the fastest smallest round, as
+# measuring times them): it was measured while something else ran, and measured so, rounds
+# are priced about as dear as their rows. Rounds of a row or two more run other kernels than
+# a 1-row decode, whose cost shifts with the context (the tiny test model's 2-row rounds
+# timed 0.8-1.3 of a decode); rounds that cost more than the price say nothing: deeper in a
+# reading's context than the calibration's, attention makes every row dearer. A calibration
+# measured again MOST_REMEASURED times in a row is kept (`--recalibrate` measures anyway),
+# so a machine whose readings always differ does not measure each time.
+DISPUTE_ROWS = 3
+DISPUTE_AFTER = 3
+# Only where a round without a draft takes this long: shorter ones are mostly llama.cpp's
+# fixed costs of a decode (waking its threads, building the graph), which vary more than
+# rows do (the tiny test model decodes in under a millisecond).
+DISPUTE_SECONDS = 0.002
+DISPUTE_MARGIN = 1.5
+MOST_REMEASURED = 3
+# What a round's cost may be, in decodes of one row: a round holds that row, so no less (the
+# measured costs are kept there), and its rows cost no more than as many decodes.
+ROUNDING = 1e-3  # the file keeps 4 decimals
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,29 @@ class Calibration:
     seconds: float = 0.0  # how long measuring took
     measured: str = ""  # when, UTC
     assumed: bool = False  # not measured: the negative control's claim
+    # Why the readings that followed disagree ("" where they did not): measured again then.
+    disputed: str = ""
+    remeasured: int = 0  # measured again after a dispute, so many times in a row
+
+    def disputed_by(self, observed: Mapping[int, tuple[float, int]], min_rows: int) -> str:
+        """Why rounds timed in a reading (rows -> (cost over a round of `min_rows`, rounds
+        timed), of one sequence) say this calibration priced them too dear, in words; ""
+        where they do not (see DISPUTE_MARGIN), or it was measured again often enough, or
+        not measured at all (assumed, or the fixed price where measuring failed)."""
+        if self.assumed or not self.measured or self.remeasured >= MOST_REMEASURED:
+            return ""
+        for rows, (cost, count) in sorted(observed.items()):
+            price = self.price(rows, 1, min_rows)
+            enough = rows >= min_rows + DISPUTE_ROWS and count >= DISPUTE_AFTER
+            if enough and cost * DISPUTE_MARGIN < price:
+                return (
+                    f"a round of {rows} rows at {price:.2f} times a round of {min_rows}, and "
+                    f"{count} such rounds of this reading cost {cost:.2f}"
+                )
+        return ""
+
+    def disputed_as(self, why: str) -> Calibration:
+        return replace(self, disputed=why)
 
     def price(self, rows: int, sequences: int = 1, min_rows: int = 1) -> float:
         """A round of `rows` per sequence over one of `min_rows`, for `sequences` of them."""
@@ -119,9 +149,10 @@ class Calibration:
         exact = _ranges(self.widths) if self.widths else "none"
         together = "alone only" if self.together <= 1 else f"up to {self.together} at once"
         costs = ", ".join(f"{w} rows {self.costs[w]:.2f}" for w in (2, 4, 8, MOST) if w in self)
+        disputed = "; disputed by a reading: measured again at the next" if self.disputed else ""
         return (
             f"exact rounds of {exact} rows; sequences {together}; a round costs "
-            f"{costs} decodes (measured in {self.seconds:.1f} s)"
+            f"{costs} decodes (measured in {self.seconds:.1f} s){disputed}"
         )
 
     def __contains__(self, rows: object) -> bool:
@@ -137,6 +168,8 @@ class Calibration:
             "seconds": round(self.seconds, 3),
             "measured": self.measured,
             **({"assumed": True} if self.assumed else {}),
+            **({"disputed": self.disputed} if self.disputed else {}),
+            **({"remeasured": self.remeasured} if self.remeasured else {}),
         }
 
     def record(self) -> str:
@@ -178,6 +211,7 @@ def parse(data: bytes) -> Calibration:
         raise Damaged(f"it was written by another version ({raw.get('version')!r})")
     key, widths, together = raw.get("key"), raw.get("widths"), raw.get("together")
     costs, seconds = raw.get("costs"), raw.get("seconds", 0.0)
+    disputed, remeasured = raw.get("disputed", ""), raw.get("remeasured", 0)
     if not isinstance(key, dict):
         raise Damaged("its key is not an object")
     if not isinstance(widths, list) or not all(_int(w) and 2 <= w <= MOST for w in widths):
@@ -195,10 +229,14 @@ def parse(data: bytes) -> Calibration:
         if not (math.isfinite(cost) and 0 < cost < 1e6):
             raise Damaged("its costs are not sound")
         table[int(rows)] = float(cost)
-    if 1 not in table or MOST not in table:
+    if set(table) != set(range(1, MOST + 1)):
         raise Damaged("its costs miss round sizes")
+    if not costs_possible(table):
+        raise Damaged("its costs are not what a round can cost")
     if not isinstance(seconds, float | int) or isinstance(seconds, bool):
         raise Damaged("its time is not a number")
+    if not isinstance(disputed, str) or not _int(remeasured) or remeasured < 0:
+        raise Damaged("its record of disputes is not one")
     measured = raw.get("measured", "")
     return Calibration(
         key,
@@ -207,7 +245,24 @@ def parse(data: bytes) -> Calibration:
         table,
         float(seconds),
         measured if isinstance(measured, str) else "",
+        disputed=disputed[:500],
+        remeasured=min(remeasured, MOST_REMEASURED),
     )
+
+
+def costs_possible(costs: Mapping[int, float]) -> bool:
+    """Whether `costs` (rows -> a round's seconds over a 1-row decode's) are what rounds can
+    cost: 1 for one row, then never less than a smaller round, nor more than a decode a row.
+    A hostile file's costs of 1e-9 would make every draft look free."""
+    if abs(costs.get(1, 0.0) - 1.0) > ROUNDING:
+        return False
+    last = 1.0
+    for rows in sorted(costs):
+        cost = costs[rows]
+        if not last - ROUNDING <= cost <= rows + ROUNDING:
+            return False
+        last = cost
+    return True
 
 
 def _int(value: object) -> bool:
@@ -226,88 +281,6 @@ def _ranges(widths: Sequence[int]) -> str:
     return ", ".join(parts)
 
 
-def folder() -> Path:
-    return data_dir() / "calibrations"
-
-
-def path_for(key: Mapping[str, Any]) -> Path:
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
-    return folder() / f"{digest}.json"
-
-
-def load(key: Mapping[str, Any], note: Any = None) -> Calibration | None:
-    """The calibration kept for `key`, or None (not measured, or a file that is not sound:
-    `note` hears why, in one line)."""
-    path = path_for(key)
-    try:
-        with path.open("rb") as file:
-            if not os.path.isfile(path):
-                raise Damaged("it is not a regular file")
-            data = file.read(MAX_FILE_BYTES + 1)
-        if len(data) > MAX_FILE_BYTES:
-            raise Damaged(f"it is over {MAX_FILE_BYTES:,} bytes")
-        found = parse(data)
-        if dict(found.key) != dict(key):
-            raise Damaged("it is for another model or engine")
-        return found
-    except FileNotFoundError:
-        return None
-    except (OSError, Damaged) as exc:
-        why = exc.args[0] if isinstance(exc, Damaged) else (exc.strerror or str(exc))
-        if note is not None:
-            note(f"the calibration {path} cannot be used ({why}): measuring again")
-        return None
-
-
-def store(calibration: Calibration) -> Path | None:
-    """Write atomically and privately; None where the data folder cannot be written (the
-    calibration still serves this run)."""
-    path = path_for(calibration.key)
-    temp = None
-    try:
-        private_folder(path.parent)
-        handle, temp = tempfile.mkstemp(dir=path.parent, prefix=".calibration-", suffix=".json")
-        with os.fdopen(handle, "w", encoding="utf-8") as file:
-            json.dump(calibration.to_json(), file, indent=1)
-        os.replace(temp, path)
-        temp = None
-        return path
-    except OSError:
-        return None
-    finally:
-        if temp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(temp)
-
-
-def kept_for(model: Path, most: int = 256) -> list[Calibration]:
-    """The sound calibrations kept for the file `model` as it is now, on this machine (one
-    per engine setting measured: threads, offload, flash attention, cache types)."""
-    path = model.resolve()
-    try:
-        stat = path.stat()
-        files = sorted(folder().glob("*.json"))[:most]
-    except OSError:
-        return []
-    here = machine()
-    found = []
-    for file in files:
-        try:
-            if not file.is_file() or file.stat().st_size > MAX_FILE_BYTES:
-                continue
-            calibration = parse(file.read_bytes())
-        except (OSError, Damaged):
-            continue
-        key = calibration.key
-        if key.get("machine") == here and key.get("model") == {
-            "path": str(path),
-            "size": stat.st_size,
-            "mtime_ns": stat.st_mtime_ns,
-        }:
-            found.append(calibration)
-    return found
-
-
 def settings(calibration: Calibration) -> str:
     """The engine settings it was measured with, in llama.cpp's flags."""
     key = calibration.key
@@ -315,201 +288,3 @@ def settings(calibration: Calibration) -> str:
         f"-t {key.get('threads')} -ngl {key.get('gpu_layers')} -fa {key.get('flash_attn')} "
         f"-ctk {key.get('cache_type_k')} -ctv {key.get('cache_type_v')}"
     )
-
-
-def machine() -> str:
-    """The CPU by name (a data folder on a network home is shared by several machines)."""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
-            if line.startswith("model name"):
-                return line.partition(":")[2].strip()
-    return platform.processor() or platform.machine()
-
-
-@dataclass
-class Engine:
-    """What measuring needs of a loaded model: llama.cpp's pointers and the real context's
-    parameters (threads, flash attention, cache types, batch sizes)."""
-
-    model: Any  # llama_model_p
-    params: Any  # llama_context_params of the context the reading uses
-    tokens: list[int]  # a text's tokens, longer than the deepest depth
-
-
-def measure(engine: Engine, key: Mapping[str, Any]) -> Calibration:
-    """Decode a few positions as exact decoding does without drafts (rounds of the token and
-    a throwaway row), then the same positions in one round of W rows as a draft is verified,
-    for every W, at each depth of DEPTHS, timing each round against 1-row decodes; then
-    sequences together. A few seconds on a small model."""
-    import llama_cpp
-
-    began = time.perf_counter()
-    need = max(*DEPTHS, TOGETHER_DEPTH) + MOST + 8
-    if len(engine.tokens) < need + CONTENTS * 7:
-        raise ValueError("the calibration text is too short")
-    params = llama_cpp.llama_context_default_params()
-    for name in ("n_threads", "n_threads_batch", "flash_attn_type", "type_k", "type_v"):
-        setattr(params, name, getattr(engine.params, name))
-    per_sequence = 256 * math.ceil((need + 1) / 256)
-    params.n_ctx = per_sequence * max(TOGETHER)
-    params.n_batch = params.n_ubatch = min(engine.params.n_ubatch, per_sequence)
-    params.n_seq_max = max(TOGETHER)
-    params.kv_unified = False  # as the reading's context (backends/llama_cpp.py)
-    params.no_perf = True
-    context = llama_cpp.llama_init_from_model(engine.model, params)
-    if not context:
-        raise RuntimeError("llama.cpp could not create the calibration's context")
-    try:
-        probe = _Probe(llama_cpp, context, engine.model, params.n_batch, engine.tokens)
-        equal = set(range(2, MOST + 1))
-        ratios: dict[int, list[float]] = {}
-        for depth in DEPTHS:
-            probe.prefill(0, 0, depth)
-            single = probe.single(depth)
-            reference = probe.reference(0, depth, MOST)
-            for width in range(2, MOST + 1):
-                got, _ = probe.round([(0, depth, width, width)])
-                if got != [reference[:width]]:
-                    equal.discard(width)
-                # Timed once more: llama.cpp sets up a round of a new size the first time.
-                _, seconds = probe.round([(0, depth, width, width)])
-                ratios.setdefault(width, []).append(seconds / single)
-            probe.forget(0)
-        together = 1
-        if equal == set(range(2, MOST + 1)):  # a row that changes with W alone: not together
-            together = probe.together(TOGETHER_DEPTH)
-    finally:
-        llama_cpp.llama_free(context)
-    return Calibration(
-        key,
-        tuple(sorted(equal)),
-        together,
-        # Rounded as the file keeps them: the one measured and the one read back are equal.
-        {w: round(c, 4) for w, c in smoothed({w: min(r) for w, r in ratios.items()}).items()},
-        round(time.perf_counter() - began, 3),
-        time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    )
-
-
-def smoothed(ratios: Mapping[int, float]) -> dict[int, float]:
-    """Costs from one timing per round size: each the median of it and its neighbours (a
-    round slowed down by another process on the machine is one outlier), within what a
-    round can cost (no less than a smaller round, no more than W single decodes)."""
-    costs, last = {1: 1.0}, 1.0
-    for width in range(2, MOST + 1):
-        near = sorted(ratios[w] for w in (width - 1, width, width + 1) if w in ratios)
-        median = near[len(near) // 2]
-        last = costs[width] = min(max(last, median), float(width))
-    return costs
-
-
-class _Probe:
-    """Rounds decoded in the calibration's context, their logits as bytes."""
-
-    def __init__(self, lib: Any, context: Any, model: Any, n_batch: int, tokens: list[int]):
-        from memagent_cli.backends.llama_parts import Batch
-
-        self.lib, self.context, self.tokens = lib, context, tokens
-        self.memory = lib.llama_get_memory(context)
-        self.n_vocab = lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(model))
-        self.n_batch = n_batch
-        self.batch = Batch(n_batch, max(TOGETHER))
-        self.seconds: dict[int, list[float]] = {}
-
-    def forget(self, seq: int) -> None:
-        self.lib.llama_memory_seq_rm(self.memory, seq, -1, -1)
-
-    def prefill(self, seq: int, offset: int, depth: int) -> None:
-        """The text from `offset` at positions 0..depth-1 of `seq`, in n_batch pieces."""
-        self.forget(seq)
-        for start in range(0, depth, self.n_batch):
-            self.batch.clear()
-            end = min(start + self.n_batch, depth)
-            for pos in range(start, end):
-                self.batch.add(self.tokens[offset + pos], pos, seq, pos == end - 1)
-            self._decode()
-
-    def _decode(self) -> float:
-        began = time.perf_counter()
-        self.batch.decode(self.context)
-        return time.perf_counter() - began
-
-    def _logits(self, row: int) -> bytes:
-        pointer = self.lib.llama_get_logits_ith(self.context, row)
-        return ctypes.string_at(pointer, 4 * self.n_vocab)
-
-    def reference(self, seq: int, depth: int, count: int, offset: int = 0) -> list[bytes]:
-        """Positions depth.. one round each, as exact decoding without drafts: the token
-        with logits and a throwaway row, cut after; each round's logits."""
-        got = []
-        for i in range(count):
-            pos = depth + i
-            token = self.tokens[offset + pos]
-            self.batch.clear()
-            self.batch.add(token, pos, seq, True)
-            self.batch.add(token, pos + 1, seq, False)
-            self._decode()
-            got.append(self._logits(0))
-            self.lib.llama_memory_seq_rm(self.memory, seq, pos + 1, -1)
-        self.lib.llama_memory_seq_rm(self.memory, seq, depth, -1)
-        return got
-
-    def round(
-        self, shapes: Sequence[tuple[int, int, int, int]], offsets: Sequence[int] = ()
-    ) -> tuple[list[list[bytes]], float]:
-        """One round: per (sequence, depth, rows, rows with logits), its next `rows`
-        positions, the first ones asking for logits, the others throwaway as a sequence
-        without a draft pads; returns each sequence's logits rows. The cache is cut back."""
-        self.batch.clear()
-        rows_of = []
-        for n, (seq, depth, rows, with_logits) in enumerate(shapes):
-            offset = offsets[n] if offsets else 0
-            first = self.batch.size
-            for i in range(rows):
-                token = self.tokens[offset + depth + min(i, with_logits - 1)]
-                self.batch.add(token, depth + i, seq, i < with_logits)
-            rows_of.append(range(first, first + with_logits))
-        seconds = self._decode()
-        got = [[self._logits(row) for row in rows] for rows in rows_of]
-        for seq, depth, _, _ in shapes:
-            self.lib.llama_memory_seq_rm(self.memory, seq, depth, -1)
-        return got, seconds
-
-    def single(self, depth: int) -> float:
-        """Seconds of a 1-row decode at `depth`: the fastest of a few (another process on
-        the machine only ever slows a try down)."""
-        tries = []
-        for _ in range(TIMING_REPEATS):
-            self.batch.clear()
-            self.batch.add(self.tokens[depth], depth, 0, True)
-            tries.append(self._decode())
-            self.lib.llama_memory_seq_rm(self.memory, 0, depth, -1)
-        return min(tries)
-
-    def together(self, depth: int) -> int:
-        """The most sequences (of TOGETHER) whose rounds give each sequence's rows as its
-        own rounds alone do, at TOGETHER_WIDTHS rows each, with logits on every row of some
-        sequences and on the first only of others (a sequence without a draft): 1 where
-        even two differ."""
-        offsets = [7 * (seq % CONTENTS) for seq in range(max(TOGETHER))]
-        references = []
-        for seq, offset in enumerate(offsets):
-            self.prefill(seq, offset, depth)
-            if seq < CONTENTS:  # the others hold the same texts: the same rows alone
-                references.append(self.reference(seq, depth, max(TOGETHER_WIDTHS), offset))
-            else:
-                references.append(references[seq % CONTENTS])
-        proved = 1
-        for count in TOGETHER:
-            for width in TOGETHER_WIDTHS:
-                patterns = [[1] * count] if width == 2 else []  # no drafts: 2-row rounds
-                patterns += [
-                    [width if (seq + flip) % 2 else 1 for seq in range(count)] for flip in (0, 1)
-                ]
-                for logits in patterns:
-                    shapes = [(seq, depth, width, logits[seq]) for seq in range(count)]
-                    got, _ = self.round(shapes, offsets[:count])
-                    if got != [references[seq][: logits[seq]] for seq in range(count)]:
-                        return proved
-            proved = count
-        return proved

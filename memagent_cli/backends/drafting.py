@@ -119,6 +119,9 @@ class DraftPolicy:
         # rows each -> cost relative to that round.
         self._base: dict[int, float] = {}
         self._ratio: dict[int, dict[int, float]] = {}
+        # Rounds of one sequence by rows: the fastest's seconds, and how many were timed.
+        self._fastest: dict[int, float] = {}
+        self._timed: dict[int, int] = {}
         self._rounds = 0
         self._probe_after = self.PROBE_MIN
         self._probes = 0
@@ -213,6 +216,9 @@ class DraftPolicy:
     def record_batch(self, rows: int, seconds: float, sequences: int = 1) -> None:
         """A round of `sequences` sequences, `rows` tokens each, took `seconds`."""
         rows = max(rows, self.min_rows)
+        if sequences == 1:
+            self._fastest[rows] = min(seconds, self._fastest.get(rows, seconds))
+            self._timed[rows] = self._timed.get(rows, 0) + 1
         base = self._base.get(sequences)
         if rows == self.min_rows:
             self._base[sequences] = seconds if base is None else 0.9 * base + 0.1 * seconds
@@ -220,3 +226,21 @@ class DraftPolicy:
             ratios = self._ratio.setdefault(sequences, {})
             old = ratios.get(rows)
             ratios[rows] = seconds / base if old is None else 0.8 * old + 0.2 * seconds / base
+
+    def fastest(self, rows: int) -> float | None:
+        """Seconds of the fastest round of one sequence of `rows` rows so far."""
+        return self._fastest.get(rows)
+
+    def observed(self) -> dict[int, tuple[float, int]]:
+        """What rounds of one sequence cost in this run, whatever chose their lengths, as
+        the calibration measures it (another process only slows a round down: the fastest
+        of each size): rows -> (the fastest over the fastest round of `min_rows`, rounds
+        timed). The calibration is checked against it (Calibration.disputed_by)."""
+        base = self._fastest.get(self.min_rows)
+        if not base:
+            return {}
+        return {
+            rows: (seconds / base, self._timed[rows])
+            for rows, seconds in self._fastest.items()
+            if rows != self.min_rows
+        }

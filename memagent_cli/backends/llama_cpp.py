@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from memagent_cli import cpus, crash
 from memagent_cli.backend import Call, Description, Generation, Raw, Sampling
+from memagent_cli.backends import calibration_store
 from memagent_cli.errors import BudgetError, ModelError
 from memagent_cli.files import check_gguf
 from memagent_cli.progress import Progress
@@ -204,6 +205,7 @@ class LlamaCppBackend:
         self._template = self._render_template()  # once: every call's prompt wraps it
         self._engine: _Loaded | None = None
         self._calibration: Calibration | None = None  # measured or read at prepare()
+        self._disputed = False  # the readings disputed the calibration: said once
         self.context_tokens = 0  # per sequence
         self.sequences = 1
 
@@ -295,6 +297,9 @@ class LlamaCppBackend:
                 "cache_type_k": self.cache_type_k,
                 "cache_type_v": self.cache_type_v,
                 "sampler": CHAIN,  # the order of the sampler chain (vLLM's and SGLang's)
+                # This machine, as a calibration's key names it (CPU, GPUs, driver, build):
+                # what past readings teach an estimate is of the same machine only.
+                "machine": calibration_store.identity(),
             },
         )
 
@@ -304,9 +309,8 @@ class LlamaCppBackend:
         before, the one kept for this engine if any (a trace header is written before the
         weights load), None with --recalibrate or where drafts do not need one."""
         if self._calibration is None and self.speculate and not self.options.recalibrate:
-            from memagent_cli.backends import calibration
-
-            self._calibration = calibration.load(self.calibration_key())
+            found = calibration_store.load(self.calibration_key())
+            self._calibration = found if found is not None and not found.disputed else None
         return self._calibration
 
     def readings_at_once(self, most: int) -> int | None:
@@ -346,19 +350,15 @@ class LlamaCppBackend:
         return None if found is None else found.record()
 
     def calibration_key(self) -> dict[str, object]:
-        """What picks llama.cpp's kernels for this model here (backends/calibration.py)."""
-        import llama_cpp
-
+        """What picks llama.cpp's kernels for this model here (backends/calibration.py): the
+        model file, this machine (llama.cpp's build, the CPU, the GPUs and their driver:
+        calibration_store.here) and the engine's settings."""
         from memagent_cli.backends import calibration
 
-        path = self.path.resolve()
-        stat = path.stat()
         return {
             "version": calibration.VERSION,
-            "model": {"path": str(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns},
-            "llama_cpp": str(getattr(llama_cpp, "__version__", "")),
-            "system": llama_cpp.llama_print_system_info().decode(errors="replace").strip(),
-            "machine": calibration.machine(),
+            "model": calibration_store.model_of(self.path),
+            **calibration_store.here(),
             "gpu_layers": self.gpu_layers if can_offload() else 0,
             "threads": self.threads,
             "flash_attn": self.flash_attn,
@@ -370,8 +370,9 @@ class LlamaCppBackend:
 
     def calibrate(self, model: object, params: object) -> Calibration:
         """The calibration kept for this model and engine here, or measured now and kept
-        (a few seconds, once)."""
-        from memagent_cli.backends import calibration
+        (a few seconds, once; again where the readings that followed disputed it). Measured
+        under a lock: a second process starting now waits, then reads the one kept."""
+        from memagent_cli.backends import calibration, probe
 
         if self._calibration is not None:
             # Read or measured already (again, with --recalibrate) at an earlier prepare(),
@@ -379,22 +380,51 @@ class LlamaCppBackend:
             # sequences once the calibration said how many (run/engine.py Engine.together).
             return self._calibration
         key = self.calibration_key()
-        if not self.options.recalibrate:
-            found = calibration.load(key, note=note_line)
-            if found is not None:
-                return found
-        tokens = self.tokenize(_calibration_text())
-        engine = calibration.Engine(model, params, tokens)
-        try:
-            measured = calibration.measure(engine, key)
-        except (RuntimeError, ValueError) as exc:  # no room for its context, say
-            note_line(
-                f"could not measure this model's calibration ({exc}): --exact reads without "
-                "drafts, and a batch row is priced at a fixed cost."
-            )
-            return calibration.unmeasured(key)
-        calibration.store(measured)
+        recalibrate = self.options.recalibrate
+        found = None if recalibrate else calibration_store.load(key, note=note_line)
+        if found is not None and not found.disputed:
+            return found
+        with calibration_store.measuring(key):
+            if not recalibrate:  # measured by another process while this one waited?
+                again = calibration_store.load(key)
+                if again is not None and not again.disputed:
+                    return again
+                found = again or found
+            remeasured = found.remeasured + 1 if found is not None and found.disputed else 0
+            tokens = self.tokenize(_calibration_text())
+            engine = probe.Engine(model, params, tokens)
+            try:
+                measured = probe.measure(engine, key, remeasured)
+            except (RuntimeError, ValueError) as exc:  # no room for its context, say
+                note_line(
+                    f"could not measure this model's calibration ({exc}): --exact reads "
+                    "without drafts, and a batch row is priced at a fixed cost."
+                )
+                return calibration.unmeasured(key)
+            calibration_store.store(measured, note=note_line)
         return measured
+
+    def check_calibration(self) -> None:
+        """Compare the rounds timed so far with what the calibration priced them at: where
+        they cost clearly less (it was measured while something else ran), keep it as
+        disputed, so that the next reading measures it again, and say so once."""
+        engine, found = self._engine, self._calibration
+        if engine is None or found is None or self._disputed or found.disputed:
+            return
+        from memagent_cli.backends.calibration import DISPUTE_SECONDS
+
+        policy = engine.decoder.policy
+        if (policy.fastest(policy.min_rows) or 0.0) < DISPUTE_SECONDS:
+            return  # rounds too short to tell rows from llama.cpp's fixed costs
+        why = found.disputed_by(policy.observed(), policy.min_rows)
+        if not why:
+            return
+        self._disputed = True
+        if calibration_store.dispute(found, why):
+            note_line(
+                f"this machine's calibration of {self.name} priced {why}: it is measured "
+                "again at the next reading (docs/performance.md, The calibration)"
+            )
 
     def placement(self) -> Placement:
         """Where llama.cpp keeps the weights on the CPU (backends/build.py)."""
@@ -473,7 +503,9 @@ class LlamaCppBackend:
     def decode_many(self, calls: Sequence[Call], *, sampling: Sampling) -> list[Decoded]:
         """Each call's reply with its decoding record, decoded together."""
         decoder = self._decoder()
-        return decoder.generate_many([self._request(call, sampling) for call in calls])
+        decoded = decoder.generate_many([self._request(call, sampling) for call in calls])
+        self.check_calibration()
+        return decoded
 
     def next_replies(
         self, calls: Sequence[Call], *, sampling: Sampling
@@ -484,6 +516,7 @@ class LlamaCppBackend:
                 decoder.start(self._request(call, sampling))
             while decoder.in_flight:
                 if ended := decoder.step():
+                    self.check_calibration()
                     return [(sequence, _generation(decoded)) for sequence, decoded in ended]
         except BaseException:
             decoder.cancel()

@@ -1,5 +1,6 @@
 """How fast a loaded model prefills and decodes at each depth of its context (tokens already
-in it): what a time estimate prices a reading's calls with (run/inspect.py).
+in it): what a time estimate prices a reading's calls with (run/inspect.py), timed as the
+calibration times its rounds (backends/probe.py).
 
 Per token, attention grows with the depth and the weights' cost does not, so the seconds
 per token lie on a line in the depth: the default model's rates at depths 512 to 7168 in
@@ -59,46 +60,33 @@ def measure(
     Past `budget` seconds the prefill stops early (after two batches at least): the lines
     then carry on beyond what was measured, flat when it stopped short of half the depth.
     Sequence 0 is emptied before and after."""
-    import llama_cpp
-
-    from memagent_cli.backends.llama_parts import Batch
+    from memagent_cli.backends.probe import Probe
 
     decoder = backend.decoder
     if decoder is None:
         raise RuntimeError("prepare() must be called before measure()")
     began = time.perf_counter()
     decoder.forget(0)
-    context, memory, size = decoder.context, decoder.memory, decoder.n_batch
-    batch = Batch(size)
+    size = decoder.n_batch
+    probe = Probe(decoder.context, size)
+    batch = probe.batch
     # A lone row in exact mode runs with a throwaway second row (backends/decoding.py).
     rows = 2 if decoder.exact else 1
 
     def at(pos: int) -> int:
         return tokens[pos % len(tokens)]
 
-    def timed() -> float:
-        start = time.perf_counter()
-        batch.decode(context)
-        return time.perf_counter() - start
-
     def single(pos: int) -> float:
         """Seconds of one decode at `pos`, as a reply takes them one after another (the
         faster half's median: on a shared machine another process stalls some)."""
-        times = []
-        for i in range(decodes):
-            batch.clear()
-            for row in range(rows):
-                batch.add(at(pos + i + row), pos + i + row, 0, row == 0)
-            times.append(timed())
-            llama_cpp.llama_memory_seq_rm(memory, 0, pos + i + 1, -1)
-        llama_cpp.llama_memory_seq_rm(memory, 0, pos, -1)
+        times = probe.singles(at, pos, decodes, rows=rows, advance=True)
         return statistics.median(sorted(times)[: max(decodes // 2, 1)])
 
     try:
         batch.clear()
         batch.add(at(0), 0, 0, True)
-        timed()  # the first decode sets up buffers: not a rate
-        llama_cpp.llama_memory_seq_rm(memory, 0, -1, -1)
+        probe.decode()  # the first decode sets up buffers: not a rate
+        probe.forget(0)
         segments: list[tuple[float, float]] = []  # (middle depth, seconds per token)
         singles: list[tuple[int, float]] = []
         pos = 0
@@ -107,7 +95,7 @@ def measure(
             batch.clear()
             for i in range(n):
                 batch.add(at(pos + i), pos + i, 0, i == n - 1)
-            segments.append((pos + n / 2, timed() / n))
+            segments.append((pos + n / 2, probe.decode() / n))
             pos += n
             spent = time.perf_counter() - began
             if not singles and (pos >= depth / 2 or spent > budget / 2):
@@ -118,7 +106,7 @@ def measure(
             singles.append((pos, single(pos)))
     finally:
         decoder.forget(0)
-        batch.close()
+        probe.close()
     # A slope measured over less than half the depth would be carried on twice as far or
     # more: the noise of two batches on a loaded machine once priced a 7B's prefill at a
     # fifth of its rate that way. Short of half the depth, the lines are flat.

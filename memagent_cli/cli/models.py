@@ -78,11 +78,11 @@ def models_info(
 ) -> None:
     """One model's architecture, quantization, context, chat template and calibration."""
     from memagent_cli import models
-    from memagent_cli.backends import calibration
+    from memagent_cli.backends import calibration, calibration_store
     from memagent_cli.views import models as modelview
 
     row = models.describe(model)
-    kept = calibration.kept_for(row.path) if row.path is not None else []
+    kept = calibration_store.kept_for(row.path) if row.path is not None else []
     if as_json:
         found = [c.to_json() for c in kept]
         display.result_json(row.to_json(template=True) | {"calibrations": found}, indent=2)

@@ -20,6 +20,7 @@ class Folder(StrEnum):
     traces = "traces"
     batches = "batches"
     evals = "evals"
+    calibrations = "calibrations"
     cache = "cache"
     documents = "documents"
     tiktoken = "tiktoken"
@@ -28,6 +29,7 @@ class Folder(StrEnum):
 def folders() -> dict[str, Path]:
     """Each folder memagent writes to, from the module that owns it."""
     from memagent_cli import folders as home
+    from memagent_cli.backends import calibration_store
     from memagent_cli.backends.tokenizers import cache_directory
     from memagent_cli.documents import cache
     from memagent_cli.evaluation import results
@@ -41,6 +43,7 @@ def folders() -> dict[str, Path]:
         Folder.traces: default_dir(),
         Folder.batches: journal_dir(),
         Folder.evals: results.default_dir(),
+        Folder.calibrations: calibration_store.folder(),
         Folder.cache: home.cache_dir(),
         Folder.documents: cache.directory(),
         Folder.tiktoken: cache_directory(),
@@ -55,7 +58,7 @@ def paths(
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Where memagent keeps models, traces, batch journals, eval results and its cache.
+    """Where memagent keeps models, traces, journals, eval results, calibrations and its cache.
 
     $MEMAGENT_HOME moves them all (the cache to $MEMAGENT_HOME/cache); without it they follow
     the platform's folders (XDG_DATA_HOME and XDG_CACHE_HOME on Linux)."""

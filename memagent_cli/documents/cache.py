@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import io
 import json
 import os
 import tempfile
@@ -24,7 +25,14 @@ from typing import Any
 
 from memagent_cli.documents.document import Document, OcrRecord, Section
 from memagent_cli.errors import UserError
-from memagent_cli.files import drop_partial_line, lock, open_private, private_folder
+from memagent_cli.files import (
+    drop_partial_line,
+    lock,
+    open_checked,
+    open_private,
+    private_folder,
+    read_checked,
+)
 from memagent_cli.folders import cache_dir
 
 VERSION = 5  # bump when extraction changes what it produces; 4: pages read by OCR;
@@ -69,7 +77,8 @@ def load(
     if max_bytes() == 0:
         return None
     try:
-        entry: Any = json.loads(path.read_text(encoding="utf-8"))
+        # A regular file within the cache's own limit only: a FIFO would block the read.
+        entry: Any = json.loads(read_checked(path, max(max_bytes(), 1)).decode("utf-8"))
         if entry.get("version") != VERSION or entry.get("sha256") != sha256 or entry["encrypted"]:
             # An older version's entry, possibly the text of an encrypted document.
             path.unlink()
@@ -92,7 +101,7 @@ def load(
             ocr=ocr,
             from_cache=True,
         )
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return None
     with contextlib.suppress(OSError):
         os.utime(path)
@@ -150,14 +159,15 @@ def load_pages(sha256: str, key: str) -> dict[int, tuple[str, float]]:
     if max_bytes() == 0:
         return pages
     try:
-        with open(_pages_path(sha256, key), encoding="utf-8") as file:
+        checked = open_checked(_pages_path(sha256, key), max_bytes())
+        with io.TextIOWrapper(checked, encoding="utf-8") as file:
             for line in file:
                 try:
                     index, text, confidence = json.loads(line)
                     pages[int(index)] = (str(text), float(confidence))
                 except (ValueError, TypeError):
                     continue
-    except OSError:
+    except (OSError, ValueError):  # ValueError: bytes that are not UTF-8
         return pages
     return pages
 

@@ -267,7 +267,7 @@ def estimate_reading(
         # Each call's prompt and longest reply in tokens, and the lines the rates lie on.
         "calls": [[call.prompt, call.reply] for call in calls],
         "likely_calls": [[call.prompt, call.reply] for call in likely],
-        "learned": _learned(past, written, answered, factor),
+        "learned": _learned(past, written, answered, factor, past.ignored(speed)),
         "speed": dataclasses.asdict(speed),
         # When the speed was measured: "now", or the time it was measured and kept.
         "speed_measured": kept or "now",
@@ -342,13 +342,17 @@ def faster_routes(reader: str, on_gpu: bool) -> str:
     return "more than an hour; faster: " + ", ".join(routes[:-1]) + " or " + routes[-1]
 
 
-def _learned(past: History, written: float, answered: float, factor: float) -> dict | None:
-    """What the estimate took from past readings (`--json`), None where there were none."""
+def _learned(
+    past: History, written: float, answered: float, factor: float, ignored: int = 0
+) -> dict | None:
+    """What the estimate took from past readings (`--json`): from how many traces, and how
+    many of their calls it left out (values no machine gives); None where there were none."""
     if not past.readings:
         return None
     return {
         "readings": past.readings,
         "calls": len(past.calls),
+        "ignored_calls": ignored,
         "memory_fraction": round(written, 3),
         "answer_fraction": round(answered, 3),
         "decode_factor": round(factor, 3),

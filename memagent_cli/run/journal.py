@@ -14,6 +14,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
+import stat
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +37,10 @@ from memagent_cli.files import (
 from memagent_cli.run.engine import Engine
 from memagent_cli.text import json_text
 
+# A line a reading, of a few hundred bytes: room for millions. Read whole when a batch
+# starts, so a larger file is not one memagent wrote.
+MAX_JOURNAL_BYTES = 1 << 30
+
 
 def journal_dir() -> Path:
     """Where journals live: beside the traces in the data folder."""
@@ -55,12 +61,19 @@ class Journal:
         self.path = path
         self._lock = threading.Lock()
         self._traces: dict[str, Path] = {}
+        if os.path.exists(path) and not os.path.isfile(path):  # a FIFO, a device, a folder
+            raise UserError(f"The batch journal {path} is not a regular file; move it away.")
         try:
             private_folder(path.parent)
             self._file: IO[str] = open_private(path, "a+")
         except OSError as exc:
             reason = cannot_write(path, exc)
             raise UserError(f"Cannot write the batch journal {path}: {reason}.") from None
+        info = os.fstat(self._file.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_JOURNAL_BYTES:
+            self._file.close()  # a FIFO's read would wait for a writer forever
+            what = "is not a regular file" if not stat.S_ISREG(info.st_mode) else "is too large"
+            raise UserError(f"The batch journal {path} {what}; move it away.")
         if not lock(self._file):
             self._file.close()
             raise UserError(

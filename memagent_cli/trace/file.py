@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, BinaryIO
 
 from memagent_cli.files import (
     MAX_LINE_BYTES,
@@ -68,22 +68,29 @@ def records(
     """Every record of the trace at `path` in order, typed; lines that are not records come
     as `Skipped`. With `follow`, waits for records still being written, yields None after
     each poll in which nothing arrived, and never ends."""
-    number, version = 0, FORMAT_VERSION
     with open_regular(path, "trace", limit=MAX_TRACE_BYTES, error=TraceError) as file:
-        for item in lines(file, limit=MAX_LINE_BYTES, follow=follow, poll=poll):
-            if item is None:
-                yield None
-                continue
-            number += 1
-            line, state = item
-            if state == "cut":
-                yield Skipped(number, "is cut short (the run was probably killed while writing it)")
-            elif state == "long":
-                yield Skipped(number, f"is longer than {MAX_LINE_BYTES:,} bytes")
-            elif (parsed := _parse(line, number, str(path), version)) is not None:
-                if isinstance(parsed, Header) and number == 1:
-                    version = parsed.format  # the records after it are in its format
-                yield parsed
+        yield from read_records(file, str(path), follow=follow, poll=poll)
+
+
+def read_records(
+    file: BinaryIO, where: str, *, follow: bool = False, poll: float = POLL_SECONDS
+) -> Iterator[Record | Skipped | None]:
+    """The records of a trace's bytes in `file` (`records`), `where` naming it in errors."""
+    number, version = 0, FORMAT_VERSION
+    for item in lines(file, limit=MAX_LINE_BYTES, follow=follow, poll=poll):
+        if item is None:
+            yield None
+            continue
+        number += 1
+        line, state = item
+        if state == "cut":
+            yield Skipped(number, "is cut short (the run was probably killed while writing it)")
+        elif state == "long":
+            yield Skipped(number, f"is longer than {MAX_LINE_BYTES:,} bytes")
+        elif (parsed := _parse(line, number, where, version)) is not None:
+            if isinstance(parsed, Header) and number == 1:
+                version = parsed.format  # the records after it are in its format
+            yield parsed
 
 
 @dataclass(frozen=True)
