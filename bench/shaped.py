@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from memagent_cli import models  # noqa: E402
+from memagent_cli.models.shaped import copy_tokenizer  # noqa: E402
 
 SHAPE = {"hidden": 3584, "layers": 28, "heads": 28, "kv_heads": 4, "ffn": 18944}
 Q4_0 = gguf.GGMLQuantizationType.Q4_0
@@ -41,23 +42,6 @@ def random_q4_0(rows: int, columns: int, rng: np.random.Generator) -> np.ndarray
     blocks = rng.integers(0, 256, size=(rows, columns // 32, 18), dtype=np.uint8)
     blocks[:, :, 0:2] = np.frombuffer(np.float16(0.004).tobytes(), dtype=np.uint8)
     return blocks.reshape(rows, columns // 32 * 18)
-
-
-def copy_tokenizer(source: gguf.GGUFReader, writer: gguf.GGUFWriter) -> int:
-    """Copy every tokenizer.* key; returns the vocabulary size."""
-    vocabulary = 0
-    for name, field in source.fields.items():
-        if not name.startswith("tokenizer."):
-            continue
-        kind = field.types[0]
-        if kind == gguf.GGUFValueType.ARRAY:
-            values = field.contents()
-            if name == "tokenizer.ggml.tokens":
-                vocabulary = len(values)
-            writer.add_key_value(name, values, kind, sub_type=field.types[-1])
-        else:
-            writer.add_key_value(name, field.contents(), kind)
-    return vocabulary
 
 
 def write(path: Path, seed: int = 0) -> None:

@@ -120,7 +120,7 @@ def write(shape: Shape, quant: str, tokenizer: Path, path: Path, seed: int = 0) 
     writer = gguf.GGUFWriter(path, "llama")
     try:
         writer.add_name("memagent stand-in (random weights, timing only)")
-        vocabulary = _copy_tokenizer(source, writer)
+        vocabulary = copy_tokenizer(source, writer)
         h, head, ffn = shape.hidden, shape.head, shape.ffn
         writer.add_context_length(shape.context)
         writer.add_embedding_length(h)
@@ -168,7 +168,7 @@ def write(shape: Shape, quant: str, tokenizer: Path, path: Path, seed: int = 0) 
     )
 
 
-def _copy_tokenizer(source: gguf.GGUFReader, writer: gguf.GGUFWriter) -> int:
+def copy_tokenizer(source: gguf.GGUFReader, writer: gguf.GGUFWriter) -> int:
     """Every tokenizer.* key of `source` (its chat template too); returns the vocabulary's
     size."""
     vocabulary = 0
