@@ -76,3 +76,45 @@ def test_before_any_step_it_is_what_was_expected_if_anything():
 
 def test_durations_read_as_a_person_says_them():
     assert [duration(s) for s in (0.4, 45, 185, 7800)] == ["0s", "45s", "3m05s", "2h10m"]
+
+
+class Notes:
+    """A reporter's notes, kept."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def note(self, line: str) -> None:
+        self.lines.append(line)
+
+
+def test_a_long_reading_with_nothing_expected_says_what_is_left_after_its_first_step():
+    """No speed kept for the model (a server, or no inspect yet): the first step's own
+    speeds say the rest, once, and over an hour the faster routes; an evaluation's case says
+    nothing (the evaluation tells its own time left)."""
+    from types import SimpleNamespace
+
+    from memagent_cli.progress import ReadingId
+    from memagent_cli.reader import Settings
+    from memagent_cli.run import expect
+
+    session = SimpleNamespace(
+        document=SimpleNamespace(path="/b/book.pdf"),
+        engine=SimpleNamespace(backend=object(), settings=Settings()),
+    )
+    chunks = make_chunks(list(range(100 * CHUNK)), CHUNK, lambda tokens: b"x" * len(tokens))
+    gen = Generation("m", 5650, 500, 40.0, 60.0, "stop")  # a minute a step
+
+    def read(name: str) -> tuple[list[str], list[object]]:
+        notes, shown = Notes(), []
+        reading = ReadingId("/b/book.pdf", "m", "q", (0, 0), 100 * CHUNK, lambda a, b: "", name)
+        listener = expect.noting(reading, session, shown.append, notes)  # type: ignore[arg-type]
+        for chunk in chunks[:3]:
+            listener(StepFinished(Step(chunk, "m", gen), len(chunks)))
+        return notes.lines, shown
+
+    (line,), shown = read("")
+    assert len(shown) == 3  # every event still shown
+    assert line.startswith("reading book.pdf: about 1h") and "after step 1 of 100" in line
+    assert "more than an hour; faster: a smaller model" in line
+    assert read("eval_50 c1")[0] == []

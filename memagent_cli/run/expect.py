@@ -36,39 +36,41 @@ LONG = 60.0
 class _Known:
     """What every reading of one engine is priced with, found once per batch."""
 
-    speed: Speed | None
+    speed: Speed
     when: str  # when the speed was measured
     past: History
     templates: Templates
     first_memory: int
 
 
-_known: weakref.WeakKeyDictionary[Engine, _Known] = weakref.WeakKeyDictionary()
+_known: weakref.WeakKeyDictionary[Engine, _Known | None] = weakref.WeakKeyDictionary()
 
 
 def _of(engine: Engine, steps: int) -> _Known | None:
     """The kept speed, past readings and templates of `engine`'s model; None where it is
-    not run in this process by llama.cpp."""
+    not run in this process by llama.cpp, or no speed of it is kept here."""
     if not engine.backend.local:
         return None
     backend = cast(LlamaCppBackend, engine.backend)  # the model in this process
-    found = _known.get(engine)
-    if found is None:
-        kept = None
-        if not backend.options.recalibrate:
-            # Its own, else its stand-in's from an `inspect` before it was pulled.
-            kept = speeds_store.load(speeds_store.backend_key(backend))
-            kept = kept or unpulled.kept_stand_in(backend)
+    if engine in _known:
+        return _known[engine]
+    kept = None
+    if not backend.options.recalibrate:
+        # Its own, else its stand-in's from an `inspect` before it was pulled.
+        kept = speeds_store.load(speeds_store.backend_key(backend))
+        kept = kept or unpulled.kept_stand_in(backend)
+    found = None
+    if kept is not None:
         described = backend.describe()
         reader = engine.settings.reader
         found = _Known(
-            kept.speed if kept else None,
-            kept.measured if kept else "",
+            kept.speed,
+            kept.measured,
             history.past_readings(described.model, described.engine, reader),
             readers.get(reader).call_templates(backend, steps),
             len(backend.tokenize(protocol.INITIAL_MEMORY)),
         )
-        _known[engine] = found
+    _known[engine] = found
     return found
 
 
@@ -78,7 +80,7 @@ def expected(session: Session, done: int = 0) -> tuple[Expected | None, str]:
     engine = session.engine
     known = _of(engine, len(session.chunks))
     chunks = session.chunks[done:]
-    if known is None or known.speed is None or not chunks:
+    if known is None or not chunks:
         return None, ""
     settings = engine.settings
     memory = settings.memory_tokens
@@ -126,9 +128,9 @@ def announced(
     reading: ReadingId, session: Session, done: int, note: Callable[[str], None]
 ) -> ReadingId:
     """`reading` with what it is expected to take, said first through `note` where it is
-    long."""
+    long (not for an evaluation's case: the evaluation tells its own time left)."""
     found, line = expected(session, done)
-    if line:
+    if line and not reading.name:
         note(line)
     return replace(reading, expected=found)
 
@@ -136,7 +138,7 @@ def announced(
 def noting(reading: ReadingId, session: Session, show: Listener, report: Reporter) -> Listener:
     """`show`, and where nothing was expected before the reading, a line once its first
     step is read when the rest is long (and more than an hour: the faster routes)."""
-    if reading.expected is not None:
+    if reading.expected is not None or reading.name:
         return show
     left = TimeLeft(reading.total_tokens)
     said = False
