@@ -41,10 +41,12 @@ class Guess:
     factor: float
 
 
-# Before this model has read on this machine. The default model's readings here ran their
-# memories to 15-100% of the budget (median 100%), their answers to 1-100% (median 7%), and
-# decoded at 0.40-0.78 the price of single decodes with drafts (docs/asking.md): the likely
-# figure takes the middle of those, the range runs from their low end to the bound.
+# Before this model has read on this machine. The default model's readings of stories here
+# (bench/results/2026-11-27-xeon-amx/estimate-smollm2*-summary.txt, and two more on
+# 2026-11-29) ran their memories to 15-100% of the budget, most in full, their answers to
+# 1-100%, and decoded with drafts at 0.4-0.8 the price of single decodes: the likely figure
+# takes the middle of those, the range runs from their low end to the bound. Measured
+# side by side on a fresh data folder: 129 s likely (81-190 s) for a reading of 151 s.
 FIRST_GUESS = Guess(written=0.75, answered=0.25, factor=0.7)
 LEAST_GUESS = Guess(written=0.25, answered=0.02, factor=0.4)
 # A reading longer than this says so, with the faster routes (faster_routes).
