@@ -100,7 +100,7 @@ def test_a_long_reading_with_nothing_expected_says_what_is_left_after_its_first_
 
     session = SimpleNamespace(
         document=SimpleNamespace(path="/b/book.pdf"),
-        engine=SimpleNamespace(backend=object(), settings=Settings()),
+        engine=SimpleNamespace(backend=SimpleNamespace(local=False), settings=Settings()),
     )
     chunks = make_chunks(list(range(100 * CHUNK)), CHUNK, lambda tokens: b"x" * len(tokens))
     gen = Generation("m", 5650, 500, 40.0, 60.0, "stop")  # a minute a step
