@@ -156,6 +156,37 @@ def _lock_windows(fd: int, wait: bool) -> bool:
     return True
 
 
+def replace_private(path: Path, text: str, prefix: str) -> None:
+    """Write `text` to `path` whole or not at all: into a private temporary file named
+    `prefix`..., in `path`'s folder, then renamed over `path` (readers see the old file or
+    the new one, never half of one). The temporary file is gone when this returns or
+    raises, Ctrl-C included; OSError (and ValueError: text that cannot be encoded) as from
+    the write."""
+    temp = path.with_name(f"{prefix}{os.getpid()}-{time.monotonic_ns()}.tmp")
+    try:
+        with open_private(temp, "x") as file:  # 0600
+            file.write(text)
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+
+
+def remove_stale(folder: Path, prefix: str, age: float = 3600.0, suffix: str = "") -> None:
+    """Remove the temporary files of replace_private(..., `prefix`) that a kill or a full
+    disk cut short (names starting with `prefix` and ending with `suffix`), once older than
+    `age` seconds (a write takes a moment: one that old is no other process's write in
+    flight)."""
+    now = time.time()
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(folder):
+            if entry.name.startswith(prefix) and entry.name.endswith(suffix):
+                with contextlib.suppress(OSError):
+                    if now - entry.stat(follow_symlinks=False).st_mtime > age:
+                        os.unlink(entry.path)
+
+
 def sync(file: IO[str] | BinaryIO) -> None:
     """Flush `file` to the disk itself: on macOS fsync reaches only the drive's cache, and
     F_FULLFSYNC (where the file system has it) is what makes a record survive a power loss."""
@@ -217,16 +248,24 @@ class TooLarge(OSError):
         self.size = size
 
 
-def open_checked(path: Path, limit: int | None = None) -> BinaryIO:
+def open_checked(path: Path, limit: int | None = None, *, follow: bool = True) -> BinaryIO:
     """`path` opened for reading, as a regular file of at most `limit` bytes, else OSError:
     NotRegular, TooLarge, or the open's own (FileNotFoundError...). Opened without waiting
     (O_NONBLOCK: opening a FIFO, or reading one, would wait forever for a writer) and
-    checked through the handle opened, so the file checked is the file read."""
+    checked through the handle opened, so the file checked is the file read. Not `follow`:
+    a link in `path`'s place is refused (ELOOP), for files only memagent writes."""
     nonblock = getattr(os, "O_NONBLOCK", 0)
     flags = os.O_RDONLY | nonblock | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+    if not follow:
+        flags |= getattr(os, "O_NOFOLLOW", 0)
     if not nonblock and os.path.exists(path) and not os.path.isfile(path):  # Windows
         raise NotRegular(errno.EINVAL, "it is not a regular file", str(path))
-    handle = os.open(path, flags)
+    try:
+        handle = os.open(path, flags)
+    except OSError as exc:
+        if not follow and exc.errno == errno.ELOOP:
+            raise NotRegular(errno.ELOOP, "it is not a regular file (a link)", str(path)) from None
+        raise
     try:
         info = os.fstat(handle)
         if not stat.S_ISREG(info.st_mode):
@@ -241,10 +280,10 @@ def open_checked(path: Path, limit: int | None = None) -> BinaryIO:
         raise
 
 
-def read_checked(path: Path, limit: int) -> bytes:
+def read_checked(path: Path, limit: int, *, follow: bool = True) -> bytes:
     """The bytes of `path`, a regular file of at most `limit` bytes (open_checked), read
     only that far: a file that grew past `limit` since is TooLarge too."""
-    with open_checked(path, limit) as file:
+    with open_checked(path, limit, follow=follow) as file:
         data = file.read(limit + 1)
     if len(data) > limit:
         raise TooLarge(path, len(data), limit)

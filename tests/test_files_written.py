@@ -252,3 +252,27 @@ def test_a_trace_in_a_folder_the_user_cannot_enter_is_one_sentence(env, doc, oth
     assert_clean_failure(html, 1, f"Cannot write the report {report}: Permission denied")
     read = run("ask", str(folder / "book.pdf"), "Who?", "-m", "nope.gguf")
     assert_clean_failure(read, 1, f"Cannot read {folder / 'book.pdf'}: Permission denied")
+
+
+def test_a_small_file_is_replaced_whole_and_privately_or_not_at_all(tmp_path):
+    """The data folder's small files (calibrations, kept speeds, the pulled files' record,
+    the document cache) are written through one helper: 0600, the old file intact until
+    the new one is whole, no temporary file left by a failed write, and only the stale
+    temporary files of the helper's own prefix removed."""
+    from memagent_cli.files import remove_stale, replace_private
+
+    path = tmp_path / "kept.json"
+    path.write_text("old")
+    replace_private(path, "new", ".kept-")
+    assert path.read_text() == "new" and mode(path) == 0o600
+    with pytest.raises(UnicodeEncodeError):
+        replace_private(path, "half \ud800 a lone surrogate", ".kept-")
+    assert path.read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.json"]
+    stale, fresh, other = tmp_path / ".kept-1.tmp", tmp_path / ".kept-2.tmp", tmp_path / "k.lock"
+    for made in (stale, fresh, other):
+        made.write_text("")
+    os.utime(stale, (time.time() - 7200, time.time() - 7200))
+    os.utime(other, (time.time() - 7200, time.time() - 7200))
+    remove_stale(tmp_path, ".kept-", suffix=".tmp")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".kept-2.tmp", "k.lock", "kept.json"]

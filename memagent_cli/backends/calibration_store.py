@@ -13,10 +13,8 @@ import contextlib
 import functools
 import hashlib
 import json
-import os
 import platform
 import sys
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,11 +25,17 @@ from memagent_cli.backends.calibration import (
     Damaged,
     parse,
 )
-from memagent_cli.files import lock, open_private, private_folder, read_checked
+from memagent_cli.files import (
+    lock,
+    open_private,
+    private_folder,
+    read_checked,
+    remove_stale,
+    replace_private,
+)
 from memagent_cli.folders import data_dir
 
 _TEMP_PREFIX = ".calibration-"
-STALE_SECONDS = 3600  # a write takes a moment: a temporary file this old was cut short
 # A GPU's driver, where the system says it (Linux's NVIDIA and AMD modules).
 DRIVER_FILES = ("/sys/module/nvidia/version", "/sys/module/amdgpu/version")
 _said: set[str] = set()  # folders where a calibration could not be kept, said once each
@@ -67,7 +71,7 @@ def load(key: Mapping[str, Any], note: Any = None) -> Calibration | None:
     one line, and it is measured again)."""
     path = path_for(key)
     try:
-        found = parse(read_checked(path, MAX_FILE_BYTES))
+        found = parse(read_checked(path, MAX_FILE_BYTES, follow=False))
         if dict(found.key) != dict(key):
             raise Damaged("it is for another model or engine")
         return found
@@ -85,17 +89,12 @@ def store(calibration: Calibration, note: Any = None) -> Path | None:
     the calibration still serves this run, and `note` hears once per folder, in one line,
     that every run will measure again."""
     path = path_for(calibration.key)
-    temp = path.with_name(f"{_TEMP_PREFIX}{os.getpid()}-{time.monotonic_ns()}.json")
     try:
         private_folder(path.parent)
-        with open_private(temp, "x") as file:
-            json.dump(calibration.to_json(), file, indent=1)
-        os.replace(temp, path)
-        clean(path.parent)
+        replace_private(path, json.dumps(calibration.to_json(), indent=1), _TEMP_PREFIX)
+        remove_stale(path.parent, _TEMP_PREFIX)
         return path
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
         if note is not None and str(path.parent) not in _said:
             _said.add(str(path.parent))
             why = exc.strerror or type(exc).__name__
@@ -104,18 +103,6 @@ def store(calibration: Calibration, note: Any = None) -> Path | None:
                 "reading measures it again"
             )
         return None
-
-
-def clean(where: Path) -> None:
-    """Remove the temporary files of writes cut short (a kill, a full disk), once they are
-    too old to be another process's write in flight."""
-    now = time.time()
-    with contextlib.suppress(OSError):
-        for entry in os.scandir(where):
-            if entry.name.startswith(_TEMP_PREFIX):
-                with contextlib.suppress(OSError):
-                    if now - entry.stat(follow_symlinks=False).st_mtime > STALE_SECONDS:
-                        os.unlink(entry.path)
 
 
 def dispute(calibration: Calibration, why: str) -> bool:
@@ -154,7 +141,7 @@ def kept_for(model: Path) -> list[Calibration]:
     with contextlib.suppress(OSError):
         for file in sorted(folder().glob(f"{_digest(described, 12)}-*.json")):
             try:
-                calibration = parse(read_checked(file, MAX_FILE_BYTES))
+                calibration = parse(read_checked(file, MAX_FILE_BYTES, follow=False))
             except (OSError, Damaged):
                 continue
             key = calibration.key

@@ -9,13 +9,9 @@ regular file of at most MAX_FILE_BYTES; one that is not sound is measured again.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
-import os
-import stat
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from memagent_cli.backends.speed import Speed
-from memagent_cli.files import private_folder
+from memagent_cli.files import private_folder, read_checked, remove_stale, replace_private
 from memagent_cli.folders import data_dir
 
 if TYPE_CHECKING:
@@ -33,6 +29,7 @@ VERSION = 1
 MAX_FILE_BYTES = 16 << 10  # a kept speed is under 2 KB
 # A speed measured to some depth prices calls a little deeper too: its lines carry on.
 DEEPER = 1.25
+_TEMP_PREFIX = ".speed-"
 _FIELDS = ("prefill_base", "prefill_slope", "decode_base", "decode_slope")
 
 
@@ -124,23 +121,15 @@ def _whole(value: object) -> bool:
 
 def load(key: Mapping[str, Any], note: Any = None) -> Kept | None:
     """The speed kept for `key`, or None: none kept, or a file that is not sound (`note`
-    hears why, in one line). Opened without following a link and read only as a regular
-    file, a bounded number of bytes (a FIFO or /dev/zero in its place cannot stall it)."""
+    hears why, in one line). Read only as a regular file, a bounded number of bytes (a FIFO
+    or /dev/zero in its place cannot stall it)."""
     path = path_for(key)
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
     try:
-        handle = os.open(path, flags | getattr(os, "O_CLOEXEC", 0))
-        with os.fdopen(handle, "rb") as file:
-            if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
-                raise Damaged("it is not a regular file")
-            data = file.read(MAX_FILE_BYTES + 1)
-        if len(data) > MAX_FILE_BYTES:
-            raise Damaged(f"it is over {MAX_FILE_BYTES:,} bytes")
-        found = parse(data)
+        found = parse(read_checked(path, MAX_FILE_BYTES, follow=False))
         if dict(found.key) != dict(key):
             raise Damaged("it is for another model or engine")
         return found
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return None
     except (OSError, Damaged) as exc:
         why = exc.args[0] if isinstance(exc, Damaged) else (exc.strerror or str(exc))
@@ -154,21 +143,13 @@ def store(key: Mapping[str, Any], speed: Speed, asked_to: int) -> Path | None:
     cannot be written (the speed still serves this run)."""
     kept = Kept(key, speed, asked_to, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     path = path_for(key)
-    temp = None
     try:
         private_folder(path.parent)
-        handle, temp = tempfile.mkstemp(dir=path.parent, prefix=".speed-", suffix=".json")
-        with os.fdopen(handle, "w", encoding="utf-8") as file:  # mkstemp: 0600
-            json.dump(kept.to_json(), file, indent=1)
-        os.replace(temp, path)
-        temp = None
+        replace_private(path, json.dumps(kept.to_json(), indent=1), _TEMP_PREFIX)
+        remove_stale(path.parent, _TEMP_PREFIX)
         return path
     except OSError:
         return None
-    finally:
-        if temp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(temp)
 
 
 def backend_key(backend: LlamaCppBackend) -> dict[str, Any]:

@@ -16,7 +16,6 @@ import dataclasses
 import io
 import json
 import os
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from memagent_cli.files import (
     open_private,
     private_folder,
     read_checked,
+    replace_private,
 )
 from memagent_cli.folders import cache_dir
 
@@ -130,21 +130,13 @@ def store(document: Document) -> None:
         "text": document.text,
     }
     folder = directory()
-    temp = None
-    try:
+    try:  # replace_private: a write cut short (Ctrl-C, SIGTERM) leaves no temporary file
         private_folder(folder)
-        handle, temp = tempfile.mkstemp(dir=folder, prefix=_TEMP_PREFIX, suffix=".json")
-        with os.fdopen(handle, "w", encoding="utf-8") as file:
-            json.dump(entry, file, ensure_ascii=False)
-        os.replace(temp, folder / f"{document.sha256}.json")
-        temp = None
+        text = json.dumps(entry, ensure_ascii=False)
+        replace_private(folder / f"{document.sha256}.json", text, _TEMP_PREFIX)
         evict(limit)
     except (OSError, ValueError):  # ValueError: text that cannot be encoded
         pass
-    finally:  # also when Ctrl-C or SIGTERM cuts the write short
-        if temp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(temp)
 
 
 def _pages_path(sha256: str, key: str) -> Path:

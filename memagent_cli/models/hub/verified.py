@@ -4,18 +4,15 @@ modification time, instead of reading gigabytes again at every pull."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
-import time
 from pathlib import Path
 from typing import Any
 
 from rich.filesize import decimal
 
 from memagent_cli.errors import ModelError
-from memagent_cli.files import lock, open_private, read_checked
+from memagent_cli.files import lock, open_private, read_checked, remove_stale, replace_private
 from memagent_cli.models import gguf
 from memagent_cli.models.hub.listing import RemoteFile
 from memagent_cli.models.hub.specs import models_dir
@@ -64,7 +61,6 @@ def mark_verified(dest: Path, remote: RemoteFile) -> None:
     records of files no longer there are dropped."""
     root = models_dir()
     path = _verified_path()
-    temp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:  # without the record, the next pull reads the file again: no harm
         # Read, add, write back under a lock: two pulls at once each keep the other's records.
         # The lock is a file of its own, as the records' file is replaced whole.
@@ -73,23 +69,10 @@ def mark_verified(dest: Path, remote: RemoteFile) -> None:
                 return
             recorded = {k: v for k, v in _verified().items() if (root / k).is_file()}
             recorded[_key(dest)] = _stamp(dest, remote)
-            temp.unlink(missing_ok=True)  # one a killed pull of this pid left
-            with open_private(temp, "x") as file:  # 0600, as every file memagent writes
-                file.write(json.dumps(recorded, indent=1))
-            os.replace(temp, path)
-            _drop_stale(path)
+            replace_private(path, json.dumps(recorded, indent=1), f"{path.name}.")  # 0600
+            remove_stale(path.parent, f"{path.name}.", STALE_SECONDS, suffix=".tmp")
     except OSError:
-        temp.unlink(missing_ok=True)
-
-
-def _drop_stale(path: Path) -> None:
-    """Remove the temporary files that pulls killed while writing the records left: a write
-    takes a moment, so one an hour old is no other pull's in flight."""
-    now = time.time()
-    for temp in path.parent.glob(f"{path.name}.*.tmp"):
-        with contextlib.suppress(OSError):
-            if now - temp.lstat().st_mtime > STALE_SECONDS:
-                temp.unlink()
+        pass
 
 
 def already_pulled(
