@@ -123,6 +123,45 @@ def test_a_calibration_measured_while_the_machine_was_busy_is_measured_again(
     assert float(remeasured["costs"]["9"]) < 6  # measured quiet: rows cost less than decodes
 
 
+@pytest.mark.usefixtures("on_tiny_model")
+def test_a_busy_calibration_is_disputed_by_the_decodes_of_a_reading_that_never_drafts(
+    env, monkeypatch, capsys
+):
+    """Measured while another process ran, its 1-row decodes took far longer than a quiet
+    reading's, and its rounds cost as much as their rows, so the default does not draft and
+    no round of drafts is there to dispute it (the default model's short readings drafted 14
+    tokens in all, in probes of changing sizes): the reading's own decodes dispute it."""
+    from memagent_cli.backends import calibration, drafting
+    from memagent_cli.backends.llama_cpp import LlamaCppBackend
+
+    monkeypatch.setenv("MEMAGENT_HOME", env["MEMAGENT_HOME"])
+    # The tiny model decodes in under a millisecond; no probes at all.
+    monkeypatch.setattr(calibration, "DISPUTE_SECONDS", 0.0, raising=False)
+    monkeypatch.setattr(drafting.DraftPolicy, "PROBE_MIN", 1 << 20)
+    monkeypatch.setattr(drafting.DraftPolicy, "PROBE_MAX", 1 << 20)
+    path = kept(env)
+    raw = json.loads(path.read_text())
+    assert 0 < raw["decode_seconds"] < 1
+    raw["costs"] = {rows: float(rows) for rows in raw["costs"]}  # a busy machine's: linear
+    raw["decode_seconds"] *= 10  # and its decodes slowed down
+    path.write_text(json.dumps(raw))
+
+    backend = LlamaCppBackend(Path(env["MEMAGENT_MODEL"]))
+    backend.prepare(512)
+    prompt = " ".join(["the keeper counted nine boats in the harbour"] * 20)
+    backend.decode(prompt, max_tokens=64, sampling=Sampling(temperature=0.0))
+    assert backend.decode(prompt, max_tokens=64, sampling=Sampling()).drafted == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if "calibration" in line]
+    assert len(notes) == 1 and "a decode" in notes[0], notes
+    assert json.loads(path.read_text()).get("disputed")
+
+    again = LlamaCppBackend(Path(env["MEMAGENT_MODEL"]))
+    again.prepare(512)
+    remeasured = json.loads(path.read_text())
+    assert "disputed" not in remeasured and remeasured["remeasured"] == 1
+    assert remeasured["decode_seconds"] < raw["decode_seconds"] / 3
+
+
 def test_a_data_folder_that_cannot_keep_the_calibration_is_said_once(cli, env, tiny_model, book):
     env["MEMAGENT_MODEL"] = str(tiny_model)
     home = Path(env["MEMAGENT_HOME"])

@@ -24,8 +24,9 @@ from typing import Any
 from memagent_cli.backends.drafting import MAX_DRAFT
 
 # 2: costs timed in several passes and checked against what a round can cost; the GPU and
-# its driver in the key; a calibration the readings disputed is measured again.
-VERSION = 2
+# its driver in the key; a calibration the readings disputed is measured again. 3: a 1-row
+# decode's seconds kept, which the readings that follow check too.
+VERSION = 3
 MOST = MAX_DRAFT + 1  # the largest round of one sequence: its pending token and a full draft
 # Several sequences in one round: those counts (backends/probe.py proves them).
 TOGETHER = (2, 4)
@@ -72,14 +73,29 @@ class Calibration:
     # Why the readings that followed disagree ("" where they did not): measured again then.
     disputed: str = ""
     remeasured: int = 0  # measured again after a dispute, so many times in a row
+    # A 1-row decode's seconds at the depth measured (the fastest; 0: not measured).
+    decode_seconds: float = 0.0
 
-    def disputed_by(self, observed: Mapping[int, tuple[float, int]], min_rows: int) -> str:
-        """Why rounds timed in a reading (rows -> (cost over a round of `min_rows`, rounds
-        timed), of one sequence) say this calibration priced them too dear, in words; ""
-        where they do not (see DISPUTE_MARGIN), or it was measured again often enough, or
-        not measured at all (assumed, or the fixed price where measuring failed)."""
+    def disputed_by(
+        self, observed: Mapping[int, tuple[float, int]], min_rows: int, decode: float = 0.0
+    ) -> str:
+        """Why a reading says this calibration priced its rounds too dear, in words; ""
+        where it does not (see DISPUTE_MARGIN), or it was measured again often enough, or
+        not measured at all (assumed, or the fixed price where measuring failed).
+        `observed`: rounds timed in the reading (rows -> (cost over a round of `min_rows`,
+        rounds timed), of one sequence); `decode`: the reading's fastest round of
+        `min_rows`, in seconds. A calibration measured while something else ran took longer
+        for its decodes than a quiet reading's, deeper in a longer context, takes: that
+        says so even where it priced drafts so dear that the reading never drafted."""
         if self.assumed or not self.measured or self.remeasured >= MOST_REMEASURED:
             return ""
+        if self.decode_seconds and decode:
+            measured = self.decode_seconds * self._cost(min_rows)
+            if decode * DISPUTE_MARGIN < measured:
+                return (
+                    f"a decode at {measured * 1000:.1f} ms, and this reading's took "
+                    f"{decode * 1000:.1f} ms"
+                )
         for rows, (cost, count) in sorted(observed.items()):
             price = self.price(rows, 1, min_rows)
             enough = rows >= min_rows + DISPUTE_ROWS and count >= DISPUTE_AFTER
@@ -170,6 +186,7 @@ class Calibration:
             **({"assumed": True} if self.assumed else {}),
             **({"disputed": self.disputed} if self.disputed else {}),
             **({"remeasured": self.remeasured} if self.remeasured else {}),
+            **({"decode_seconds": self.decode_seconds} if self.decode_seconds else {}),
         }
 
     def record(self) -> str:
@@ -237,6 +254,11 @@ def parse(data: bytes) -> Calibration:
         raise Damaged("its time is not a number")
     if not isinstance(disputed, str) or not _int(remeasured) or remeasured < 0:
         raise Damaged("its record of disputes is not one")
+    decode = raw.get("decode_seconds", 0.0)
+    if not (isinstance(decode, float | int) and not isinstance(decode, bool)):
+        raise Damaged("its decode time is not a number")
+    if not (math.isfinite(decode) and 0 <= decode < 60):
+        raise Damaged("its decode time is not sound")
     measured = raw.get("measured", "")
     return Calibration(
         key,
@@ -247,6 +269,7 @@ def parse(data: bytes) -> Calibration:
         measured if isinstance(measured, str) else "",
         disputed=disputed[:500],
         remeasured=min(remeasured, MOST_REMEASURED),
+        decode_seconds=float(decode),
     )
 
 

@@ -414,9 +414,10 @@ class LlamaCppBackend:
         from memagent_cli.backends.calibration import DISPUTE_SECONDS
 
         policy = engine.decoder.policy
-        if (policy.fastest(policy.min_rows) or 0.0) < DISPUTE_SECONDS:
+        decode = policy.fastest(policy.min_rows) or 0.0
+        if decode < DISPUTE_SECONDS:
             return  # rounds too short to tell rows from llama.cpp's fixed costs
-        why = found.disputed_by(policy.observed(), policy.min_rows)
+        why = found.disputed_by(policy.observed(), policy.min_rows, decode)
         if not why:
             return
         self._disputed = True
