@@ -18,7 +18,6 @@ from memagent_cli.errors import STOPS, Interrupted, UserError, stop_code
 from memagent_cli.progress import SILENT, Layout, Listener, ReadingId, ReadingView, Reporter
 from memagent_cli.reader import Answer, Event, Step, StepFinished, StepStarted
 from memagent_cli.run import expect
-from memagent_cli.run.engine import Engine
 from memagent_cli.run.journal import Entry
 from memagent_cli.run.pool import BACKLOG
 from memagent_cli.run.session import Session
@@ -301,8 +300,14 @@ class _Flight:
         if not isinstance(opened, _Open):
             self.ready[number] = opened
             return
+        engine = run.session.engine
+        if not self.busy:
+            # Between readings: the weights on first use, and the larger context a longer
+            # document needs where the reader's calls grow with it (Engine.fit).
+            with self.report.progress("bytes") as progress:
+                engine.prepare(self.at_once, progress)
         if self.scheduler is None:
-            self.scheduler = _scheduler(run.session.engine, self.at_once, self.report)
+            self.scheduler = Scheduler(engine.backend, engine.settings, self.at_once)
         job = _job(opened, self.view, self.report)
         self.reading[id(job)] = opened
         self.scheduler.add(job)
@@ -336,13 +341,6 @@ class _Flight:
         while self.passed in self.ready and not self.view.showing:
             yield self.ready.pop(self.passed)
             self.passed += 1
-
-
-def _scheduler(engine: Engine, at_once: int, report: Reporter) -> Scheduler:
-    """The scheduler of a batch, the model loaded (told as bytes) with room for `at_once`."""
-    with report.progress("bytes") as progress:
-        engine.prepare(at_once, progress)
-    return Scheduler(engine.backend, engine.settings, at_once)
 
 
 def _start(run: Run, number: int, report: Reporter, start: float) -> Result | Stopped | _Open:
