@@ -27,8 +27,8 @@ from memagent_cli.documents.inputs import read_document
 from memagent_cli.documents.ocr import OcrOptions
 from memagent_cli.errors import STOPS, DocumentError, stop_code
 from memagent_cli.progress import SILENT, Layout, Reporter
-from memagent_cli.run import ask as run
 from memagent_cli.run import journal, pool
+from memagent_cli.run.ask import Result, Run, RunOptions, Stopped, ask_runs
 from memagent_cli.run.engine import Engine
 from memagent_cli.run.session import open_session
 
@@ -39,7 +39,7 @@ T = TypeVar("T")
 class Options:
     """How every question is run: each run's options, and the batch's own."""
 
-    run: run.RunOptions = run.RunOptions()
+    run: RunOptions = RunOptions()
     write_traces: bool = True  # False: --no-trace
     password: str | None = None
     ask_password: Callable[[str], str] | None = None  # an encrypted PDF without a password
@@ -70,7 +70,7 @@ class Batch:
         self._journal: journal.Journal | None = None
         self.exit_code = 0
 
-    def __iter__(self) -> Iterator[run.Result | run.Stopped]:
+    def __iter__(self) -> Iterator[Result | Stopped]:
         ended = False  # every run was taken (some may have failed: exit_code says so)
         try:
             runs = self._runs()
@@ -102,15 +102,15 @@ class Batch:
             return f"the {questions} questions"
         return f"{documents} documents x {questions} questions"
 
-    def _seen(self, outcome: run.Result | run.Stopped) -> run.Result | run.Stopped:
-        if isinstance(outcome, run.Stopped):
+    def _seen(self, outcome: Result | Stopped) -> Result | Stopped:
+        if isinstance(outcome, Stopped):
             self._failed(outcome.exit_code)
         return outcome
 
     def _failed(self, code: int) -> None:
         self.exit_code = max(self.exit_code, code)
 
-    def _runs(self) -> Iterator[run.Run]:
+    def _runs(self) -> Iterator[Run]:
         """Every run, document by document in order, each document read when its runs are
         wanted. The batch's journal (when its traces go to the data folder) is opened with
         the first document, once the model is open."""
@@ -146,7 +146,7 @@ class Batch:
             for index, question in enumerate(self.questions):
                 entry = self._journal and self._journal.entry(f"d{number + 1} q{index + 1}")
                 how = self._run_options(session.document, index, entry)
-                yield run.Run(session, question, how, (number, index))
+                yield Run(session, question, how, (number, index))
 
     def _traced_by_default(self) -> bool:
         """Whether runs write a trace the user did not name, a new one in the data folder:
@@ -169,7 +169,7 @@ class Batch:
 
     def _run_options(
         self, document: Document, index: int, entry: journal.Entry | None
-    ) -> run.RunOptions:
+    ) -> RunOptions:
         """How a run goes: its trace (none of an encrypted document unless named) and its
         journal line."""
         options = self.options
@@ -199,14 +199,14 @@ def readings_at_once(
 
 def outcomes(
     items: Iterable[T],
-    run_of: Callable[[T], run.Run],
+    run_of: Callable[[T], Run],
     engine: Engine,
     at_once: int,
     report: Reporter,
     layout: Layout,
     *,
     stop_on_first: bool = False,
-) -> Iterator[tuple[T, run.Result | run.Stopped]]:
+) -> Iterator[tuple[T, Result | Stopped]]:
     """(item, the outcome of run_of(item)) for each item, in input order, `at_once` runs
     read at a time on `engine` (readings_at_once says how many): in-process together in its
     one context (run/ask.py's ask_runs), on a server each in a thread of its own, where
@@ -224,29 +224,29 @@ def outcomes(
     return _in_one_context(items, run_of, at_once, report, layout, stop_on_first)
 
 
-def _itself(item: run.Run) -> run.Run:
+def _itself(item: Run) -> Run:
     return item
 
 
 def _in_one_context(
     items: Iterable[T],
-    run_of: Callable[[T], run.Run],
+    run_of: Callable[[T], Run],
     at_once: int,
     report: Reporter,
     layout: Layout,
     stop_on_first: bool,
-) -> Iterator[tuple[T, run.Result | run.Stopped]]:
+) -> Iterator[tuple[T, Result | Stopped]]:
     taken: deque[T] = deque()  # the items of the runs ask_runs took, not passed on yet
 
-    def runs() -> Iterator[run.Run]:
+    def runs() -> Iterator[Run]:
         for item in items:
             taken.append(item)
             yield run_of(item)
 
-    first_stop: run.Stopped | None = None
-    for outcome in run.ask_runs(runs(), at_once, report, layout):
+    first_stop: Stopped | None = None
+    for outcome in ask_runs(runs(), at_once, report, layout):
         item = taken.popleft()
-        if stop_on_first and isinstance(outcome, run.Stopped):
+        if stop_on_first and isinstance(outcome, Stopped):
             first_stop = first_stop or outcome
         else:
             yield item, outcome
@@ -256,17 +256,17 @@ def _in_one_context(
 
 def _on_threads(
     items: Iterable[T],
-    run_of: Callable[[T], run.Run],
+    run_of: Callable[[T], Run],
     at_once: int,
     report: Reporter,
     layout: Layout,
     stop_on_first: bool,
-) -> Iterator[tuple[T, run.Result | run.Stopped]]:
-    def one(item: T, cancel: threading.Event | None) -> run.Result | run.Stopped:
+) -> Iterator[tuple[T, Result | Stopped]]:
+    def one(item: T, cancel: threading.Event | None) -> Result | Stopped:
         reading = run_of(item)
         how = dataclasses.replace(reading.options, cancel=cancel)
-        (outcome,) = run.ask_runs([dataclasses.replace(reading, options=how)], 1, report, layout)
-        if stop_on_first and isinstance(outcome, run.Stopped):
+        (outcome,) = ask_runs([dataclasses.replace(reading, options=how)], 1, report, layout)
+        if stop_on_first and isinstance(outcome, Stopped):
             raise outcome  # the pool asks the runs in flight to stop
         return outcome
 
@@ -275,5 +275,5 @@ def _on_threads(
 
     for item, outcome in pool.ordered(items, one, at_once, on_stop=stopping):
         yield item, outcome
-        if at_once <= 1 and isinstance(outcome, run.Stopped) and outcome.exit_code > 128:
+        if at_once <= 1 and isinstance(outcome, Stopped) and outcome.exit_code > 128:
             return  # interrupted in this thread: no further run is read
