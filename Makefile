@@ -66,9 +66,9 @@ install: check-python
 
 # Every test but the real-model set: the model tests (the tiny model of tests/support/models.py)
 # one at a time on half the CPUs, since two llama.cpp processes on two cores slow each other
-# down 10-100x, and the others on the other half at the same time (tests/support/split_run.py).
+# down 10-100x, and the others on the other half at the same time (tests/split_run.py).
 test: $(VENV)/.dev
-	$(BIN)/python tests/support/split_run.py
+	$(BIN)/python tests/split_run.py
 
 # Only the tests that load no model.
 test-fast: $(VENV)/.dev

@@ -11,7 +11,9 @@ takes (documents, questions, traces, journals, resume) as keyword arguments.
 
 Nothing here prints: notes go to `note`, the reading's events (reader.py: StepStarted,
 StepFinished, Answering, Finished) to `progress`, both silent by default; `ask_batch` tells
-a `Reporter` (progress.py), as the command hands it its terminal.
+a `Reporter` (progress.py), as the command hands it its terminal. What the library notes
+beside a call (files.NOTES: permissions it cannot restrict, the engine's calibration) goes to
+the `memagent` logger, which the command prints.
 
 `eval_files` and `eval_niah` are `memagent eval` and `memagent eval niah`, with the model
 named as `open_model` names it:
@@ -58,8 +60,13 @@ from memagent_cli.reader import (
     StepFinished,
     StepStarted,
 )
-from memagent_cli.run import ask as run
 from memagent_cli.run import batch as run_batch
+from memagent_cli.run.ask import (
+    Result,  # one answered question: the answer, every memory, where it came from, its trace
+    RunOptions,
+    Stopped,  # a run that ended before its answer; its trace keeps every step
+    ask_together,
+)
 from memagent_cli.run.engine import (
     AUTHORS_SAMPLING,
     READER_DEFAULTS,
@@ -102,9 +109,6 @@ __all__ = [
     "open_model",
 ]
 
-# One answered question: the answer, every memory, where the answer came from, its trace.
-Result = run.Result
-Stopped = run.Stopped  # a run that ended before its answer; its trace keeps every step
 # The outcomes of `ask_batch`, in input order as they come: a Result for each answered run,
 # a Stopped for each that ended early; once iterated, `exit_code` says how it went (0 all
 # answered, 1 some document or run failed, 130 SIGINT, 143 SIGTERM).
@@ -217,18 +221,18 @@ def ask_many(
 ) -> list[Result]:
     """Answer several questions about one document in one pass: an in-process model reads
     them together, one sequence each, and each answers as it would alone. Raises
-    run.Stopped (with the finished steps in its trace) when a reading ends early."""
+    Stopped (with the finished steps in its trace) when a reading ends early."""
     if not isinstance(document, Document):
         document = load_document(document)
     session = open_session(document, model.engine(questions))
     report = _Callbacks(None, progress, note)
     paths = list(traces) if traces is not None else [None] * len(questions)
-    options = [run.RunOptions(trace=path, reuse=False) for path in paths]
-    outcomes = run.ask_together(session, list(questions), options, report)
+    options = [RunOptions(trace=path, reuse=False) for path in paths]
+    outcomes = ask_together(session, list(questions), options, report)
     for outcome in outcomes:
-        if isinstance(outcome, run.Stopped):
+        if isinstance(outcome, Stopped):
             raise outcome
-    return [outcome for outcome in outcomes if isinstance(outcome, run.Result)]
+    return [outcome for outcome in outcomes if isinstance(outcome, Result)]
 
 
 def ask_batch(
@@ -268,9 +272,7 @@ def ask_batch(
         return opened.engine(asked)
 
     options = run_batch.Options(
-        run=run.RunOptions(
-            trace=trace_path, resume=resume, resume_latest=resume_latest, reuse=reuse
-        ),
+        run=RunOptions(trace=trace_path, resume=resume, resume_latest=resume_latest, reuse=reuse),
         write_traces=traces,
         password=password,
         ask_password=ask_password,

@@ -44,6 +44,9 @@ _unrestricted: list[str] = []  # folders where chmod was refused, said once each
 # What the library has to say that is not an error: the command prints it on stderr
 # (views/console.py show_notes); a Python caller's logging configuration decides.
 NOTES = logging.getLogger("memagent")
+# The engine's notes (backends/: its calibration, drafts it cannot use), shown as they always
+# were: "memagent: " and the sentence, where the others say "memagent: note: ".
+ENGINE_NOTES = NOTES.getChild("engine")
 _FLAGS = {
     "w": os.O_WRONLY | os.O_TRUNC,
     "a": os.O_WRONLY | os.O_APPEND,

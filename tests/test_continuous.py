@@ -13,7 +13,7 @@ import pytest
 from support.scripted import EchoBackend as Echo
 from test_together import SETTINGS, chunks_of, records
 
-from memagent_cli import trace
+from memagent_cli import readers, trace
 from memagent_cli.documents import Document
 from memagent_cli.errors import UserError
 from memagent_cli.reader import read
@@ -241,3 +241,43 @@ def test_a_failure_with_no_reading_in_flight_is_raised_not_swallowed(tmp_path):
 
     with pytest.raises(KeyboardInterrupt):
         list(run.ask_runs(interrupted_before_the_first(), 2))
+
+
+class SizedBackend(EchoBackend):
+    """The stand-in, keeping the context each prepare() loaded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.contexts = []
+
+    def prepare(self, context_tokens: int, sequences: int = 1, progress=None) -> None:
+        super().prepare(context_tokens, sequences)
+        self.contexts.append(context_tokens)
+
+
+def test_a_longer_document_read_after_another_gets_the_larger_context_it_needs(tmp_path):
+    """A reader whose calls grow with the document (Spec.grows): one at a time, each
+    reading is read in a context that holds it, as `eval` reads its cases one by one."""
+    memagent = readers.get("memagent")
+    readers.register(
+        replace(
+            memagent,
+            name="growing-test",
+            implied=False,
+            grows="this reader is shown every step so far",
+            extra_tokens=lambda chunk_tokens, steps: 10 * steps,
+        )
+    )
+    settings = replace(SETTINGS, reader="growing-test")
+    backend = SizedBackend()
+    engine = Engine.for_questions(backend, settings, [QUESTION])
+
+    def lazily():  # each document cut when its run is taken, as a batch's are
+        for i, text in enumerate(TEXTS[:2]):  # 1 chunk, then 4
+            document = Document(text=text, path=f"/b{i}.txt", format="text", sha256=f"{i:064x}")
+            how = run.RunOptions(trace=tmp_path / f"b{i}.jsonl", reuse=False)
+            yield run.Run(open_session(document, engine), QUESTION, how)
+
+    outcomes = list(run.ask_runs(lazily(), 1))
+    assert [type(o) for o in outcomes] == [run.Result, run.Result]
+    assert backend.contexts == [engine.context - 30, engine.context]  # 10 tokens a step more

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from memagent_cli.backend import Generation
 from memagent_cli.chunking import make_chunks
 from memagent_cli.progress import Layout, ReadingId
@@ -184,3 +186,27 @@ def test_the_live_view_counts_down_the_time_left(monkeypatch):
     stepped = shown(StepStarted(chunks[0], 3), StepFinished(Step(chunks[0], "m", gen), 3))
     # Two steps at the first one's pace (2 s each), then the answer as expected (10 s).
     assert "about 14s left" in stepped
+
+
+def test_the_engine_s_notes_are_the_library_s_and_read_as_they_always_did(
+    capsys, monkeypatch, caplog
+):
+    """The engine notes (its calibration, drafts it cannot use) to the library's logger and
+    prints nothing itself; the command's view shows each as `memagent: ` and the sentence."""
+    from memagent_cli import files
+    from memagent_cli.views import console
+
+    monkeypatch.setattr(files.NOTES, "handlers", [])  # a library user's: the command's view off
+    with caplog.at_level(logging.INFO, logger="memagent"):
+        files.ENGINE_NOTES.info("could not measure this model's calibration")
+    assert [r.getMessage() for r in caplog.records] == [
+        "could not measure this model's calibration"
+    ]
+    assert capsys.readouterr().err == ""
+    console.show_notes()
+    files.ENGINE_NOTES.info("could not measure this model's calibration")
+    files.NOTES.info("could not restrict the permissions")
+    assert capsys.readouterr().err.splitlines() == [
+        "memagent: could not measure this model's calibration",
+        "memagent: note: could not restrict the permissions",
+    ]

@@ -12,6 +12,7 @@ from memagent_cli.errors import UserError
 from memagent_cli.evaluation import results
 from memagent_cli.evaluation.data import Case
 from memagent_cli.evaluation.runner import Answered, check_resumable, evaluate
+from memagent_cli.run import pool
 
 INFO = {"model": "m", "settings": {"chunk_tokens": 10}}
 
@@ -21,6 +22,12 @@ def cases(n: int, group: str = "eval_50") -> list[Case]:
         Case(f"q{i}", group, f"Question {i}?", "Some text.", (f"answer {i}",), "qa")
         for i in range(n)
     ]
+
+
+def in_threads(answer, parallel=1):
+    """Each case answered by `answer(case, cancel)`, `parallel` at once in threads, as a
+    server's cases are (run/pool.py)."""
+    return lambda todo: pool.ordered(todo, answer, parallel)
 
 
 def boxed(case: Case, cancel: threading.Event | None) -> Answered:
@@ -36,7 +43,12 @@ def test_each_finished_case_is_a_scored_record(tmp_path):
     seen = []
     with results.Writer(path) as writer:
         outcome = evaluate(
-            cases(3), boxed, writer, finished=set(), run_info=INFO, on_record=seen.append
+            cases(3),
+            in_threads(boxed),
+            writer,
+            finished=set(),
+            run_info=INFO,
+            on_record=seen.append,
         )
     assert (outcome.ran, outcome.skipped) == (3, 0)
     run = results.read(path)
@@ -58,7 +70,7 @@ def test_an_interruption_keeps_finished_cases_and_a_second_run_skips_them(tmp_pa
         return boxed(case, cancel)
 
     with results.Writer(path) as writer, pytest.raises(KeyboardInterrupt):
-        evaluate(cases(4), stops_at_q2, writer, finished=set(), run_info=INFO)
+        evaluate(cases(4), in_threads(stops_at_q2), writer, finished=set(), run_info=INFO)
     assert [r["id"] for r in results.read(path).records] == ["q0", "q1"]
 
     asked = []
@@ -69,7 +81,9 @@ def test_an_interruption_keeps_finished_cases_and_a_second_run_skips_them(tmp_pa
 
     earlier = results.read(path)
     with results.Writer(path) as writer:
-        outcome = evaluate(cases(4), counting, writer, finished=earlier.finished, run_info=INFO)
+        outcome = evaluate(
+            cases(4), in_threads(counting), writer, finished=earlier.finished, run_info=INFO
+        )
     assert asked == ["q2", "q3"] and (outcome.ran, outcome.skipped) == (2, 2)
     assert [r["id"] for r in results.read(path).records] == ["q0", "q1", "q2", "q3"]
 
@@ -90,7 +104,7 @@ def test_parallel_runs_keep_what_finishes_when_one_fails(tmp_path):
         return boxed(case, cancel)
 
     with results.Writer(path) as writer, pytest.raises(UserError, match="went away"):
-        evaluate(cases(8), slow, writer, finished=set(), run_info=INFO, parallel=3)
+        evaluate(cases(8), in_threads(slow, 3), writer, finished=set(), run_info=INFO)
     ids = [r["id"] for r in results.read(path).records]
     assert "q0" in ids and "q1" not in ids and "q2" not in ids
     assert len(ids) < 8
@@ -99,7 +113,7 @@ def test_parallel_runs_keep_what_finishes_when_one_fails(tmp_path):
 def test_parallel_runs_answer_every_case(tmp_path):
     path = tmp_path / "run.jsonl"
     with results.Writer(path) as writer:
-        outcome = evaluate(cases(7), boxed, writer, finished=set(), run_info=INFO, parallel=3)
+        outcome = evaluate(cases(7), in_threads(boxed, 3), writer, finished=set(), run_info=INFO)
     assert outcome.ran == 7
     assert sorted(r["id"] for r in results.read(path).records) == [f"q{i}" for i in range(7)]
 
@@ -107,7 +121,7 @@ def test_parallel_runs_answer_every_case(tmp_path):
 def test_a_results_file_continues_only_with_the_same_model_and_settings(tmp_path):
     path = tmp_path / "run.jsonl"
     with results.Writer(path) as writer:
-        evaluate(cases(1), boxed, writer, finished=set(), run_info=INFO)
+        evaluate(cases(1), in_threads(boxed), writer, finished=set(), run_info=INFO)
     earlier = results.read(path)
     check_resumable(earlier, INFO)
     with pytest.raises(UserError, match="another settings; give a new --output"):

@@ -1,5 +1,5 @@
 """`make test`'s runner: the model tests one at a time on their own CPUs, never beside
-llama.cpp threads of another run (tests/support/split_run.py)."""
+llama.cpp threads of another run (tests/split_run.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 import subprocess
 
 import pytest
-from support import split_run
+import split_run
 
 
 class Started:

@@ -19,7 +19,7 @@ from memagent_cli import cpus, crash
 from memagent_cli.backend import Call, Description, Generation, Raw, Sampling
 from memagent_cli.backends import calibration_store
 from memagent_cli.errors import BudgetError, ModelError
-from memagent_cli.files import check_gguf
+from memagent_cli.files import ENGINE_NOTES, check_gguf
 from memagent_cli.progress import Progress
 
 if TYPE_CHECKING:  # decoding imports llama_cpp, which loads the library: only when used
@@ -381,7 +381,7 @@ class LlamaCppBackend:
             return self._calibration
         key = self.calibration_key()
         recalibrate = self.options.recalibrate
-        found = None if recalibrate else calibration_store.load(key, note=note_line)
+        found = None if recalibrate else calibration_store.load(key, note=ENGINE_NOTES.info)
         if found is not None and not found.disputed:
             return found
         with calibration_store.measuring(key):
@@ -396,12 +396,12 @@ class LlamaCppBackend:
             try:
                 measured = probe.measure(engine, key, remeasured)
             except (RuntimeError, ValueError) as exc:  # no room for its context, say
-                note_line(
+                ENGINE_NOTES.info(
                     f"could not measure this model's calibration ({exc}): --exact reads "
                     "without drafts, and a batch row is priced at a fixed cost."
                 )
                 return calibration.unmeasured(key)
-            calibration_store.store(measured, note=note_line)
+            calibration_store.store(measured, note=ENGINE_NOTES.info)
         return measured
 
     def check_calibration(self) -> None:
@@ -422,7 +422,7 @@ class LlamaCppBackend:
             return
         self._disputed = True
         if calibration_store.dispute(found, why):
-            note_line(
+            ENGINE_NOTES.info(
                 f"this machine's calibration of {self.name} priced {why}: it is measured "
                 "again at the next reading (docs/performance.md, The calibration)"
             )
@@ -550,12 +550,6 @@ class LlamaCppBackend:
         return Request(prompt, call.max_tokens, sampling, stop, call.sequence, call.fresh)
 
 
-def note_line(message: str) -> None:
-    """One line on stderr, as memagent's notes are."""
-    sys.stderr.write(f"memagent: {message}\n")
-    sys.stderr.flush()
-
-
 def _calibration_text() -> str:
     """Plain sentences for the calibration to decode (any text does: it compares logits)."""
     ships = ("the Heron", "the Gannet", "the Tern", "the Skua", "the Petrel")
@@ -663,7 +657,7 @@ class _Loaded:
         )
         proved = backend.calibration.widths if backend.calibration is not None else (1,)
         if backend.exact and backend.speculate and not proved:
-            note_line(
+            ENGINE_NOTES.info(
                 "--exact reads without drafts: on this model and machine no round of "
                 "drafts gives the logits of decoding without them (memagent models info)."
             )

@@ -28,7 +28,7 @@ from memagent_cli.cli.options import (
     OcrOpt,
     PasswordOpt,
     QuietOpt,
-    Reading,
+    ReadFlagsOpt,
     WatchOpt,
     reads,
     user_errors,
@@ -152,7 +152,7 @@ def ask(
     resume_latest: ResumeLatestOpt = False,
     no_reuse: NoReuseOpt = False,
     watch: WatchOpt = 1,
-    read: Reading = FROM_FLAGS,
+    read: ReadFlagsOpt = FROM_FLAGS,
     report_file: HtmlOpt = None,
 ) -> None:
     """Read DOCUMENT chunk by chunk into a memory and answer each QUESTION from it."""

@@ -20,7 +20,7 @@ from memagent_cli.cli.options import (
     OcrLangOpt,
     OcrOpt,
     QuietOpt,
-    Reading,
+    ReadFlagsOpt,
     ReadOptions,
     choices,
     reads,
@@ -92,16 +92,16 @@ def _run_keywords(
         views.require_plot()  # fails in seconds, before any model loads
     options.stop_on_sigterm()
     report = reporter(quiet)
-    return {
+    keywords: dict[str, Any] = {
         "read": read,
         "output": output,
         "reuse": not no_reuse,
-        # One case at a time unless --parallel says more: in-process read together in one
-        # context, with a server in flight (evaluation/evaluate.py).
-        "parallel": read.parallel or 1,
         "traces": not no_trace,
         "report": report,
     }
+    if read.parallel is not None:  # else eval's own: one case at a time (api.eval_files)
+        keywords["parallel"] = read.parallel
+    return keywords
 
 
 @app.command("run", cls=Command)
@@ -127,7 +127,7 @@ def eval_run(
     output: EvalOutputOpt = None,
     as_json: JsonOpt = False,
     plot: PlotOpt = None,
-    read: Reading = FROM_FLAGS,
+    read: ReadFlagsOpt = FROM_FLAGS,
     no_trace: NoTraceOpt = False,
     no_reuse: NoReuseOpt = False,
     quiet: QuietOpt = False,
@@ -176,7 +176,7 @@ def eval_niah(
     output: EvalOutputOpt = None,
     as_json: JsonOpt = False,
     plot: PlotOpt = None,
-    read: Reading = FROM_FLAGS,
+    read: ReadFlagsOpt = FROM_FLAGS,
     no_trace: NoTraceOpt = False,
     no_reuse: NoReuseOpt = False,
     quiet: QuietOpt = False,

@@ -14,8 +14,8 @@ from memagent_cli.cli.options import (
     OUTPUT,
     DocumentArg,
     FormatOpt,
-    Inspecting,
     JsonOpt,
+    ModelFlagsOpt,
     NoDocumentCacheOpt,
     OcrLangOpt,
     OcrOpt,
@@ -42,7 +42,7 @@ class Tokenizer(StrEnum):
 @reads
 def inspect(
     document: DocumentArg,
-    read: Inspecting = FROM_FLAGS,
+    read: ModelFlagsOpt = FROM_FLAGS,
     tokenizer: Annotated[
         Tokenizer,
         typer.Option(

@@ -638,16 +638,16 @@ def _given(ctx: typer.Context | None, names: tuple[str, ...]) -> frozenset[str]:
 
 # A command's parameter of one of these types receives its engine flags (`reads`); its
 # default, FROM_FLAGS, only stands in for them.
-Reading = Annotated[ReadOptions, ReadFlags]
-Inspecting = Annotated[ReadOptions, ModelFlags]
+ReadFlagsOpt = Annotated[ReadOptions, ReadFlags]
+ModelFlagsOpt = Annotated[ReadOptions, ModelFlags]
 FROM_FLAGS = ReadOptions()
 
 
 def reads(command: F) -> F:
-    """Give `command` the engine flags: its parameter typed Reading (or Inspecting) stands
-    for them in the signature Typer reads, and receives them as one ReadOptions, checked.
-    Every option is ordered by its help panel, so that the panels of every command come in
-    one order."""
+    """Give `command` the engine flags: its parameter typed ReadFlagsOpt (or ModelFlagsOpt)
+    stands for them in the signature Typer reads, and receives them as one ReadOptions,
+    checked. Every option is ordered by its help panel, so that the panels of every command
+    come in one order."""
     signature = inspect.signature(command, eval_str=True)
     (marker,) = [p for p in signature.parameters.values() if _flags_kind(p.annotation)]
     kind = _flags_kind(marker.annotation)

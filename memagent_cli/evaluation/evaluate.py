@@ -9,9 +9,7 @@ sees of them is views/evaluation.py's.
 from __future__ import annotations
 
 import hashlib
-import threading
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,10 +23,10 @@ from memagent_cli.documents.pdf import OCR_AUTO
 from memagent_cli.errors import STOPS, Interrupted, UserError, stop_code
 from memagent_cli.evaluation import data, niah, results
 from memagent_cli.evaluation.data import Case
-from memagent_cli.evaluation.runner import Answered, check_resumable, evaluate
+from memagent_cli.evaluation.runner import AnswerCases, Answered, check_resumable, evaluate
 from memagent_cli.progress import SILENT, Layout, Note, Reporter
-from memagent_cli.run import ask as run
-from memagent_cli.run import journal
+from memagent_cli.run import batch, journal
+from memagent_cli.run.ask import Result, Run, RunOptions, Stopped
 from memagent_cli.run.engine import Engine, ReadOptions, open_model
 from memagent_cli.run.session import open_session
 
@@ -148,12 +146,9 @@ def _run(
     if options.write_traces:
         named = {"command": "eval", "output": str(output.resolve())}
         cases_journal = journal.open_journal(named | journal.run_identity(engine))
-    answer = _answerer(engine, options, cases_journal)
-    answer_all = None
-    if options.parallel > 1 and not engine.threaded:
-        # In-process: one context reads `parallel` cases at once, continuously.
-        slots = engine.together(left if left > 0 else 1, options.parallel)
-        answer_all = _continuous(engine, options, cases_journal, slots)
+    # Cases read at once: in-process in one context, with a server in flight from threads.
+    at_once = batch.readings_at_once(engine, max(left, 1), options.parallel, options.report)
+    answers = _answers(engine, options, cases_journal, at_once)
     ended = False
     try:
         # The evaluation as a whole: cases done and the time left, over each case's own view.
@@ -172,15 +167,13 @@ def _run(
             try:
                 evaluate(
                     cases,
-                    answer,
+                    answers,
                     writer,
                     finished=earlier.finished,
                     run_info=info,
-                    parallel=options.parallel,
                     on_record=finished,
-                    answer_all=answer_all,
                 )
-            except run.Stopped as stop:
+            except Stopped as stop:
                 raise EvalStopped(stop.message, stop.exit_code, output) from None
             except STOPS as exc:  # between two cases
                 name = exc if isinstance(exc, Interrupted) else "SIGINT"
@@ -221,8 +214,7 @@ def _run_of(
     engine: Engine,
     options: EvalOptions,
     cases_journal: journal.Journal | None,
-    cancel: threading.Event | None = None,
-) -> run.Run:
+) -> Run:
     """The run that answers `case`: its document, trace and journal line."""
     text = case.context.strip()
     document = Document(
@@ -232,21 +224,15 @@ def _run_of(
         sha256=hashlib.sha256(text.encode("utf-8", "replace")).hexdigest(),
     )
     session = open_session(document, engine)
-    how = run.RunOptions(
+    how = RunOptions(
         reuse=options.reuse,
         trace=trace.default_path(document.path) if options.write_traces else None,
-        cancel=cancel,
         journal=cases_journal and cases_journal.entry(f"{case.group}\n{case.id}"),
     )
-    return run.Run(session, case.question, how, name=f"{case.group} {case.id}")
+    return Run(session, case.question, how, name=f"{case.group} {case.id}")
 
 
-def _layout(at_once: int) -> Layout:
-    """Cases are told apart by name when several are read at once."""
-    return Layout(documents=2, at_once=at_once, by_name=True)
-
-
-def _answered(result: run.Result) -> Answered:
+def _answered(result: Result) -> Answered:
     calls = [step.generation for step in result.answered.steps] + [result.answered.final]
     return Answered(
         reply=result.answered.reply,
@@ -259,47 +245,26 @@ def _answered(result: run.Result) -> Answered:
     )
 
 
-def _answerer(
-    engine: Engine, options: EvalOptions, cases_journal: journal.Journal | None
-) -> Callable[[Case, threading.Event | None], Answered]:
-    layout = _layout(options.parallel)
-
-    def answer(case: Case, cancel: threading.Event | None) -> Answered:
-        one = _run_of(case, engine, options, cases_journal, cancel)
-        outcome = list(run.ask_runs([one], 1, options.report, layout))[0]
-        if isinstance(outcome, run.Stopped):
-            raise outcome
-        return _answered(outcome)
-
-    return answer
-
-
-def _continuous(
-    engine: Engine, options: EvalOptions, cases_journal: journal.Journal | None, slots: int
-) -> Callable[[Iterable[Case]], Iterator[tuple[Case, Answered]]]:
-    """Every case answered in order, `slots` read at once in the engine's one context; the
+def _answers(
+    engine: Engine, options: EvalOptions, cases_journal: journal.Journal | None, at_once: int
+) -> AnswerCases:
+    """Every case answered in order, `at_once` read at a time (run/batch.py's outcomes); the
     first stop is raised once the cases finished before it are yielded."""
 
-    def answer_all(cases: Iterable[Case]) -> Iterator[tuple[Case, Answered]]:
-        taken: deque[Case] = deque()
+    def run_of(case: Case) -> Run:
+        return _run_of(case, engine, options, cases_journal)
 
-        def runs() -> Iterator[run.Run]:
-            for case in cases:
-                taken.append(case)
-                yield _run_of(case, engine, options, cases_journal)
+    def answers(cases: Iterable[Case]) -> Iterator[tuple[Case, Answered]]:
+        # Cases are told apart by name when several are read at once.
+        layout = Layout(documents=2, by_name=True)
+        outcomes = batch.outcomes(
+            cases, run_of, engine, at_once, options.report, layout, stop_on_first=True
+        )
+        for case, outcome in outcomes:
+            assert isinstance(outcome, Result)  # a Stopped is raised
+            yield case, _answered(outcome)
 
-        stop: run.Stopped | None = None
-        layout = _layout(slots)
-        for outcome in run.ask_runs(runs(), slots, options.report, layout):
-            case = taken.popleft()
-            if isinstance(outcome, run.Stopped):
-                stop = stop or outcome
-            else:
-                yield case, _answered(outcome)
-        if stop is not None:
-            raise stop
-
-    return answer_all
+    return answers
 
 
 def _note(options: EvalOptions) -> Note:

@@ -7,7 +7,6 @@ a model, a server) comes in as a function.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,7 +15,6 @@ from memagent_cli.errors import UserError
 from memagent_cli.evaluation.data import Case
 from memagent_cli.evaluation.results import Results, Writer
 from memagent_cli.evaluation.scoring import score_reply
-from memagent_cli.run import pool
 
 
 @dataclass(frozen=True)
@@ -32,10 +30,9 @@ class Answered:
     cached: bool = False
 
 
-# Answer one case; the event, when given, asks the run to stop before its next step.
-AnswerCase = Callable[[Case, threading.Event | None], Answered]
-# Answer every case of an iterable, in its order (an in-process model reading several at
-# once in one context); a run that fails raises once the cases finished before are yielded.
+# Answer every case of an iterable, in its order, several at once where it can
+# (run/batch.py's outcomes); a run that fails raises once the cases finished before, and
+# those in flight that finish anyway, are yielded.
 AnswerCases = Callable[[Iterable[Case]], Iterable[tuple[Case, Answered]]]
 
 
@@ -88,22 +85,16 @@ def record_of(case: Case, answered: Answered, run_info: dict[str, Any]) -> dict[
 
 def evaluate(
     cases: Iterable[Case],
-    answer: AnswerCase,
+    answers: AnswerCases,
     writer: Writer,
     *,
     finished: set[tuple[str, str]],
     run_info: dict[str, Any],
-    parallel: int = 1,
     on_record: Callable[[dict[str, Any]], None] = lambda record: None,
-    answer_all: AnswerCases | None = None,
 ) -> Outcome:
-    """Answer every case not in `finished`, appending each record as its case finishes:
-    each by `answer`, `parallel` at once in threads, or all by `answer_all`.
-
-    An exception from a run (Ctrl-C, a failing server) stops the evaluation: with several
-    runs in flight the others are asked to stop, those that finish anyway are kept, and the
-    first exception is raised again (run/pool.py).
-    """
+    """Answer every case not in `finished` by `answers`, appending each record as its case
+    finishes. An exception from a run (Ctrl-C, a failing server) stops the evaluation once
+    the cases that finish anyway are kept (`AnswerCases`)."""
     outcome = Outcome()
 
     def todo() -> Iterator[Case]:
@@ -120,9 +111,6 @@ def evaluate(
         outcome.records.append(record)
         on_record(record)
 
-    answered_cases = (
-        answer_all(todo()) if answer_all is not None else pool.ordered(todo(), answer, parallel)
-    )
-    for case, answered in answered_cases:
+    for case, answered in answers(todo()):
         keep(case, answered)
     return outcome

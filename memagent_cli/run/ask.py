@@ -18,7 +18,6 @@ from memagent_cli.errors import STOPS, Interrupted, UserError, stop_code
 from memagent_cli.progress import SILENT, Layout, Listener, ReadingId, ReadingView, Reporter
 from memagent_cli.reader import Answer, Event, Step, StepFinished, StepStarted
 from memagent_cli.run import expect
-from memagent_cli.run.engine import Engine
 from memagent_cli.run.journal import Entry
 from memagent_cli.run.pool import BACKLOG
 from memagent_cli.run.session import Session
@@ -239,81 +238,109 @@ def ask_runs(
     or a backend failure every reading in a slot is Stopped, its trace valid up to its last
     finished step; the outcomes of every run taken are passed on, and no further run is
     taken. Every run's session must share one engine."""
-    start = time.perf_counter()
-    source = iter(runs)
-    ready: dict[int, Result | Stopped] = {}  # outcomes not passed on yet, by run number
-    reading: dict[int, _Open] = {}  # id(the scheduler's Job) -> the run it reads
-    taken = passed = 0
-    scheduler: Scheduler | None = None
-    exhausted = False
-    # Raised once the outcomes before it are passed on: a failure of `runs` (a journal that
-    # cannot be written, say), or one that came with no reading in flight to stop.
-    held: BaseException | None = None
     view = report.reading(batch or Layout(at_once=at_once))
-
-    def passing() -> Iterator[Result | Stopped]:
-        nonlocal passed
-        while passed in ready and not view.showing:  # never under a live view's drawing
-            yield ready.pop(passed)
-            passed += 1
-
+    flight = _Flight(at_once, report, view)
+    source = iter(runs)
     with view:
         try:
-            while True:
-                while (
-                    not exhausted
-                    and (scheduler is None or scheduler.free)
-                    and taken - passed < BACKLOG * at_once
-                ):
-                    try:
-                        run = next(source, None)
-                    except UserError as exc:  # the readings in flight finish first
-                        held, run = exc, None
-                    if run is None:
-                        exhausted = True
-                        break
-                    number, taken = taken, taken + 1
-                    opened = _start(run, number, report, start)
-                    if not isinstance(opened, _Open):
-                        ready[number] = opened
-                        continue
-                    if scheduler is None:
-                        scheduler = _scheduler(run.session.engine, at_once, report)
-                    job = _job(opened, view, report)
-                    reading[id(job)] = opened
-                    scheduler.add(job)
-                yield from passing()
-                if scheduler is None or not scheduler.busy:
-                    if exhausted:
-                        break
-                    continue
-                for _, job, answer in scheduler.advance():
-                    opened = reading.pop(id(job))
-                    _close(opened, view)
-                    seconds = time.perf_counter() - start
-                    session = opened.run.session
-                    ready[opened.number] = Result(answer, session, seconds, opened.trace_path)
-                yield from passing()
+            more = True  # `runs` may hold more
+            while more or flight.busy:
+                more = more and flight.take(source)
+                yield from flight.passed_on()
+                if flight.busy:
+                    flight.advance()
+                    yield from flight.passed_on()
         except (*STOPS, UserError) as exc:
-            if not reading:  # no run to stop and tell it by: the caller hears of it
-                held = exc
-            for opened in reading.values():
-                ready[opened.number] = _stop(opened, exc)
-                _close(opened, view)
-            reading.clear()
+            flight.stop(exc)
         finally:
-            for opened in reading.values():  # the caller stopped early: traces stay valid
-                _close(opened, view)
-    yield from passing()
-    if held is not None:
-        raise held
+            flight.close()  # the caller stopped early: traces stay valid
+    yield from flight.passed_on()
+    if flight.failure is not None:
+        raise flight.failure
 
 
-def _scheduler(engine: Engine, at_once: int, report: Reporter) -> Scheduler:
-    """The scheduler of a batch, the model loaded (told as bytes) with room for `at_once`."""
-    with report.progress("bytes") as progress:
-        engine.prepare(at_once, progress)
-    return Scheduler(engine.backend, engine.settings, at_once)
+class _Flight:
+    """The runs of one `ask_runs` between `runs` and its outcomes: those read in the
+    scheduler, and the outcomes not passed on yet (they go in input order)."""
+
+    def __init__(self, at_once: int, report: Reporter, view: ReadingView) -> None:
+        self.at_once, self.report, self.view = at_once, report, view
+        self.start = time.perf_counter()
+        self.scheduler: Scheduler | None = None  # made when the first run is read
+        self.reading: dict[int, _Open] = {}  # id(the scheduler's Job) -> the run it reads
+        self.ready: dict[int, Result | Stopped] = {}  # by run number
+        self.taken = self.passed = 0
+        # Raised once the outcomes before it are passed on: a failure of `runs` (a journal
+        # that cannot be written, say), or one that came with no reading in flight to stop.
+        self.failure: BaseException | None = None
+
+    @property
+    def busy(self) -> bool:
+        return self.scheduler is not None and self.scheduler.busy > 0
+
+    def take(self, runs: Iterator[Run]) -> bool:
+        """Take runs while a slot is free and few outcomes wait; False once `runs` has no
+        more. A failure of `runs` ends it: the readings in flight finish first."""
+        while self.scheduler is None or self.scheduler.free:
+            if self.taken - self.passed >= BACKLOG * self.at_once:
+                return True
+            try:
+                run = next(runs, None)
+            except UserError as exc:
+                self.failure, run = exc, None
+            if run is None:
+                return False
+            self._take_one(run)
+        return True
+
+    def _take_one(self, run: Run) -> None:
+        """`run` answered from its trace at once, or read in a slot of the scheduler."""
+        number, self.taken = self.taken, self.taken + 1
+        opened = _start(run, number, self.report, self.start)
+        if not isinstance(opened, _Open):
+            self.ready[number] = opened
+            return
+        engine = run.session.engine
+        if not self.busy:
+            # Between readings: the weights on first use, and the larger context a longer
+            # document needs where the reader's calls grow with it (Engine.fit).
+            with self.report.progress("bytes") as progress:
+                engine.prepare(self.at_once, progress)
+        if self.scheduler is None:
+            self.scheduler = Scheduler(engine.backend, engine.settings, self.at_once)
+        job = _job(opened, self.view, self.report)
+        self.reading[id(job)] = opened
+        self.scheduler.add(job)
+
+    def advance(self) -> None:
+        """One round of the scheduler's calls; each reading it answered is a Result."""
+        assert self.scheduler is not None
+        for _, job, answer in self.scheduler.advance():
+            opened = self.reading.pop(id(job))
+            _close(opened, self.view)
+            seconds = time.perf_counter() - self.start
+            session = opened.run.session
+            self.ready[opened.number] = Result(answer, session, seconds, opened.trace_path)
+
+    def stop(self, exc: BaseException) -> None:
+        """Every reading in flight Stopped by `exc`; with none to stop and tell it by, the
+        caller hears of `exc` itself."""
+        if not self.reading:
+            self.failure = exc
+        for opened in self.reading.values():
+            self.ready[opened.number] = _stop(opened, exc)
+            _close(opened, self.view)
+        self.reading.clear()
+
+    def close(self) -> None:
+        for opened in self.reading.values():
+            _close(opened, self.view)
+
+    def passed_on(self) -> Iterator[Result | Stopped]:
+        """The outcomes ready, in input order; none under a live view's drawing."""
+        while self.passed in self.ready and not self.view.showing:
+            yield self.ready.pop(self.passed)
+            self.passed += 1
 
 
 def _start(run: Run, number: int, report: Reporter, start: float) -> Result | Stopped | _Open:

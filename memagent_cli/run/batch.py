@@ -1,7 +1,8 @@
-"""Every question about every document, outcomes in input order (`Batch`). An in-process
+"""Every question about every document, outcomes in input order (`Batch`), and the runs of
+any batch read at once (`outcomes`, which `eval` reads its cases by too): an in-process
 model reads several readings at once in one context, whatever their documents
 (run/ask.py's `ask_runs`); a server gets several runs at once from threads. `--parallel`
-(readings at once) is decided here, once, for both.
+(readings at once) is decided here, once, for both (`readings_at_once`).
 
 Each document is read from disk before the model is opened for it, so a bad path fails
 before any model file is touched or any download starts. An encrypted document's runs write
@@ -12,10 +13,13 @@ text word for word, and its password must not be a formality that a trace sidest
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import threading
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from memagent_cli import trace
 from memagent_cli.documents import Document
@@ -23,27 +27,26 @@ from memagent_cli.documents.inputs import read_document
 from memagent_cli.documents.ocr import OcrOptions
 from memagent_cli.errors import STOPS, DocumentError, stop_code
 from memagent_cli.progress import SILENT, Layout, Reporter
-from memagent_cli.run import ask as run
 from memagent_cli.run import journal, pool
+from memagent_cli.run.ask import Result, Run, RunOptions, Stopped, ask_runs
 from memagent_cli.run.engine import Engine
 from memagent_cli.run.session import open_session
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
 class Options:
     """How every question is run: each run's options, and the batch's own."""
 
-    run: run.RunOptions = run.RunOptions()
+    run: RunOptions = RunOptions()
     write_traces: bool = True  # False: --no-trace
     password: str | None = None
     ask_password: Callable[[str], str] | None = None  # an encrypted PDF without a password
     format: str | None = None  # --format: read every document as this format
     document_cache: bool = True  # False: --no-document-cache
     ocr: OcrOptions = OcrOptions()  # --ocr, --ocr-lang
-    # --parallel: readings at once. In-process, read together in one context (None: all
-    # that fit in memory, where the calibration says a batch pays); with a server, calls
-    # in flight from threads (None: one).
-    parallel: int | None = None
+    parallel: int | None = None  # --parallel: readings at once (None: readings_at_once's)
     watch: int = 0  # whose memory the live view shows (question index)
     report: Reporter = SILENT
 
@@ -67,13 +70,22 @@ class Batch:
         self._journal: journal.Journal | None = None
         self.exit_code = 0
 
-    def __iter__(self) -> Iterator[run.Result | run.Stopped]:
+    def __iter__(self) -> Iterator[Result | Stopped]:
         ended = False  # every run was taken (some may have failed: exit_code says so)
         try:
             runs = self._runs()
             first = next(runs, None)  # reads the first document, opens the model
             if first is not None:
-                yield from self._outcomes(first, runs, first.session.engine.threaded)
+                engine = first.session.engine
+                readings = len(self.questions) * len(self.paths)
+                report = self.options.report
+                at_once = readings_at_once(
+                    engine, readings, self.options.parallel, report, self._readings()
+                )
+                layout = Layout(len(self.paths), len(self.questions), at_once, self.options.watch)
+                runs = itertools.chain([first], runs)
+                for _, outcome in outcomes(runs, _itself, engine, at_once, report, layout):
+                    yield self._seen(outcome)
             ended = True
         except STOPS as exc:  # SIGTERM too, while runs were in flight in other threads
             self._failed(stop_code(exc))
@@ -81,62 +93,24 @@ class Batch:
             if self._journal is not None:  # kept unless every reading was answered
                 self._journal.close(finished=ended and self.exit_code == 0)
 
-    def _outcomes(
-        self, first: run.Run, runs: Iterator[run.Run], threads: bool
-    ) -> Iterator[run.Result | run.Stopped]:
-        """Every run's outcome: read together in one context, or each in a thread."""
-        readings = len(self.questions) * len(self.paths)
-        parallel = self.options.parallel
-        layout = Layout(len(self.paths), len(self.questions), 1, self.options.watch)
-        report = self.options.report
+    def _readings(self) -> str:
+        """The readings of this batch in words, for a note: "the 3 documents"."""
+        documents, questions = len(self.paths), len(self.questions)
+        if questions == 1:
+            return f"the {documents} documents"
+        if documents == 1:
+            return f"the {questions} questions"
+        return f"{documents} documents x {questions} questions"
 
-        def remaining() -> Iterator[run.Run]:
-            yield first
-            yield from runs
-
-        if not threads:
-            documents, questions = len(self.paths), len(self.questions)
-            what = (
-                f"the {documents} documents"
-                if questions == 1
-                else f"the {questions} questions"
-                if documents == 1
-                else f"{documents} documents x {questions} questions"
-            )
-            with report.progress("bytes") as progress:  # a first use measures: weights load
-                at_once = first.session.engine.together(
-                    readings, parallel, progress, report.note, what
-                )
-            outcomes = run.ask_runs(
-                remaining(), at_once, report, dataclasses.replace(layout, at_once=at_once)
-            )
-            for outcome in outcomes:
-                yield self._seen(outcome)
-            return
-        layout = dataclasses.replace(layout, at_once=parallel or 1)
-
-        def one(item: run.Run, cancel: threading.Event | None) -> run.Result | run.Stopped:
-            how = dataclasses.replace(item.options, cancel=cancel)
-            item = dataclasses.replace(item, options=how)
-            return list(run.ask_runs([item], 1, report, layout))[0]
-
-        def stopping() -> None:
-            report.note("stopping: the steps in flight finish first (Ctrl-C again to quit)")
-
-        for _, outcome in pool.ordered(remaining(), one, parallel or 1, on_stop=stopping):
-            yield self._seen(outcome)
-            if self.exit_code > 128 and (parallel or 1) <= 1:
-                break  # in this thread: read no further run (in flight ones all report)
-
-    def _seen(self, outcome: run.Result | run.Stopped) -> run.Result | run.Stopped:
-        if isinstance(outcome, run.Stopped):
+    def _seen(self, outcome: Result | Stopped) -> Result | Stopped:
+        if isinstance(outcome, Stopped):
             self._failed(outcome.exit_code)
         return outcome
 
     def _failed(self, code: int) -> None:
         self.exit_code = max(self.exit_code, code)
 
-    def _runs(self) -> Iterator[run.Run]:
+    def _runs(self) -> Iterator[Run]:
         """Every run, document by document in order, each document read when its runs are
         wanted. The batch's journal (when its traces go to the data folder) is opened with
         the first document, once the model is open."""
@@ -172,7 +146,7 @@ class Batch:
             for index, question in enumerate(self.questions):
                 entry = self._journal and self._journal.entry(f"d{number + 1} q{index + 1}")
                 how = self._run_options(session.document, index, entry)
-                yield run.Run(session, question, how, (number, index))
+                yield Run(session, question, how, (number, index))
 
     def _traced_by_default(self) -> bool:
         """Whether runs write a trace the user did not name, a new one in the data folder:
@@ -195,7 +169,7 @@ class Batch:
 
     def _run_options(
         self, document: Document, index: int, entry: journal.Entry | None
-    ) -> run.RunOptions:
+    ) -> RunOptions:
         """How a run goes: its trace (none of an encrypted document unless named) and its
         journal line."""
         options = self.options
@@ -203,3 +177,103 @@ class Batch:
         if trace_path is None and options.write_traces and not document.encrypted:
             trace_path = trace.default_path(document.path, index)
         return dataclasses.replace(options.run, trace=trace_path, journal=entry)
+
+
+def readings_at_once(
+    engine: Engine,
+    readings: int,
+    parallel: int | None,
+    report: Reporter = SILENT,
+    what: str = "readings",
+) -> int:
+    """How many of `readings` go at once, as --parallel says (`parallel`). Given, that many:
+    in-process read together in one context where they fit in memory (else a sentence), on a
+    server calls in flight from threads. Not given: in-process as many as fit and pay by
+    this model's calibration here (Engine.together, which says so in a note naming `what`
+    where that is fewer than fit); on a server one."""
+    if engine.threaded:
+        return parallel or 1
+    with report.progress("bytes") as progress:  # a first use measures: weights load
+        return engine.together(readings, parallel, progress, report.note, what)
+
+
+def outcomes(
+    items: Iterable[T],
+    run_of: Callable[[T], Run],
+    engine: Engine,
+    at_once: int,
+    report: Reporter,
+    layout: Layout,
+    *,
+    stop_on_first: bool = False,
+) -> Iterator[tuple[T, Result | Stopped]]:
+    """(item, the outcome of run_of(item)) for each item, in input order, `at_once` runs
+    read at a time on `engine` (readings_at_once says how many): in-process together in its
+    one context (run/ask.py's ask_runs), on a server each in a thread of its own, where
+    run_of is called too (run/pool.py). At most BACKLOG x `at_once` items are taken ahead of
+    the outcomes passed on. Ctrl-C or SIGTERM stops the runs in flight, their traces valid,
+    and no further run is taken (from several threads, it is raised once their outcomes are
+    passed on). `layout` tells the readings' view how they go.
+
+    `stop_on_first`: a Stopped is raised, not passed on, once the outcomes of the runs that
+    finish anyway are passed on; on a server the first run that stops asks those in flight
+    to stop."""
+    layout = dataclasses.replace(layout, at_once=at_once)
+    if engine.threaded:
+        return _on_threads(items, run_of, at_once, report, layout, stop_on_first)
+    return _in_one_context(items, run_of, at_once, report, layout, stop_on_first)
+
+
+def _itself(item: Run) -> Run:
+    return item
+
+
+def _in_one_context(
+    items: Iterable[T],
+    run_of: Callable[[T], Run],
+    at_once: int,
+    report: Reporter,
+    layout: Layout,
+    stop_on_first: bool,
+) -> Iterator[tuple[T, Result | Stopped]]:
+    taken: deque[T] = deque()  # the items of the runs ask_runs took, not passed on yet
+
+    def runs() -> Iterator[Run]:
+        for item in items:
+            taken.append(item)
+            yield run_of(item)
+
+    first_stop: Stopped | None = None
+    for outcome in ask_runs(runs(), at_once, report, layout):
+        item = taken.popleft()
+        if stop_on_first and isinstance(outcome, Stopped):
+            first_stop = first_stop or outcome
+        else:
+            yield item, outcome
+    if first_stop is not None:
+        raise first_stop
+
+
+def _on_threads(
+    items: Iterable[T],
+    run_of: Callable[[T], Run],
+    at_once: int,
+    report: Reporter,
+    layout: Layout,
+    stop_on_first: bool,
+) -> Iterator[tuple[T, Result | Stopped]]:
+    def one(item: T, cancel: threading.Event | None) -> Result | Stopped:
+        reading = run_of(item)
+        how = dataclasses.replace(reading.options, cancel=cancel)
+        (outcome,) = ask_runs([dataclasses.replace(reading, options=how)], 1, report, layout)
+        if stop_on_first and isinstance(outcome, Stopped):
+            raise outcome  # the pool asks the runs in flight to stop
+        return outcome
+
+    def stopping() -> None:
+        report.note("stopping: the steps in flight finish first (Ctrl-C again to quit)")
+
+    for item, outcome in pool.ordered(items, one, at_once, on_stop=stopping):
+        yield item, outcome
+        if at_once <= 1 and isinstance(outcome, Stopped) and outcome.exit_code > 128:
+            return  # interrupted in this thread: no further run is read

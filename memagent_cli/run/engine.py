@@ -53,8 +53,8 @@ class ReadOptions:
 
     backend: BackendOptions = field(default_factory=BackendOptions)
     settings: Settings = field(default_factory=Settings)
-    # --parallel: readings at once, in one context or in flight to a server (run/batch.py,
-    # Backend.threaded); None: not given, which Engine.together decides.
+    # --parallel: readings at once, in one context or in flight to a server; None: not
+    # given, which run/batch.py's readings_at_once decides.
     parallel: int | None = None
     reader: str | None = None
     given: frozenset[str] = frozenset()

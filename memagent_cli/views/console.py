@@ -75,10 +75,13 @@ def note(message: str) -> None:
 
 
 class _Notes(logging.Handler):
-    """The library's notes (files.NOTES), each one line on stderr."""
+    """The library's notes (files.NOTES, files.ENGINE_NOTES), each one line on stderr."""
 
     def emit(self, record: logging.LogRecord) -> None:
-        note(f"memagent: note: {record.getMessage()}")
+        from memagent_cli.files import ENGINE_NOTES
+
+        said = "memagent:" if record.name == ENGINE_NOTES.name else "memagent: note:"
+        note(f"{said} {record.getMessage()}")
 
 
 def show_notes() -> None:

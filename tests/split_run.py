@@ -1,5 +1,5 @@
 """`make test`: the model tests and the others at the same time, each on its own share of
-the CPUs. Usage: python tests/support/split_run.py [PYTEST ARGS...]
+the CPUs. Usage: python tests/split_run.py [PYTEST ARGS...]
 
 The model tests run llama.cpp one test at a time on the first half of the CPUs this process
 may use (llama.cpp's threads follow the affinity: memagent_cli/cpus.py); the tests that load
@@ -23,7 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 MODEL = ["-m", "model and not real_model"]
 REST = ["-m", "not model and not real_model"]
 
