@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -160,7 +162,8 @@ def _sequence(call: Call) -> int:
 class InTurn:
     """`next_replies` and `cancel` for a backend that replies to one call at a time (`generate`):
     every call is answered before `next_replies` returns, in sequence order, and none is ever
-    left in flight. Nothing is kept between calls, so threads may share the backend."""
+    left in flight; a threaded one (a server) sends several calls at once, each from a thread
+    of its own. Nothing is kept between calls, so threads may share the backend."""
 
     name: str
     generate: Callable[..., Generation]  # the backend's own
@@ -186,7 +189,35 @@ class InTurn:
     def next_replies(
         self, calls: Sequence[Call], *, sampling: Sampling
     ) -> list[tuple[int, Generation]]:
-        return [(c.sequence, reply(self, c, sampling)) for c in sorted(calls, key=_sequence)]
+        ordered = sorted(calls, key=_sequence)
+        if not self.threaded or len(ordered) < 2:
+            return [(c.sequence, reply(self, c, sampling)) for c in ordered]
+        sequences = [c.sequence for c in ordered]
+        return list(zip(sequences, _at_once(self, ordered, sampling), strict=True))
 
     def cancel(self) -> None:
         return None
+
+
+def _at_once(backend: Backend, calls: Sequence[Call], sampling: Sampling) -> list[Generation]:
+    """Each call's reply, the calls sent at once from threads of their own; the first
+    failure (in the calls' order) is raised once every call has ended. The threads are
+    daemons: Ctrl-C while they wait stops the command at once, their replies dropped."""
+    ended: queue.Queue[tuple[int, Generation | BaseException]] = queue.Queue()
+
+    def send(place: int, call: Call) -> None:
+        try:
+            ended.put((place, reply(backend, call, sampling)))
+        except BaseException as exc:  # said by the caller's thread
+            ended.put((place, exc))
+
+    for place, call in enumerate(calls):
+        threading.Thread(target=send, args=(place, call), daemon=True).start()
+    got = dict(ended.get() for _ in calls)
+    replies = []
+    for place in range(len(calls)):
+        one = got[place]
+        if isinstance(one, BaseException):
+            raise one
+        replies.append(one)
+    return replies

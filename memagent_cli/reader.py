@@ -97,10 +97,16 @@ class Prompt:
     raw: Raw | None = None
 
 
-# A reading in progress: it yields each prompt, is sent the model's reply to it, and returns
-# the answer. `read` below runs one with a model one call at a time; scheduler.py runs many
-# together, whatever their documents and lengths.
-Reading = Generator[Prompt, Generation, Answer]
+class Prompts(tuple[Prompt, ...]):
+    """Several prompts asked at once, none waiting on another's reply (PI-Mem's chunk calls
+    of one pass): the reading is sent their replies, a tuple in the same order."""
+
+
+# A reading in progress: it yields each prompt (or several at once, `Prompts`), is sent the
+# model's reply (a tuple of them), and returns the answer. `read` below runs one with a
+# model one call at a time; scheduler.py runs many together, whatever their documents and
+# lengths, and the prompts a reading asks at once together too.
+Reading = Generator[Prompt | Prompts, Generation | tuple[Generation, ...], Answer]
 
 
 class Reader(Protocol):
@@ -171,12 +177,16 @@ def read(
     """Read `chunks` for `question` with `reader`, one call at a time, and answer. This is
     the reference: scheduler.py, which reads many questions at once, gives the same."""
     reading = reader(question.strip(), chunks, settings, listener, done)
-    prompt = next(reading)
-    while True:
+
+    def reply(prompt: Prompt) -> Generation:
         call = Call(prompt.message, prompt.max_tokens, raw=prompt.raw)
-        reply = backend_reply(backend, call, settings.sampling)
+        return backend_reply(backend, call, settings.sampling)
+
+    asked = next(reading)
+    while True:
+        replies = tuple(map(reply, asked)) if isinstance(asked, Prompts) else reply(asked)
         try:
-            prompt = reading.send(reply)
+            asked = reading.send(replies)
         except StopIteration as end:
             return end.value
 

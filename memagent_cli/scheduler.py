@@ -4,15 +4,17 @@ sequence (its slot), whatever their documents and lengths.
 reader.py's `read` runs one reading one call at a time; this runs many together and gives
 each the same answer and memories (tests/test_together.py and tests/test_continuous.py hold
 it to that). Every reading in a slot has one call in flight, and the backend works on all
-of them together; as soon as a reply is complete, its reading makes its next call. A
-reading answered leaves its slot, which the next reading added takes, its sequence's cache
+of them together; as soon as a reply is complete, its reading makes its next call. The
+prompts a reading asks at once (reader.Prompts: a PI-Mem pass) go out in its own slot and
+in the slots no reading holds meanwhile, as many at once as are idle. A reading answered
+leaves its slot, which the next reading added takes, its sequence's cache
 cleared first (as serving engines do), so every reading sees what it would see alone.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from memagent_cli.backend import Backend, Call, Generation
 from memagent_cli.chunking import Chunk
@@ -20,6 +22,7 @@ from memagent_cli.reader import (
     Answer,
     Listener,
     Prompt,
+    Prompts,
     Reader,
     Reading,
     Settings,
@@ -41,36 +44,46 @@ class Job:
 
 @dataclass
 class _Slot:
-    """A job in its slot: its reading, the prompt it waits on, and whether that prompt is
-    with the backend (False: to send, again after a failure) or the slot's first (fresh)."""
+    """A job in its slot: its reading, the prompts it asked for last (one, or several at
+    once: `several`), the replies to them come so far, and those not with the backend
+    (to send; again after a failure)."""
 
     job: Job
     reading: Reading
-    prompt: Prompt | None = None  # None: the reading has not started
-    sent: bool = False
-    fresh: bool = True
+    started: bool = False
+    asked: tuple[Prompt, ...] = ()
+    several: bool = False
+    replies: dict[int, Generation] = field(default_factory=dict)
+    unsent: list[int] = field(default_factory=list)  # places in `asked`, in order
 
 
 class Scheduler:
-    """Up to `slots` jobs read at once by `backend`, each in its own sequence."""
+    """Up to `slots` jobs read at once by `backend`, each in its own sequence. The prompts a
+    reading asks at once (reader.Prompts) go in its own sequence one after another, and
+    together in the sequences no reading holds meanwhile."""
 
     def __init__(self, backend: Backend, settings: Settings, slots: int) -> None:
         self.backend, self.settings = backend, settings
         self._slots: list[_Slot | None] = [None] * slots
-        self._next: list[int] = []  # slots whose next prompt came with an answer: sent first
+        self._calls: dict[int, tuple[int, int]] = {}  # sequence -> (slot, place) in flight
+        # The reading whose prompt each sequence's cache holds: another's is cleared first.
+        self._holders: list[_Slot | None] = [None] * slots
+
+    def _idle(self, number: int) -> bool:
+        return self._slots[number] is None and number not in self._calls
 
     @property
     def free(self) -> int:
-        return self._slots.count(None)
+        return sum(map(self._idle, range(len(self._slots))))
 
     @property
     def busy(self) -> int:
-        return len(self._slots) - self.free
+        return len(self._slots) - self._slots.count(None)
 
     def add(self, job: Job) -> int:
         """Put `job` in the lowest free slot (its sequence); returns the slot. Its reading
         starts (makes its first call) at the next `advance`."""
-        number = self._slots.index(None)
+        number = next(n for n in range(len(self._slots)) if self._idle(n))
         question = job.question.strip()
         reading = job.reader(question, job.chunks, self.settings, job.listener, job.done)
         self._slots[number] = _Slot(job, reading)
@@ -81,66 +94,93 @@ class Scheduler:
         their first call, and each reply completed is followed by its reading's next call
         at once. Returns the jobs answered (slot, job, answer), whose slots are free now."""
         answered: list[tuple[int, Job, Answer]] = []
-        waiting, self._next = self._next, []
         try:
             for number, slot in enumerate(self._slots):
-                if slot is not None and slot.prompt is None:  # a reading starts
-                    self._go_on(number, None, waiting, answered)
-            waiting += [
-                n for n, s in enumerate(self._slots) if s and not s.sent and n not in waiting
-            ]
+                if slot is not None and not slot.started:  # a reading starts
+                    self._go_on(number, None, answered)
             while self.busy and not answered:
-                calls = [self._call(number) for number in waiting]
+                calls = self._calls_to_send()
                 replies = self.backend.next_replies(calls, sampling=self.settings.sampling)
                 if not replies:
                     raise RuntimeError("readings are waiting and no call is in flight")
-                waiting = []
-                for number, reply in replies:
-                    self._go_on(number, reply, waiting, answered)
+                for sequence, reply in replies:
+                    number, place = self._calls.pop(sequence)
+                    slot = self._slots[number]
+                    assert slot is not None
+                    slot.replies[place] = reply
+                    if len(slot.replies) == len(slot.asked):
+                        got = tuple(slot.replies[i] for i in range(len(slot.asked)))
+                        self._go_on(number, got if slot.several else got[0], answered)
         except BaseException:
             self.backend.cancel()
-            for slot in self._slots:  # each sends its prompt again if reading goes on
+            for number, place in self._calls.values():  # sent again if reading goes on
+                slot = self._slots[number]
                 if slot is not None:
-                    slot.sent = False
+                    slot.unsent = sorted([*slot.unsent, place])
+            self._calls.clear()
             raise
-        self._next = waiting  # made along with an answer: they go first next time
         return answered
 
     def _go_on(
         self,
         number: int,
-        reply: Generation | None,
-        waiting: list[int],
+        reply: Generation | tuple[Generation, ...] | None,
         answered: list[tuple[int, Job, Answer]],
     ) -> None:
-        """Give the reading in slot `number` its reply (None: start it): its next prompt
-        waits to be sent, or its answer frees the slot."""
+        """Give the reading in slot `number` its reply (None: start it): its next prompts
+        wait to be sent, or its answer frees the slot."""
         slot = self._slots[number]
         assert slot is not None
         try:
-            slot.prompt = next(slot.reading) if reply is None else slot.reading.send(reply)
+            asked = next(slot.reading) if reply is None else slot.reading.send(reply)
+            while isinstance(asked, Prompts) and not asked:
+                asked = slot.reading.send(())
         except StopIteration as end:
             self._slots[number] = None
             answered.append((number, slot.job, end.value))
             return
-        slot.sent = False
-        waiting.append(number)
+        slot.started, slot.several = True, isinstance(asked, Prompts)
+        slot.asked = tuple(asked) if isinstance(asked, Prompts) else (asked,)
+        slot.replies, slot.unsent = {}, list(range(len(slot.asked)))
 
-    def _call(self, number: int) -> Call:
-        slot = self._slots[number]
-        assert slot is not None and slot.prompt is not None
-        fresh, slot.fresh, slot.sent = slot.fresh, False, True
-        prompt = slot.prompt
-        return Call(prompt.message, prompt.max_tokens, number, fresh, prompt.raw)
+    def _calls_to_send(self) -> list[Call]:
+        """Each reading's next prompt in its own sequence when that is idle; then the
+        prompts left, in the sequences no reading holds, one that held the same reading's
+        last prompt first (its prefix may be reused)."""
+        calls = []
+        for number, slot in enumerate(self._slots):
+            if slot is not None and slot.unsent and number not in self._calls:
+                calls.append(self._send(number, number, slot))
+        spare = [n for n in range(len(self._slots)) if self._idle(n)]
+        for number, slot in enumerate(self._slots):
+            while slot is not None and slot.unsent and spare:
+                spare.sort(key=lambda n, slot=slot: self._holders[n] is not slot)
+                calls.append(self._send(spare.pop(0), number, slot))
+        return calls
+
+    def _send(self, sequence: int, number: int, slot: _Slot) -> Call:
+        """The call of `slot`'s next unsent prompt in `sequence`, cleared first where it
+        held another reading's prompt."""
+        place = slot.unsent.pop(0)
+        prompt = slot.asked[place]
+        fresh = self._holders[sequence] is not slot
+        self._holders[sequence] = slot
+        self._calls[sequence] = (number, place)
+        return Call(prompt.message, prompt.max_tokens, sequence, fresh, prompt.raw)
 
 
 def read_together(
-    backend: Backend, jobs: Sequence[Job], chunks: Sequence[Chunk], settings: Settings
+    backend: Backend,
+    jobs: Sequence[Job],
+    chunks: Sequence[Chunk],
+    settings: Settings,
+    slots: int = 0,
 ) -> list[Answer]:
     """Read one document's `chunks` for several questions at once, each in its own sequence
-    (question i keeps sequence i, so each finds its own earlier prompt in the cache). Each
-    memory and answer is what reading alone gives."""
-    scheduler = Scheduler(backend, settings, len(jobs))
+    (question i keeps sequence i, so each finds its own earlier prompt in the cache), in
+    `slots` sequences (at least one a question; the others for prompts asked at once).
+    Each memory and answer is what reading alone gives."""
+    scheduler = Scheduler(backend, settings, max(slots, len(jobs)))
     for job in jobs:
         scheduler.add(Job(job.question, chunks, job.listener, job.done, job.reader))
     answers: dict[int, Answer] = {}

@@ -15,6 +15,7 @@ from support.scripted import ScriptedBackend
 from support.story import FACT_QUESTION, story
 
 from memagent_cli import readers
+from memagent_cli.backend import Generation
 from memagent_cli.chunking import make_chunks
 from memagent_cli.errors import BudgetError
 from memagent_cli.reader import Settings, read
@@ -405,6 +406,51 @@ def test_read_together_equals_read_alone():
     assert together.messages[::2] == alone.messages
 
 
+class Finder(ScriptedBackend):
+    """The stand-in PI-Mem model below (`stand_in`) in-process: a reply depends on the
+    message alone, so calls answered in any order or together give what they give alone."""
+
+    def generate(self, message: str, *, max_tokens: int, sampling) -> Generation:
+        self.messages.append((message, max_tokens))
+        text = stand_in(message)
+        return Generation(text, len(message), len(text.split()) + 2, 0.1, 0.2, "stop")
+
+
+VAULT = "The bell rang at noon. The vault opened at dawn. The tower fell. " * 2
+
+
+@pytest.mark.parametrize(
+    ("slots", "rounds"),
+    [
+        # A pass's chunk calls in one round, each in a sequence of its own: pass 1, its
+        # merge, pass 2 (nothing new: no merge), the answer.
+        (8, [[0, 1, 2, 3]] + [[0]] + [[0, 1, 2, 3]] + [[0]]),
+        (2, [[0, 1], [0, 1], [0], [0, 1], [0, 1], [0]]),  # two at a time
+        (1, [[0]] * 4 + [[0]] + [[0]] * 4 + [[0]]),  # one by one, as `read` asks them
+    ],
+)
+def test_a_pass_s_chunk_calls_go_together_and_read_as_one_by_one(slots, rounds):
+    one_by_one = Finder([])
+    reader = readers.get("pi-mem").loop(one_by_one, ())
+    alone = read(one_by_one, "Who?", chunks(VAULT), SETTINGS, reader=reader)
+    together = Finder([])
+    job = Job("Who?", reader=readers.get("pi-mem").loop(together, ()))
+    [answer] = read_together(together, [job], chunks(VAULT), SETTINGS, slots=slots)
+    assert together.rounds == rounds
+    assert answer.reply == alone.reply and alone.steps[3].merged  # pass 1 found something
+    assert [s.memory for s in answer.steps] == [s.memory for s in alone.steps]
+    assert [s.merged for s in answer.steps] == [s.merged for s in alone.steps]
+    assert sorted(together.messages) == sorted(one_by_one.messages)
+
+
+def test_read_asks_a_pass_one_by_one_in_chunk_order():
+    backend = Finder([])
+    reader = readers.get("pi-mem").loop(backend, ())
+    read(backend, "Who?", chunks(VAULT), SETTINGS, reader=reader)
+    sections = [m.split("<section>\n")[1] for m, _ in backend.messages if "<section>" in m]
+    assert sections == [f"{c.text}\n</section>\n\nYour response:\n" for c in chunks(VAULT)] * 2
+
+
 @pytest.mark.parametrize(
     "passes",
     [
@@ -525,3 +571,30 @@ def test_the_command_reads_traces_shows_and_resumes_through_a_server(
     again = json.loads(resumed.stdout)
     assert again["reply"] == result["reply"]
     assert [s["memory"] for s in again["steps"]] == [s["memory"] for s in result["steps"]]
+
+
+def test_a_pass_s_chunk_calls_go_to_a_server_at_once_on_parallel_threads(
+    cli, fake_server, tmp_path, monkeypatch
+):
+    """`--parallel 3` with a server: a pass's chunk calls are 3 in flight at once, and the
+    reading is the one `--parallel 1` reads, call by call."""
+    from support import fake_openai
+
+    monkeypatch.setattr(fake_openai, "reply_to", stand_in)
+    book = tmp_path / "village.txt"
+    book.write_text(story(60))
+    sizes = ["--chunk-tokens", "200", "--memory-tokens", "48", "--temperature", "0"]
+    args = [str(book), FACT_QUESTION, *served(fake_server, *sizes), "--reader", "pi-mem"]
+    fake_server.delay = 0.05
+    runs = {}
+    for parallel in ("1", "3"):
+        fake_server.most_in_flight, fake_server.messages = 0, []
+        result = cli("ask", *args, "--json", "--no-trace", "--parallel", parallel)
+        assert result.returncode == 0, result.stderr
+        runs[parallel] = json.loads(result.stdout), fake_server.most_in_flight
+        runs[parallel][0]["messages"] = sorted(fake_server.messages)
+    (one, most_one), (three, most_three) = runs["1"], runs["3"]
+    assert one["document"]["chunks"] >= 3
+    assert (most_one, most_three) == (1, 3)
+    assert three["reply"] == one["reply"] and three["messages"] == one["messages"]
+    assert [s["memory"] for s in three["steps"]] == [s["memory"] for s in one["steps"]]

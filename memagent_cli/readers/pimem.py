@@ -10,10 +10,11 @@ template (theirs asks for thinking off, which Qwen2.5's template ignores), their
 limits and sampling, their parsing. docs/readers.md says where each rule comes from.
 
 A pass's chunk calls depend only on the memory before the pass: their code sends them all
-at once. Here they go one after another, in chunk order, each a step of the trace that
-names its chunk (StepRecord.chunk, from the second pass on); the pass's last step also
-keeps the memory its merge left, so that a resumed reading asks what the whole one would
-have asked.
+at once, and so does this one (reader.Prompts: together in-process, on --parallel threads to
+a server, one by one in `read`). Each is a step of the trace, in chunk order, that names its
+chunk (StepRecord.chunk, from the second pass on); the pass's last step also keeps the
+memory its merge left, so that a resumed reading asks what the whole one would have asked,
+from the first chunk whose step the trace does not hold.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from memagent_cli.reader import (
     Finished,
     Listener,
     Prompt,
+    Prompts,
     Reader,
     Reading,
     Settings,
@@ -174,40 +176,41 @@ def reader(tokenizer: Tokenizer | None = None) -> Reader:
     ) -> Reading:
         steps, n, memory = list(done), len(chunks), INITIAL_MEMORY
         for number in range(1, MAX_PASSES + 1):
-            start, findings, last = (number - 1) * n, [], None
-            for i, chunk in enumerate(chunks):
-                if start + i < len(steps):
-                    findings.append(steps[start + i].memory)
-                    continue
-                listener(StepStarted(chunk, n))
-                message = render_chunk(question, memory, chunk.text)
-                reply = yield Prompt(message, settings.memory_tokens)
-                findings.append(parse_finding(reply.text))
-                if i == n - 1:
-                    last = Step(chunk, findings[-1], reply)
-                    break
-                steps.append(Step(chunk, findings[-1], reply))
-                listener(StepFinished(steps[-1], n))
-            if last is None and n:  # the pass's last step is done, and its merge if any
+            if not n:
+                break
+            start = (number - 1) * n
+            findings = [step.memory for step in steps[start : start + n]]
+            if len(findings) == n:  # the pass is done, its last step too, and its merge if any
                 merged = steps[start + n - 1].merged
                 if merged is None:
                     break
                 memory = merged
                 continue
-            found = [f for f in findings if not found_nothing(f)]
-            if not found:  # nothing new anywhere: no merge, the answer
-                if last is not None:
+            left = chunks[len(findings) :]
+            for chunk in left:
+                listener(StepStarted(chunk, n))
+            replies = yield Prompts(
+                Prompt(render_chunk(question, memory, chunk.text), settings.memory_tokens)
+                for chunk in left
+            )
+            for i, (chunk, reply) in enumerate(zip(left, replies, strict=True), len(findings)):
+                findings.append(parse_finding(reply.text))
+                last = Step(chunk, findings[-1], reply)
+                if i < n - 1:  # the pass's last step waits for its merge
                     steps.append(last)
                     listener(StepFinished(last, n))
+            found = [f for f in findings if not found_nothing(f)]
+            if not found:  # nothing new anywhere: no merge, the answer
+                steps.append(last)
+                listener(StepFinished(last, n))
                 break
             message = render_merge(question, memory, found)
             check_merge(message, settings.memory_tokens, len(found), number)
             reply = yield Prompt(message, settings.memory_tokens)
             memory = parse_memory(reply.text)
-            if last is not None:
-                step = Step(last.chunk, last.memory, joined(last.generation, reply), merged=memory)
-                steps.append(step)
-                listener(StepFinished(step, n))
+            step = Step(last.chunk, last.memory, joined(last.generation, reply), merged=memory)
+            steps.append(step)
+            listener(StepFinished(step, n))
         listener(Answering(memory))
         reply = yield Prompt(render_final(question, memory), REPLY_TOKENS)
         answer = Answer(question, parse_answer(reply.text), reply.text, steps, reply)
@@ -290,6 +293,7 @@ SPEC = _Spec(
     grows="PI-Mem's merge shows what every chunk found",
     stops_early=f"it reads every chunk in each of up to {MAX_PASSES} passes, and stops after "
     "a pass in which no chunk finds anything new",
+    at_once=lambda chunks: max(chunks, 1),  # a pass's chunk calls
     price=_calls,
     template_tokens=_templates,
 )

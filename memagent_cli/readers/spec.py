@@ -52,6 +52,10 @@ def _nothing(chunk_tokens: int, steps: int) -> int:
     return 0
 
 
+def _one(chunks: int) -> int:
+    return 1
+
+
 @dataclass(frozen=True)
 class Spec:
     """One reader: how it reads, and everything else memagent asks of it."""
@@ -73,6 +77,9 @@ class Spec:
     thinking_tokens: int = 0  # a thinking stage before each reply, each call (InfMem)
     memories: int = 1  # memories a call shows: the last, and a recalled one (ReMemR1)
     step_calls: int = 1  # model calls one step makes (InfMem: its planner and its update)
+    # The most prompts a reading of a document of this many chunks asks at once
+    # (reader.Prompts; PI-Mem: a pass's chunks): the calls a batch may hold for it.
+    at_once: Callable[[int], int] = _one
     # Tokens a call holds beyond MemAgent's parts, for chunks of `chunk_tokens` and a
     # document of `steps` chunks (0: not known yet).
     extra_tokens: Callable[[int, int], int] = _nothing

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from memagent_cli import trace
+from memagent_cli import readers, trace
 from memagent_cli.documents import Document
 from memagent_cli.documents.inputs import read_document
 from memagent_cli.documents.ocr import OcrOptions
@@ -79,12 +79,14 @@ class Batch:
                 engine = first.session.engine
                 readings = len(self.questions) * len(self.paths)
                 report = self.options.report
+                calls = calls_at_once(first)
                 at_once = readings_at_once(
-                    engine, readings, self.options.parallel, report, self._readings()
+                    engine, readings, self.options.parallel, report, self._readings(), calls
                 )
                 layout = Layout(len(self.paths), len(self.questions), at_once, self.options.watch)
                 runs = itertools.chain([first], runs)
-                for _, outcome in outcomes(runs, _itself, engine, at_once, report, layout):
+                found = outcomes(runs, _itself, engine, at_once, report, layout, calls=calls)
+                for _, outcome in found:
                     yield self._seen(outcome)
             ended = True
         except STOPS as exc:  # SIGTERM too, while runs were in flight in other threads
@@ -179,22 +181,32 @@ class Batch:
         return dataclasses.replace(options.run, trace=trace_path, journal=entry)
 
 
+def calls_at_once(run: Run) -> int:
+    """The prompts a reading of `run`'s document asks at once (Spec.at_once; PI-Mem: a
+    pass's chunks): as many calls may go together for it."""
+    session = run.session
+    return readers.get(session.engine.settings.reader).at_once(len(session.chunks))
+
+
 def readings_at_once(
     engine: Engine,
     readings: int,
     parallel: int | None,
     report: Reporter = SILENT,
     what: str = "readings",
+    calls: int = 1,
 ) -> int:
     """How many of `readings` go at once, as --parallel says (`parallel`). Given, that many:
     in-process read together in one context where they fit in memory (else a sentence), on a
     server calls in flight from threads. Not given: in-process as many as fit and pay by
     this model's calibration here (Engine.together, which says so in a note naming `what`
-    where that is fewer than fit); on a server one."""
+    where that is fewer than fit); on a server one. `calls`: the prompts each reading asks
+    at once (calls_at_once); in-process the number is then of sequences, each reading's
+    prompts in those no reading holds."""
     if engine.threaded:
         return parallel or 1
     with report.progress("bytes") as progress:  # a first use measures: weights load
-        return engine.together(readings, parallel, progress, report.note, what)
+        return engine.together(readings, parallel, progress, report.note, what, calls)
 
 
 def outcomes(
@@ -206,6 +218,7 @@ def outcomes(
     layout: Layout,
     *,
     stop_on_first: bool = False,
+    calls: int = 1,
 ) -> Iterator[tuple[T, Result | Stopped]]:
     """(item, the outcome of run_of(item)) for each item, in input order, `at_once` runs
     read at a time on `engine` (readings_at_once says how many): in-process together in its
@@ -217,10 +230,17 @@ def outcomes(
 
     `stop_on_first`: a Stopped is raised, not passed on, once the outcomes of the runs that
     finish anyway are passed on; on a server the first run that stops asks those in flight
-    to stop."""
+    to stop.
+
+    `calls`: the prompts each reading asks at once (calls_at_once). On a server, `at_once`
+    calls are in flight in all: a reading gets up to that many threads of its own, and as
+    many readings go at once as leave room."""
     layout = dataclasses.replace(layout, at_once=at_once)
     if engine.threaded:
-        return _on_threads(items, run_of, at_once, report, layout, stop_on_first)
+        each = min(calls, at_once)
+        return _on_threads(
+            items, run_of, max(1, at_once // each), report, layout, stop_on_first, each
+        )
     return _in_one_context(items, run_of, at_once, report, layout, stop_on_first)
 
 
@@ -261,11 +281,13 @@ def _on_threads(
     report: Reporter,
     layout: Layout,
     stop_on_first: bool,
+    each: int = 1,
 ) -> Iterator[tuple[T, Result | Stopped]]:
     def one(item: T, cancel: threading.Event | None) -> Result | Stopped:
         reading = run_of(item)
         how = dataclasses.replace(reading.options, cancel=cancel)
-        (outcome,) = ask_runs([dataclasses.replace(reading, options=how)], 1, report, layout)
+        # `each` slots: the reading's own, and those its prompts asked at once go out in.
+        (outcome,) = ask_runs([dataclasses.replace(reading, options=how)], each, report, layout)
         if stop_on_first and isinstance(outcome, Stopped):
             raise outcome  # the pool asks the runs in flight to stop
         return outcome

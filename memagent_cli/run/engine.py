@@ -184,17 +184,21 @@ class Engine:
         progress: Progress | None = None,
         note: Note = silent,
         what: str = "readings",
+        calls: int = 1,
     ) -> int:
         """How many of `questions` to read at once: `asked` (--parallel) when that many fit
         in memory, else (None) as many as fit and pay, by this model's calibration here.
         Fails with a sentence when `asked` does not fit. `note` hears, in one line, when the
         calibration reads fewer at once than fit; `what` names the readings in it ("the 3
-        documents"); `progress` hears of the weights loaded to measure the calibration."""
+        documents"); `progress` hears of the weights loaded to measure the calibration.
+        `calls`: the prompts each reading asks at once (Spec.at_once), each a sequence of its
+        own where they fit and pay: then the number is of sequences, not readings."""
         fits = self.backend.sequences_that_fit(self.context)
-        wanted = min(questions, fits if asked is None else asked)
+        wanted = min(questions * calls, fits if asked is None else asked)
         if wanted > fits:
+            at_once = "questions read" if calls == 1 else "calls"
             raise BudgetError(
-                f"{wanted} questions read at once need {wanted} context caches of "
+                f"{wanted} {at_once} at once need {wanted} context caches of "
                 f"{self.context} tokens, but only {fits} fit in the memory free now; "
                 f"use --parallel {fits}."
             )
@@ -203,6 +207,7 @@ class Engine:
         paying = self._paying(wanted, progress)
         if paying < wanted:
             how = "one at a time" if paying == 1 else f"{paying} at a time"
+            what = what if calls == 1 else f"the calls of {what}"
             note(
                 f"reading {what} {how}: on this machine a batch costs about as much as its "
                 "rows read apart (calibration; --parallel N to read together)"
