@@ -191,11 +191,14 @@ def read(
             return end.value
 
 
-def evidence(answer: Answer) -> Provenance | None:
+def evidence(answer: Answer, held: Sequence[str] | None = None) -> Provenance | None:
     """The steps whose updates brought the answer's words into the memory for good
-    (provenance.py has the rule); None when there is no answer to trace."""
+    (provenance.py has the rule); None when there is no answer to trace. `held`: the
+    memory the reading held after each step, where that is not the step's own memory
+    (Spec.held)."""
     said = answer.answer if answer.answer is not None else answer.reply
-    return trace_answer(said, answer.question, [step.memory for step in answer.steps])
+    memories = [step.memory for step in answer.steps] if held is None else held
+    return trace_answer(said, answer.question, memories)
 
 
 # Detokenized windows can re-tokenize a little longer inside the prompt.

@@ -622,3 +622,25 @@ def test_the_context_holds_the_decomposing_reply_where_the_model_can():
     assert spec.context_needed(small, ["Who?"], settings) == 8192
     with pytest.raises(BudgetError, match="MemReread's integration of a sub-answer needs"):
         spec.context_needed(ScriptedBackend([], context_limit=1500), ["Who?"], settings)
+
+
+def test_the_evidence_reads_the_memory_a_reread_goes_on_with(tmp_path):
+    """A reread's steps hold its own memory, read from nothing for the sub-question: the
+    answer's words come from the first pass's step that found one (the main memory keeps
+    it through the reread) and the reread's step that found the other."""
+    from memagent_cli.documents import Document
+    from memagent_cli.run import ask as run
+    from memagent_cli.run.engine import Engine
+    from memagent_cli.run.session import open_session
+
+    replies = [
+        *("nothing", "Pelican seen", "Pelican seen", QUERY),
+        *("x", "Heron", "Heron", "\\boxed{Heron}", "Pelican and Heron"),
+        *("enough", "So \\boxed{Pelican Heron}."),
+    ]
+    document = Document(text=TEXT, path="/books/tower.txt", format="text", sha256="0" * 64)
+    session = open_session(document, Engine(Completing(replies), SETTINGS, 8192))
+    result = run.ask(session, "Who rang?", run.RunOptions(trace=tmp_path / "t.jsonl"))
+    expected = [(2, ("pelican",)), (5, ("heron",))]
+    assert [(s.step, s.words) for s in result.evidence] == expected
+    assert [(s.step, s.words) for s in read_trace(tmp_path / "t.jsonl").final.evidence] == expected

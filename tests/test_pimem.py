@@ -598,3 +598,43 @@ def test_a_pass_s_chunk_calls_go_to_a_server_at_once_on_parallel_threads(
     assert (most_one, most_three) == (1, 3)
     assert three["reply"] == one["reply"] and three["messages"] == one["messages"]
     assert [s["memory"] for s in three["steps"]] == [s["memory"] for s in one["steps"]]
+
+
+# --- evidence --------------------------------------------------------------------------------
+
+
+def asked_through_a_run(replies, tmp_path):
+    """The reading through the real run (its trace written): the result and the trace."""
+    from memagent_cli.documents import Document
+    from memagent_cli.run import ask as run
+    from memagent_cli.run.engine import Engine
+    from memagent_cli.run.session import open_session
+    from memagent_cli.trace import read_trace
+
+    document = Document(text=TEXT, path="/books/tower.txt", format="text", sha256="0" * 64)
+    session = open_session(document, Engine(ScriptedBackend(list(replies)), SETTINGS, 8192))
+    result = run.ask(session, "Who rang?", run.RunOptions(trace=tmp_path / "t.jsonl"))
+    return result, read_trace(tmp_path / "t.jsonl")
+
+
+@pytest.mark.parametrize(
+    ("passes", "merges", "step"),
+    [
+        # Found by the first chunk of pass 1, kept by its merge: step 1.
+        ([["<check>yes</check> the Pelican rang it", NO, NO], [NO, NO, NO]], ["the Pelican"], 1),
+        # The bell in pass 1; the Pelican found by the last chunk of pass 2: step 6.
+        (
+            [[f"{YES} bell", NO, NO], [NO, NO, "<check>yes</check> Pelican"], [NO] * 3],
+            ["the bell", "the bell and the Pelican"],
+            6,
+        ),
+    ],
+)
+def test_the_evidence_is_the_chunk_whose_finding_a_merge_kept(tmp_path, passes, merges, step):
+    """A step's memory is one chunk's finding, not the memory: the answer's word came from
+    the chunk whose finding held it in the pass whose merge brought it in for good."""
+    passes_merged = zip(passes, [*merges, None], strict=True)
+    replies = [r for found, merge in passes_merged for r in [*found, merge] if r]
+    result, written = asked_through_a_run([*replies, "It is \\boxed{Pelican}."], tmp_path)
+    assert [(s.step, s.words) for s in result.evidence] == [(step, ("pelican",))]
+    assert [(s.step, s.words) for s in written.final.evidence] == [(step, ("pelican",))]

@@ -232,6 +232,20 @@ def parse_answer(reply: str) -> str | None:
     return protocol.extract_boxed(reply)
 
 
+def held(steps: Sequence[Step]) -> list[str]:
+    """The memory the reading holds after each step, as evidence reads it: the first
+    pass's own; during a reread, the main memory and the reread's own so far; after its
+    integration, the integrated memory."""
+    memories, main = [], ""
+    for step in steps:
+        if step.question is None or step.merged is not None:
+            main = step.memory if step.question is None else str(step.merged)
+            memories.append(main)
+        else:
+            memories.append(f"{main}\n{step.memory}")
+    return memories
+
+
 # --- the loop ------------------------------------------------------------------------
 
 # Tokens a call needs beyond its prompt's and its reply's: re-tokenizing, and markup.
@@ -473,6 +487,7 @@ SPEC = _Spec(
     memory_tokens=READ_TOKENS,
     answer_tokens=ANSWER_TOKENS,
     stops_early=f"it rereads only while its memory lacks the answer, {REREADS} times at most",
+    held=held,
     price=_calls,
     template_tokens=_templates,
 )

@@ -142,6 +142,22 @@ def parse_answer(reply: str) -> str | None:
     return _boxed_answer(reply)
 
 
+def held(steps: Sequence[Step]) -> list[str]:
+    """The memory the reading holds after each step, as evidence reads it: a step keeps one
+    chunk's finding, so within a pass, the memory before it and what the pass found so
+    far; after a merge, the merged memory."""
+    memories, memory, found = [], "", []
+    for step in steps:
+        if step.chunk.index == 0:  # a pass begins
+            found = []
+        if not found_nothing(step.memory):
+            found.append(step.memory)
+        if step.merged is not None:
+            memory, found = step.merged, []
+        memories.append("\n".join([memory, *found]))
+    return memories
+
+
 # --- the loop ------------------------------------------------------------------------
 
 # Tokens a merge holds per finding besides the finding: its label and the blank line.
@@ -294,6 +310,7 @@ SPEC = _Spec(
     stops_early=f"it reads every chunk in each of up to {MAX_PASSES} passes, and stops after "
     "a pass in which no chunk finds anything new",
     at_once=lambda chunks: max(chunks, 1),  # a pass's chunk calls
+    held=held,
     price=_calls,
     template_tokens=_templates,
 )

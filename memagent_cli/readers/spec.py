@@ -13,7 +13,7 @@ from memagent_cli import protocol
 from memagent_cli.backend import Backend, Sampling
 from memagent_cli.chunking import Tokenizer
 from memagent_cli.errors import BudgetError
-from memagent_cli.reader import Reader, Settings, context_needed
+from memagent_cli.reader import Reader, Settings, Step, context_needed
 
 # A question of a usual length, for the prompts priced before any question is asked.
 USUAL_QUESTION = "What is this document about?"
@@ -83,6 +83,10 @@ class Spec:
     # Tokens a call holds beyond MemAgent's parts, for chunks of `chunk_tokens` and a
     # document of `steps` chunks (0: not known yet).
     extra_tokens: Callable[[int, int], int] = _nothing
+    # The memory the reading holds after each of its steps, where a step's own memory is not
+    # it (PI-Mem's is a chunk's finding, a MemReread reread's its own): what evidence reads
+    # (reader.evidence); None: each step's memory.
+    held: Callable[[Sequence[Step]], list[str]] | None = None
     # Why a document of many steps needs more context, where it does (InfMem's history).
     grows: str | None = None
     stops_early: str | None = None  # why it may answer before the last chunk

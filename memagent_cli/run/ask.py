@@ -76,7 +76,8 @@ class Result:
         """The steps the answer's words came from (provenance.Source: step from 1, words,
         tokens, chars, pages or chapters); [] when the final memory does not hold them, None
         with no answer (trace.evidence_of). `to_json()["evidence"]` has them as JSON."""
-        return trace.evidence_of(self.answered, self.session.document.place)
+        s = self.session
+        return trace.evidence_of(self.answered, s.document.place, s.engine.settings.reader)
 
     def records(self) -> list[dict[str, Any]]:
         """The run as the records its trace holds: the header, one per step, the final."""
@@ -89,7 +90,7 @@ class Result:
             trace.StepRecord.of(step, _span(s, step), s.span_of, number)
             for number, step in enumerate(a.steps)
         ]
-        final = trace.FinalRecord.of(a, s.document.place)
+        final = trace.FinalRecord.of(a, s.document.place, s.engine.settings.reader)
         return s.header(a.question), steps, final
 
     def to_trace(self) -> trace.Trace:

@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, BinaryIO
 
+from memagent_cli import readers
 from memagent_cli.files import (
     MAX_LINE_BYTES,
     cannot_write,
@@ -319,6 +320,7 @@ class TraceWriter:
                 self._file.close()
                 raise
         self._steps_done = resume_from or 0
+        self._reader = readers.named_in(header.settings)  # whose steps hold what (Spec.held)
         # A trace continues in the format it was started in (an older one, when resumed).
         self._version = header.format if resume_from is None else _format_of(path)
         if resume_from is None:
@@ -335,7 +337,7 @@ class TraceWriter:
                 self._write(record.to_json(self._version))
                 self._steps_done += 1
         elif isinstance(event, Finished):
-            final = FinalRecord.of(event.answer, self._place_of)
+            final = FinalRecord.of(event.answer, self._place_of, self._reader)
             with _signals_held():
                 self._write(final.to_json(self._version))
 

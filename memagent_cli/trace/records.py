@@ -14,6 +14,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from memagent_cli import readers
 from memagent_cli.backend import Generation
 from memagent_cli.chunking import Chunk
 from memagent_cli.errors import UserError
@@ -393,12 +394,12 @@ class FinalRecord:
         return cls(**values)
 
     @classmethod
-    def of(cls, answer: Answer, place_of: PlaceOf) -> FinalRecord:
+    def of(cls, answer: Answer, place_of: PlaceOf, reader: str = readers.DEFAULT) -> FinalRecord:
         final = answer.final
         return cls(
             reply=answer.reply,
             answer=answer.answer,
-            evidence=evidence_of(answer, place_of),
+            evidence=evidence_of(answer, place_of, reader),
             prompt_tokens=final.prompt_tokens,
             completion_tokens=final.completion_tokens,
             finish_reason=final.finish_reason,
@@ -481,12 +482,15 @@ def chunk_sha256(chunk: Chunk) -> str:
     return hashlib.sha256(chunk.text.encode()).hexdigest()
 
 
-def evidence_of(answer: Answer, place_of: PlaceOf) -> list[Source] | None:
+def evidence_of(
+    answer: Answer, place_of: PlaceOf, reader: str = readers.DEFAULT
+) -> list[Source] | None:
     """The steps the answer came from, placed in the document (provenance.sources;
-    `place_of`: the document's pages or chapters, `Document.place`); [] when the final
-    memory does not hold the answer's words, None when a reply without a boxed answer has
-    no words to trace."""
-    found = evidence(answer)
+    `place_of`: the document's pages or chapters, `Document.place`), as `reader`'s steps
+    hold the memory (Spec.held); [] when the final memory does not hold the answer's
+    words, None when a reply without a boxed answer has no words to trace."""
+    held = readers.get(reader).held
+    found = evidence(answer, None if held is None else held(answer.steps))
     if found is None:  # no words to trace; a boxed answer still gets its (empty) list
         return None if answer.answer is None else []
     shown = [tuple(zip(step.found, step.found_chars, strict=False)) for step in answer.steps]
