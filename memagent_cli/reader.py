@@ -62,14 +62,32 @@ class Answer:
 
 @dataclass(frozen=True)
 class StepStarted:
+    """A step begins, reading `chunk`. `total`: the steps of the reading as far as it knows
+    now (its chunks; a reader that reads them again adds a pass's steps as it begins one);
+    `index`: the step's place in the reading, from 0 (None: its chunk's)."""
+
     chunk: Chunk
     total: int
+    index: int | None = None
+
+    @property
+    def position(self) -> int:
+        """The steps before this one."""
+        return self.chunk.index if self.index is None else self.index
 
 
 @dataclass(frozen=True)
 class StepFinished:
+    """A step is done (`total` and `index` as StepStarted's)."""
+
     step: Step
     total: int
+    index: int | None = None
+
+    @property
+    def position(self) -> int:
+        """The steps before this one."""
+        return self.step.chunk.index if self.index is None else self.index
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 
+import pytest
+
 from memagent_cli.backend import Generation
 from memagent_cli.chunking import make_chunks
 from memagent_cli.progress import Layout, ReadingId
@@ -210,3 +212,75 @@ def test_the_engine_s_notes_are_the_library_s_and_read_as_they_always_did(
         "memagent: could not measure this model's calibration",
         "memagent: note: could not restrict the permissions",
     ]
+
+
+def pimem_and_memreread_readings():
+    """A PI-Mem reading of two passes and a MemReread reading of one reread, each over 3
+    chunks: 6 steps each, by a scripted model."""
+    from support.scripted import ScriptedBackend
+
+    from memagent_cli import readers
+    from memagent_cli.reader import Settings, read
+
+    chunks = make_chunks(list(b"The tower bell rang at noon. " * 4), 40, bytes)
+    no = "<check>no</check>"
+    pimem = ["<check>yes</check> a bell", no, no, "merged", no, no, no, "\\boxed{bell}"]
+    memreread = ["m0", "m1", "m2", "<query>Who rang the bell?</query>", "r0", "r1", "r2"]
+    memreread += ["\\boxed{x}", "integrated", "enough", "\\boxed{bell}"]
+
+    class Completing(ScriptedBackend):
+        def complete(self, raw, *, max_tokens, sampling):
+            return self.generate("".join(p for p, _ in raw), max_tokens=max_tokens, sampling=None)
+
+    for name, replies in (("pi-mem", pimem), ("memreread", memreread)):
+        backend = Completing(replies)
+        reader = readers.get(name).loop(backend, ())
+        settings = Settings(40, 64, reader=name)
+        yield lambda listener, r=reader, b=backend, s=settings: read(
+            b, "Who rang?", chunks, s, listener, reader=r
+        )
+
+
+@pytest.mark.parametrize(
+    "reading", list(pimem_and_memreread_readings()), ids=["pi-mem", "memreread"]
+)
+def test_a_reader_that_reads_again_counts_the_steps_of_what_it_began(capsys, reading):
+    """A second pass or a reread adds its steps to the total when it begins: the lines say
+    each step of the steps begun, and the chunk it reads again; never step 1/3 twice."""
+    reading(display.PlainProgress(lambda start, end: ""))
+    lines = [line.split("  tokens")[0] for line in capsys.readouterr().err.splitlines()]
+    assert lines[:6] == [
+        "step 1/3",
+        "step 2/3",
+        "step 3/3",
+        "step 4/6 (chunk 1)",
+        "step 5/6 (chunk 2)",
+        "step 6/6 (chunk 3)",
+    ]
+
+
+@pytest.mark.parametrize(
+    "reading", list(pimem_and_memreread_readings()), ids=["pi-mem", "memreread"]
+)
+def test_the_live_bar_of_a_reader_that_reads_again_never_counts_past_its_total(
+    monkeypatch, reading
+):
+    import io
+
+    from rich.console import Console
+
+    terminal = Console(file=io.StringIO(), force_terminal=True, width=150)
+    monkeypatch.setattr(display, "console", terminal)
+    live = display.LiveView("book.txt", 116)
+    show = live.row("", lambda start, end: "")
+    seen = []
+
+    def listener(event):
+        show(event)
+        task = live._progress.tasks[0]
+        seen.append((task.completed, task.total))
+
+    with live:
+        reading(listener)
+    assert all(done <= total for done, total in seen if total is not None)
+    assert seen[-1] == (6, 6)

@@ -317,12 +317,12 @@ def reader(tokenizer: Tokenizer | None = None) -> Reader:
             step is `start`; the steps done already are skipped. `asking`: the decomposing
             call, joined to the first step; `last`: hold the last step back (returned with
             the memory, None when there is nothing to hold) for its reread's answer."""
-            memory, held = INITIAL_MEMORY, None
+            memory, held, total = INITIAL_MEMORY, None, start + n  # the steps begun
             for i, chunk in enumerate(chunks):
                 if start + i < len(steps):
                     memory = steps[start + i].memory
                     continue
-                listener(StepStarted(chunk, n))
+                listener(StepStarted(chunk, total, start + i))
                 reply = yield Prompt(
                     "", settings.memory_tokens, raw=raw_chat(render_read(asked, memory, chunk.text))
                 )
@@ -333,7 +333,7 @@ def reader(tokenizer: Tokenizer | None = None) -> Reader:
                     break
                 sub = asked if start else None
                 steps.append(Step(chunk, memory, generation, question=sub))
-                listener(StepFinished(steps[-1], n))
+                listener(StepFinished(steps[-1], total, start + i))
             return memory, held
 
         memory, _ = yield from read_pass(question, 0, None, last=False)
@@ -376,7 +376,7 @@ def reader(tokenizer: Tokenizer | None = None) -> Reader:
                     merged=memory,
                 )
                 steps.append(step)
-                listener(StepFinished(step, n))
+                listener(StepFinished(step, start + n, start + n - 1))
         listener(Answering(memory))
         reply = yield Prompt("", ANSWER_TOKENS, raw=raw_chat(render_answer(question, memory)))
         final = reply if deciding is None else joined(deciding, reply)

@@ -202,9 +202,9 @@ def reader(tokenizer: Tokenizer | None = None) -> Reader:
                     break
                 memory = merged
                 continue
-            left = chunks[len(findings) :]
-            for chunk in left:
-                listener(StepStarted(chunk, n))
+            left, total = chunks[len(findings) :], number * n  # the steps of the passes begun
+            for i, chunk in enumerate(left, start + len(findings)):
+                listener(StepStarted(chunk, total, i))
             replies = yield Prompts(
                 Prompt(render_chunk(question, memory, chunk.text), settings.memory_tokens)
                 for chunk in left
@@ -214,11 +214,11 @@ def reader(tokenizer: Tokenizer | None = None) -> Reader:
                 last = Step(chunk, findings[-1], reply)
                 if i < n - 1:  # the pass's last step waits for its merge
                     steps.append(last)
-                    listener(StepFinished(last, n))
+                    listener(StepFinished(last, total, start + i))
             found = [f for f in findings if not found_nothing(f)]
             if not found:  # nothing new anywhere: no merge, the answer
                 steps.append(last)
-                listener(StepFinished(last, n))
+                listener(StepFinished(last, total, start + n - 1))
                 break
             message = render_merge(question, memory, found)
             check_merge(message, settings.memory_tokens, len(found), number)
@@ -226,7 +226,7 @@ def reader(tokenizer: Tokenizer | None = None) -> Reader:
             memory = parse_memory(reply.text)
             step = Step(last.chunk, last.memory, joined(last.generation, reply), merged=memory)
             steps.append(step)
-            listener(StepFinished(step, n))
+            listener(StepFinished(step, total, start + n - 1))
         listener(Answering(memory))
         reply = yield Prompt(render_final(question, memory), REPLY_TOKENS)
         answer = Answer(question, parse_answer(reply.text), reply.text, steps, reply)

@@ -149,10 +149,10 @@ def noting(reading: ReadingId, session: Session, show: Listener, report: Reporte
         if isinstance(event, StepFinished) and not said:
             said = True
             seconds = left.seconds() or 0.0
-            if seconds >= LONG and event.step.chunk.index + 1 < event.total:
+            if seconds >= LONG and event.position + 1 < event.total:
                 line = (
                     f"{_name(session)}: about {duration(seconds)} left on this machine after "
-                    f"step {event.step.chunk.index + 1} of {event.total}, at that step's "
+                    f"step {event.position + 1} of {event.total}, at that step's "
                     "speeds (every chunk read)"
                 )
                 if seconds > HOUR:

@@ -38,7 +38,7 @@ class TimeLeft:
     def add(self, event: Event) -> None:
         """Take one event of the reading into account."""
         if isinstance(event, StepStarted):
-            self._steps_left = event.total - event.chunk.index
+            self._steps_left = event.total - event.position
         elif isinstance(event, StepFinished):
             step = event.step
             gen, chunk = step.generation, step.chunk
@@ -49,7 +49,7 @@ class TimeLeft:
             self._replies = [*self._replies, gen.completion_tokens][-RECENT:]
             self._overhead = max(gen.prompt_tokens - (chunk.token_end - chunk.token_start), 0)
             self._read_to = chunk.token_end
-            self._steps_left = event.total - chunk.index - 1
+            self._steps_left = event.total - event.position - 1
             self._elapsed += gen.seconds
         elif isinstance(event, Answering):
             self._answering, self._steps_left = True, 0

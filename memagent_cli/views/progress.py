@@ -86,14 +86,14 @@ class PlainProgress:
     def __call__(self, event: Event) -> None:
         if self._left is not None:
             self._left.add(event)
-        if isinstance(event, StepStarted):  # steps before this chunk's are read
-            self._steps, self._total = event.chunk.index, event.total
+        if isinstance(event, StepStarted):  # steps before this one are read
+            self._steps, self._total = event.position, event.total
         if isinstance(event, StepFinished):
             self._rates.add(event)
             chunk, gen = event.step.chunk, event.step.generation
             span = self._span_of(chunk.char_start, chunk.char_end)
             console.print(
-                f"{self._prefix}step {chunk.index + 1}/{event.total}  tokens {chunk.token_start}-"
+                f"{self._prefix}{_step(event)}  tokens {chunk.token_start}-"
                 f"{chunk.token_end}{'  ' + span if span else ''}  memory "
                 f"{gen.completion_tokens} tokens  {gen.seconds:.1f}s  {self._rates.text()}  "
                 f"elapsed {time.perf_counter() - self._start:.0f}s{self._time_left()}",
@@ -108,6 +108,13 @@ class PlainProgress:
             console.print(
                 f"{self._prefix}answering from the final memory", highlight=False, markup=False
             )
+
+
+def _step(event: StepStarted | StepFinished) -> str:
+    """ "step 4/6", and the chunk where the step reads one again (a second pass, a reread)."""
+    chunk = event.chunk if isinstance(event, StepStarted) else event.step.chunk
+    again = f" (chunk {chunk.index + 1})" if event.position != chunk.index else ""
+    return f"step {event.position + 1}/{event.total}{again}"
 
 
 class _LeftColumn(ProgressColumn):
@@ -196,11 +203,15 @@ class LiveView:
             if isinstance(event, StepStarted):
                 chunk = event.chunk
                 span = span_of(chunk.char_start, chunk.char_end)
+                where = (
+                    f"chunk {chunk.index + 1}/{event.total}"
+                    if event.position == chunk.index
+                    else _step(event)
+                )
                 self._progress.update(
                     task,
                     total=event.total,
-                    description=f"{prefix}chunk {chunk.index + 1}/{event.total}"
-                    + (f" ({escape(span)})" if span else ""),
+                    description=f"{prefix}{where}" + (f" ({escape(span)})" if span else ""),
                     tokens=f"{chunk.token_start:,}/{self._total_tokens:,} tokens",
                 )
             elif isinstance(event, StepFinished):
@@ -208,7 +219,8 @@ class LiveView:
                 step = event.step
                 self._progress.update(
                     task,
-                    advance=1,
+                    completed=event.position + 1,
+                    total=event.total,
                     rates=self._rates.text(),
                     tokens=f"{step.chunk.token_end:,}/{self._total_tokens:,} tokens",
                 )
