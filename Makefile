@@ -119,6 +119,8 @@ bench: $(VENV)/.dev
 	$(BIN)/python bench/widths.py
 	@# Each reader on one document, InfMem made to stop at a known step (about 7 minutes).
 	$(BIN)/python bench/readers.py --runs 1
+	@# MemAgent and PI-Mem through a stand-in server of fixed delay and slots (about 1 minute).
+	$(BIN)/python bench/family.py
 
 # The same parts on small sizes (no RSS), to see that the bench runs: a few minutes.
 bench-quick: $(VENV)/.dev

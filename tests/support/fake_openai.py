@@ -10,8 +10,9 @@ than 32 bytes dropped as its 0.3.36 drops it), so memagent cuts chunks with tikt
 (offline); the usage
 it reports counts a prompt's tokens as tiktoken's cl100k_base does (or a word a token,
 `count_words`: a tokenizer that counts far fewer on text of few spaces). The server
-can be told to take a fixed time per call, to turn calls away as busy (429 with
-Retry-After), to fail with 503, to stop answering after a number of calls, to hold the
+can be told to take a fixed time per call with a number of slots (calls answered at once,
+the others waiting), to turn calls away as busy (429 with Retry-After), to fail with 503,
+to stop answering after a number of calls, to hold the
 calls after a number until the test releases them (a run that cannot end before a signal),
 to want an API key, to answer a path with any bytes at any pace (`Raw`: a hostile or
 broken server), or to cut every prompt to a context and report only what it read
@@ -111,6 +112,7 @@ class Raw:
 class FakeServer:
     context: int | None = 8192  # max_model_len announced, None: not announced
     delay: float = 0.0  # seconds before each chat reply
+    slots: int | None = None  # chat calls answered at once (a server's slots); None: any
     fail_after: int | None = None  # chat calls answered before every call fails
     fail_status: int = 503  # 503 is retried by memagent, 400 is not
     fail_message: str = "the model is unwell"  # the error text of a failing call
@@ -145,6 +147,7 @@ class FakeServer:
         fake = self
         self._lock = threading.Lock()
         self._released = threading.Event()
+        slots = threading.BoundedSemaphore(self.slots) if self.slots else contextlib.nullcontext()
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"  # keep-alive, as real servers: one connection per client
@@ -255,12 +258,13 @@ class FakeServer:
                 if fake.fail_after is not None and calls > fake.fail_after:
                     self._json(fake.fail_status, {"error": {"message": fake.fail_message}})
                     return
-                with fake._lock:
-                    fake.in_flight += 1
-                    fake.most_in_flight = max(fake.most_in_flight, fake.in_flight)
-                time.sleep(fake.delay)
-                with fake._lock:
-                    fake.in_flight -= 1
+                with slots:  # the others wait their turn, as on a server's slots
+                    with fake._lock:
+                        fake.in_flight += 1
+                        fake.most_in_flight = max(fake.most_in_flight, fake.in_flight)
+                    time.sleep(fake.delay)
+                    with fake._lock:
+                        fake.in_flight -= 1
                 message = body["messages"][0]["content"]
                 if fake.keep_messages:
                     fake.messages.append(message)
