@@ -36,6 +36,7 @@ from memagent_cli.reader import (
     StepFinished,
     StepStarted,
 )
+from memagent_cli.readers import chat as qwen
 from memagent_cli.readers.spec import USUAL_QUESTION, CallSize, Replies, Spec, Templates
 
 PLANNER_TEMPLATE = (
@@ -209,8 +210,7 @@ def chat(user: str, system: str | None = None) -> str:
     """Qwen3's chat template (Qwen/Qwen3-4B's tokenizer, as their run.py loads it) for one
     user message after an optional system message, with the generation prompt and
     enable_thinking=True, which adds nothing after `<|im_start|>assistant\\n`."""
-    head = "" if system is None else f"<|im_start|>system\n{system}<|im_end|>\n"
-    return f"{head}<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
+    return qwen.chat(user, system)
 
 
 def retrieval_history(step: int, steps: int, searches: Sequence[Search]) -> str:
@@ -537,17 +537,7 @@ class BM25:
 def raw_chat(user: str, system: str | None = None) -> Raw:
     """`chat` as a prompt written whole: the same text, in which only Qwen3's turn markers
     are markup, so the words of a document, a memory or a question stay plain text."""
-    start, end = ("<|im_start|>", True), ("<|im_end|>", True)
-    head: Raw = () if system is None else (start, ("system\n" + system, False), end, ("\n", False))
-    return (
-        *head,
-        start,
-        ("user\n" + user, False),
-        end,
-        ("\n", False),
-        start,
-        ("assistant\n", False),
-    )
+    return qwen.raw_chat(user, system)
 
 
 def _thought(

@@ -39,6 +39,7 @@ from memagent_cli.reader import (
     StepStarted,
     joined,
 )
+from memagent_cli.readers import chat as qwen
 from memagent_cli.readers.spec import USUAL_QUESTION, CallSize, Replies, Spec, Templates
 
 # Their reading template is MemAgent's update template, byte for byte: every read,
@@ -146,22 +147,13 @@ THINKING_OFF = "<think>\n\n</think>\n\n"
 def chat(user: str) -> str:
     """Qwen3's chat template for one user message, no system message, with the generation
     prompt and thinking off: the text their server built for every call."""
-    return f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n{THINKING_OFF}"
+    return qwen.chat(user, after=THINKING_OFF)
 
 
 def raw_chat(user: str) -> Raw:
     """`chat` as a prompt written whole: only Qwen3's turn markers and the thinking block
     are markup, so the words of a document, a memory or a question stay plain text."""
-    start, end = ("<|im_start|>", True), ("<|im_end|>", True)
-    return (
-        start,
-        ("user\n" + user, False),
-        end,
-        ("\n", False),
-        start,
-        ("assistant\n", False),
-        (THINKING_OFF, True),
-    )
+    return qwen.raw_chat(user, after=THINKING_OFF)
 
 
 def render_read(question: str, memory: str, chunk: str) -> str:
