@@ -638,3 +638,45 @@ def test_the_evidence_is_the_chunk_whose_finding_a_merge_kept(tmp_path, passes, 
     result, written = asked_through_a_run([*replies, "It is \\boxed{Pelican}."], tmp_path)
     assert [(s.step, s.words) for s in result.evidence] == [(step, ("pelican",))]
     assert [(s.step, s.words) for s in written.final.evidence] == [(step, ("pelican",))]
+
+
+@pytest.mark.parametrize("parallel", ["1", "3"])
+def test_ctrl_c_in_the_second_pass_resumes_at_its_first_chunk_to_the_same_answer(
+    memagent, env, fake_server, tmp_path, monkeypatch, parallel
+):
+    """Ctrl-C to a `memagent ask --reader pi-mem` process while pass 2's calls wait on the
+    server: exit 130, the trace keeps pass 1 and its merge; `--resume` asks pass 2 whole and
+    the answer, and ends where the uninterrupted run ends."""
+    from support import fake_openai
+    from support.command import interrupt_after_steps
+
+    from memagent_cli.trace import read_trace
+
+    monkeypatch.setattr(fake_openai, "reply_to", stand_in)
+    book = tmp_path / "village.txt"
+    book.write_text(story(60))
+    sizes = ["--chunk-tokens", "200", "--memory-tokens", "48", "--temperature", "0"]
+    args = [str(book), FACT_QUESTION, *served(fake_server, *sizes), "--reader", "pi-mem"]
+    args += ["--no-reuse", "--parallel", parallel]
+    whole = memagent("ask", *args, "--json", "--no-trace")
+    assert whole.returncode == 0, whole.stderr
+    result = json.loads(whole.stdout)
+    n = result["document"]["chunks"]
+    # Pass 1 and its merge answered, then 2 calls of pass 2; the rest held until released.
+    fake_server.hold_after = fake_server.chat_calls + n + 1 + 2
+    cut = tmp_path / "cut.jsonl"
+    process, stdout, stderr = interrupt_after_steps([*args, "--trace", str(cut)], cut, env, n)
+    assert process.returncode == 130, stderr
+    assert stdout == "" and "Traceback" not in stderr and "Interrupted (SIGINT)" in stderr
+    stopped = read_trace(cut)
+    assert len(stopped.steps) == n and stopped.steps[-1].merged  # pass 1, merged
+    fake_server.release()
+    calls = fake_server.chat_calls
+    resumed = memagent("ask", *args, "--json", "--resume", str(cut))
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resuming {cut} after step {n}" in " ".join(resumed.stderr.split())
+    assert fake_server.chat_calls - calls == n + 1  # pass 2 from its first chunk, the answer
+    again = json.loads(resumed.stdout)
+    assert again["reply"] == result["reply"]
+    assert [s["memory"] for s in again["steps"]] == [s["memory"] for s in result["steps"]]
+    assert read_trace(cut).finished
