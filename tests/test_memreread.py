@@ -644,3 +644,59 @@ def test_the_evidence_reads_the_memory_a_reread_goes_on_with(tmp_path):
     expected = [(2, ("pelican",)), (5, ("heron",))]
     assert [(s.step, s.words) for s in result.evidence] == expected
     assert [(s.step, s.words) for s in read_trace(tmp_path / "t.jsonl").final.evidence] == expected
+
+
+def test_ctrl_c_in_a_reread_resumes_at_its_next_chunk_to_the_same_answer(
+    memagent, env, fake_server, tmp_path, monkeypatch
+):
+    """Ctrl-C to a `memagent ask --reader memreread` process while the reread's second read
+    waits on the server: exit 130, the trace keeps the first pass and the reread's first
+    step; `--resume` asks what the whole run asked after them, to the same answer."""
+    import signal
+    import threading
+
+    from support import fake_openai
+    from support.command import interrupt_after_steps
+
+    book = tmp_path / "village.txt"
+    book.write_text(story(60))
+    sizes = ["--chunk-tokens", "200", "--memory-tokens", "48", "--temperature", "0"]
+    args = [str(book), FACT_QUESTION, *served(fake_server, *sizes), "--reader", "memreread"]
+    args.append("--no-reuse")
+    monkeypatch.setattr(fake_openai, "completion_to", stand_in)
+    whole = memagent("ask", *args, "--json", "--no-trace")
+    assert whole.returncode == 0, whole.stderr
+    result, asked = json.loads(whole.stdout), list(fake_server.prompts)
+    n = result["document"]["chunks"]
+    fake_server.prompts.clear()
+    interrupted = threading.Event()
+
+    def held(prompt: str) -> str:  # the first pass, the decomposing call, one reread read
+        if len(fake_server.prompts) > n + 2:
+            interrupted.wait(timeout=60)
+        return stand_in(prompt)
+
+    monkeypatch.setattr(fake_openai, "completion_to", held)
+    cut = tmp_path / "cut.jsonl"
+    try:
+        process, stdout, stderr = interrupt_after_steps(
+            [*args, "--trace", str(cut)],
+            cut,
+            env,
+            n + 1,
+            interrupt=lambda p: (p.send_signal(signal.SIGINT), interrupted.set()),
+        )
+    finally:
+        interrupted.set()
+    assert process.returncode == 130, stderr
+    assert stdout == "" and "Traceback" not in stderr
+    assert len(read_trace(cut).steps) == n + 1 and not read_trace(cut).finished
+    monkeypatch.setattr(fake_openai, "completion_to", stand_in)
+    fake_server.prompts.clear()
+    resumed = memagent("ask", *args, "--json", "--resume", str(cut))
+    assert resumed.returncode == 0, resumed.stderr
+    assert fake_server.prompts == asked[n + 2 :]
+    again = json.loads(resumed.stdout)
+    assert again["reply"] == result["reply"]
+    assert [s["memory"] for s in again["steps"]] == [s["memory"] for s in result["steps"]]
+    assert read_trace(cut).finished
