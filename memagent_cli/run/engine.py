@@ -207,7 +207,7 @@ class Engine:
         paying = self._paying(wanted, progress)
         if paying < wanted:
             how = "one at a time" if paying == 1 else f"{paying} at a time"
-            what = what if calls == 1 else f"the calls of {what}"
+            what = what if calls == 1 else "the calls a reading asks at once"
             note(
                 f"reading {what} {how}: on this machine a batch costs about as much as its "
                 "rows read apart (calibration; --parallel N to read together)"
