@@ -560,6 +560,8 @@ def test_the_command_reads_traces_shows_and_resumes_through_a_server(
     html = cli("trace", str(tmp_path / "whole.jsonl"), "--html", str(page))
     assert html.returncode == 0, html.stderr
     assert "Merged into the memory: memory: " in page.read_text()
+    # Steps of two passes over n chunks: step n + 1 of 2n, never of n.
+    assert f'Step {n + 1} <span class="sub">of {2 * n}</span>' in page.read_text()
 
     lines = (tmp_path / "whole.jsonl").read_text().splitlines()
     cut = tmp_path / "cut.jsonl"

@@ -131,8 +131,16 @@ class Trace:
         return self.final is not None
 
     @property
+    def total_steps(self) -> int:
+        """The steps of the reading as far as the trace tells: its chunks, or where the
+        reader read them again (PI-Mem's passes, MemReread's rereads), those of the passes
+        it began."""
+        chunks, done = self.header.total_steps, len(self.steps)
+        return max(chunks, -(-done // chunks) * chunks) if chunks else done
+
+    @property
     def status(self) -> Status:
-        done, total = len(self.steps), self.header.total_steps
+        done, total = len(self.steps), self.total_steps
         if self.final is not None:
             return Status("finished", done, total)
         if self.interruption is not None:

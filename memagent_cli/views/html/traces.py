@@ -77,7 +77,7 @@ def _index(runs: Sequence[Trace]) -> str:
             f'<tr><td class="num">{number}</td><td><label for="tab-{number}">'
             f"{escape(loaded.header.question)}</label></td><td>{escape(answer)}</td>"
             f"<td>{escape(where)}</td>"
-            f'<td class="num">{len(loaded.steps)}/{loaded.header.total_steps}</td></tr>'
+            f'<td class="num">{len(loaded.steps)}/{loaded.total_steps}</td></tr>'
         )
     return (
         '<table class="index"><tr><th class="num">#</th><th>question</th><th>answer</th>'
@@ -143,7 +143,7 @@ def _answer_box(loaded: Trace, ident: str) -> str:
     if early := wording.stopped(loaded):  # a reader that answered before the last chunk
         note += f'<div class="stopped">Stopped early {escape(early)}.</div>'
     where = ""
-    total = loaded.header.total_steps
+    total = loaded.total_steps
     if not final.evidence and (line := wording.evidence(loaded)):
         where = f'<div class="evidence">{escape(line[0].upper() + line[1:])}.</div>'
     elif final.evidence:
@@ -230,7 +230,7 @@ def _strip(
     out.extend(_boundaries(loaded.steps, total, width, top + height))
     out.append(
         f'<text class="dim" x="{width / 2:.0f}" y="{top + height + 46}" text-anchor="middle">'
-        f"{total:,} tokens, {loaded.header.total_steps} steps</text>"
+        f"{total:,} tokens, {loaded.total_steps} steps</text>"
     )
     out.append("</svg>")
     legend = (
@@ -396,7 +396,7 @@ def _step(
         source = source or units[0]
     span = f"<span>{escape(record.span)}</span>" if record.span else ""
     head = (
-        f'<header><h4>Step {number} <span class="sub">of {loaded.header.total_steps}</span>'
+        f'<header><h4>Step {number} <span class="sub">of {loaded.total_steps}</span>'
         f"</h4>{span}<span>tokens {record.tokens[0]:,}–{record.tokens[1]:,}</span>{badge}</header>"
     )
     budget = loaded.header.settings.get("memory_tokens")

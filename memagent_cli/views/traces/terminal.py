@@ -164,7 +164,7 @@ def follow(out: Console, path: Path) -> None:
     for label, text in about(loaded):
         _labelled(out, label.capitalize(), text)
     out.print()
-    total, memory, interrupted = loaded.header.total_steps, protocol.INITIAL_MEMORY, False
+    memory, interrupted = protocol.INITIAL_MEMORY, False
     announced = False
     for item in items:
         if item is None:
@@ -185,7 +185,7 @@ def follow(out: Console, path: Path) -> None:
         elif isinstance(item, StepRecord) and loaded.steps and loaded.steps[-1] is item:
             added, removed = word_change(memory, item.memory)
             memory = item.memory
-            span = f"  {item.span}" if item.span else ""
+            span, total = (f"  {item.span}" if item.span else ""), loaded.total_steps
             _plain(
                 out,
                 f"step {item.index + 1}/{total}{span}  memory {item.completion_tokens} tokens  "

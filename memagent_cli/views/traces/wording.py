@@ -16,7 +16,7 @@ def evidence(loaded: Trace) -> str | None:
     """Where the trace's answer came from, in words; None when there is no answer."""
     if loaded.final is None:
         return None
-    return evidence_line(loaded.final.evidence, loaded.header.total_steps)
+    return evidence_line(loaded.final.evidence, loaded.total_steps)
 
 
 def evidence_line(found: Sequence[Source] | None, total: int) -> str | None:
@@ -87,7 +87,7 @@ def stopped(loaded: Trace) -> str | None:
     final = loaded.final
     if final is None or not final.stopped:
         return None
-    return f"after step {len(loaded.steps)} of {loaded.header.total_steps}: {final.stopped}"
+    return f"after step {len(loaded.steps)} of {loaded.total_steps}: {final.stopped}"
 
 
 def reader_actions(record: StepRecord) -> list[tuple[str, str]]:
