@@ -781,3 +781,84 @@ def test_a_unit_of_decomposed_text_is_placed_in_the_text_as_extracted():
     assert all(a[1] == b[0] for a, b in zip(placed, placed[1:], strict=False))
     for (start, end), data in zip(placed, raw, strict=True):
         assert unicodedata.normalize("NFC", document[start:end]) == data.decode()
+
+
+def recalling(length: int):
+    """A stand-in ReMemR1 model: each update a memory of `length` bytes (tokens, to the
+    stand-in server) of its section's words, and a recall; the answer boxed."""
+
+    def reply(message: str) -> str:
+        section = message.partition("<section>\n")[2].partition("\n</section>")[0]
+        if not section:
+            return "Therefore \\boxed{noon}"
+        memory = (section + " ") * (length // (len(section) + 1) + 1)
+        return f"<update>{memory[:length]}</update><recall>Sentence 3 bell</recall>"
+
+    return reply
+
+
+def requests_per_step(paths: list[str]) -> list[int]:
+    """The requests other than chat calls that each step made: those after its chat call
+    (where the reader handles the reply) up to the next one."""
+    counts: list[int] = []
+    for path in paths:
+        if path == "/v1/chat/completions":
+            counts.append(0)
+        elif counts:
+            counts[-1] += 1
+    return counts
+
+
+@pytest.mark.parametrize("memory", [60, 240])
+def test_rememr1_through_a_server_makes_a_bounded_number_of_requests_a_step(memory):
+    """Issue 47: each recall detokenized every past memory a token per request (10 steps
+    of 200-token memories made 11,106 requests). Now each step tokenizes the new memory and
+    the query once each, with their pieces, whatever the step and the memories' lengths."""
+    from support.fake_openai import FakeServer
+
+    from memagent_cli.backends.openai import OpenAIBackend, ServerOptions
+    from memagent_cli.chunking import chunk_text
+
+    text = " ".join(f"Sentence {i} of the village story." for i in range(60))
+    settings = Settings(chunk_tokens=160, memory_tokens=2048, reader="rememr1")
+    with FakeServer(tokenizer=True, reply=recalling(memory)) as server:
+        backend = OpenAIBackend(ServerOptions(base_url=server.url))
+        tokens, chunks = chunk_text(text, backend, settings.chunk_tokens)
+        server.paths.clear()
+        reader = readers.get("rememr1").loop(backend, tokens)
+        answer = read(backend, "When?", chunks, settings, reader=reader)
+        paths = list(server.paths)
+    assert answer.answer == "noon" and len(chunks) >= 12
+    per_step = requests_per_step(paths)
+    assert len(per_step) == len(chunks) + 1
+    assert max(per_step) <= 2, per_step
+
+
+def test_rememr1_tokenizes_each_memory_once_in_a_reading():
+    """Without a tokenize endpoint (tiktoken, or a model in this process) every recall
+    tokenized every past memory again: a step's cost grew with the step number."""
+    from memagent_cli.backends.tokenizers import TiktokenTokenizer
+
+    class Counting(ScriptedBackend):
+        def __init__(self, replies: list[str]) -> None:
+            super().__init__(replies)
+            self.tiktoken, self.tokenized = TiktokenTokenizer(), []
+
+        def tokenize(self, text: str) -> list[int]:
+            self.tokenized.append(text)
+            return self.tiktoken.tokenize(text)
+
+        def detokenize(self, tokens) -> bytes:
+            return self.tiktoken.detokenize(tokens)
+
+    steps = 40
+    make = recalling(80)
+    replies = [make(f"<section>\nstep {i} words\n</section>") for i in range(steps)]
+    backend = Counting([*replies, "\\boxed{noon}"])
+    text = " ".join(f"Sentence {i} of the village story." for i in range(steps * 6))
+    chunks = make_chunks(backend.tiktoken.tokenize(text), 40, backend.tiktoken.detokenize)[:steps]
+    backend.tokenized.clear()
+    reader = readers.get("rememr1").loop(backend, ())
+    read(backend, "When?", chunks, SETTINGS, reader=reader)
+    # Each distinct text once: the 40 memories and the one query, lowercased.
+    assert len(backend.tokenized) == len(set(backend.tokenized)) == steps + 1

@@ -20,6 +20,7 @@ from memagent_cli.backends.openai.client import (
 from memagent_cli.backends.openai.tokens import find_tokenizer
 from memagent_cli.backends.openai.urls import without_credentials
 from memagent_cli.backends.tokenizers import DEFAULT_ENCODING, TiktokenTokenizer
+from memagent_cli.chunking import token_pieces
 from memagent_cli.errors import UserError
 from memagent_cli.progress import Note, Progress, silent
 from memagent_cli.text import json_count, json_number
@@ -88,6 +89,7 @@ class OpenAIBackend(InTurn):
         self.name = self.served_model
         self.context_limit = self._context_limit(served)
         self._tokenizer = find_tokenizer(self._client, self.served_model, options.encoding, note)
+        self._pieces = token_pieces(self._tokenizer)
         self._most_read = 0  # the most prompt tokens this server said it read, probes included
         self._most_read_lock = threading.Lock()
 
@@ -128,6 +130,12 @@ class OpenAIBackend(InTurn):
 
     def detokenize(self, tokens: Sequence[int]) -> bytes:
         return self._tokenizer.detokenize(tokens)
+
+    def pieces(self, text: str) -> list[bytes]:
+        """Each token's bytes of `text` (what ReMemR1's recall counts): one request where
+        the server gives them (llama-server), else each token not seen before detokenized
+        on its own, once."""
+        return self._pieces(text)
 
     def chat_overhead(self) -> int:
         return 16  # a typical chat template's wrapping; the server enforces the real limit
