@@ -10,7 +10,8 @@ and /extras/detokenize, a token per run of a character, and the text of a token 
 than 32 bytes dropped as its 0.3.36 drops it), so memagent cuts chunks with tiktoken
 (offline); the usage
 it reports counts a prompt's tokens as tiktoken's cl100k_base does (or a word a token,
-`count_words`: a tokenizer that counts far fewer on text of few spaces). A test may give
+`count_words`: a tokenizer that counts far fewer on text of few spaces). With a
+`chat_template` it answers /props with it, as llama-server does. A test may give
 the stand-in model's chat `reply`, and reads every POST's path in `paths`. The server
 can be told to take a fixed time per call, to turn calls away as busy (429 with
 Retry-After), to fail with 503, to stop answering after a number of calls, to hold the
@@ -122,6 +123,7 @@ class FakeServer:
     held: int = 0  # chat calls waiting for release() now
     tokenizer: bool = False  # llama-server's /tokenize and /detokenize, a token per byte
     control: tuple[str, ...] = ()  # the stand-in's control tokens, as the tokenizer spells them
+    chat_template: str | None = None  # llama-server's /props gives it; None: no /props
     extras_tokenizer: bool = False  # llama-cpp-python's, losing its long tokens' text
     tokenize_delay: float = 0.0  # seconds before each /tokenize reply
     tokenize_calls: int = 0
@@ -142,7 +144,7 @@ class FakeServer:
     cut_to: int | None = None
     count_words: bool = False  # usage counts a word a token, not tiktoken's tokens
     raw: dict[str, Raw] = field(default_factory=dict)  # a path's reply, as given
-    reply: Callable[[str], str] = reply_to  # the stand-in model's chat reply to a message
+    reply: Callable[[str], str] | None = None  # the stand-in model's chat reply; reply_to
     paths: list[str] = field(default_factory=list)  # every POST's path, in the order sent
     port: int = 0  # 0: any free port; a server restarted where it was keeps its URL
     url: str = ""
@@ -199,6 +201,8 @@ class FakeServer:
                     if fake.context is not None:
                         model["max_model_len"] = fake.context
                     self._json(200, {"object": "list", "data": [model]})
+                elif self.path.rstrip("/") == "/props" and fake.chat_template is not None:
+                    self._json(200, {"chat_template": fake.chat_template})
                 else:
                     self._json(404, {"error": {"message": "not found"}})
 
@@ -276,7 +280,7 @@ class FakeServer:
                 message = body["messages"][0]["content"]
                 if fake.keep_messages:
                     fake.messages.append(message)
-                text = fake.reply(message)
+                text = (fake.reply or reply_to)(message)  # reply_to as it is now
                 words = len(text.split())
                 length_cut = words >= body.get("max_tokens", 10**9)
                 self._json(

@@ -3,7 +3,6 @@ completions with the paper's sampling."""
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections.abc import Sequence
@@ -17,6 +16,7 @@ from memagent_cli.backends.openai.client import (
     BackendError,
     Client,
 )
+from memagent_cli.backends.openai.markup import Markup
 from memagent_cli.backends.openai.tokens import find_tokenizer
 from memagent_cli.backends.openai.urls import without_credentials
 from memagent_cli.backends.tokenizers import DEFAULT_ENCODING, TiktokenTokenizer
@@ -26,8 +26,6 @@ from memagent_cli.progress import Note, Progress, silent
 from memagent_cli.text import json_count, json_number
 
 _UNKNOWN_CONTEXT = 10**9
-# How chat control tokens are spelled: ChatML's <|im_end|>, Llama's <|eot_id|>, and the like.
-_CONTROL = re.compile(r"<\|[A-Za-z_][\w.-]*\|>")
 _BYTES_PER_TOKEN = 256  # of a completion's reply, for each token it may hold
 # A prompt cut to a context (see _check_read): a count below this share of tiktoken's is
 # worth a second look; tokenizers differ from tiktoken by tens of percent, more on CJK.
@@ -90,6 +88,7 @@ class OpenAIBackend(InTurn):
         self.context_limit = self._context_limit(served)
         self._tokenizer = find_tokenizer(self._client, self.served_model, options.encoding, note)
         self._pieces = token_pieces(self._tokenizer)
+        self._markup = Markup(self._client, getattr(self._tokenizer, "reads_markup", None))
         self._most_read = 0  # the most prompt tokens this server said it read, probes included
         self._most_read_lock = threading.Lock()
 
@@ -137,6 +136,11 @@ class OpenAIBackend(InTurn):
         on its own, once."""
         return self._pieces(text)
 
+    def markup(self, text: str) -> str | None:
+        """The first spelling in `text` of one of the served model's chat control tokens,
+        which the server reads as markup in a prompt, not as text (markup.Markup); None."""
+        return self._markup.first(text)
+
     def chat_overhead(self) -> int:
         return 16  # a typical chat template's wrapping; the server enforces the real limit
 
@@ -165,12 +169,14 @@ class OpenAIBackend(InTurn):
         """Continue a prompt a reader wrote whole (readers/infmem.py), as its authors send
         it: the text to `/v1/completions`, where the server applies no chat template. A
         server reads markup in that text as markup, so a text piece that spells a chat
-        control token (a document's `<|im_end|>`) is refused, never sent, nor changed."""
+        control token (a document's `<|im_end|>`, the model's own: markup.Markup) is
+        refused, never sent, nor changed. A document is looked at before the first call
+        (run/session.py); a question or a memory is looked at here."""
         for text, markup in raw:
-            if not markup and (spelled := _CONTROL.search(text)):
+            if not markup and (spelled := self._markup.first(text)):
                 raise UserError(
-                    f"The text to read spells the chat markup {spelled.group(0)}, which a "
-                    "server would take as markup; read it with llama.cpp in this process."
+                    f"The text to read spells the chat markup {spelled}, which a server "
+                    "would take as markup; read it with llama.cpp in this process."
                 )
         prompt = "".join(text for text, _ in raw)
         return self._completion("/v1/completions", {"prompt": prompt}, max_tokens, sampling)

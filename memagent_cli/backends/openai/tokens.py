@@ -152,6 +152,12 @@ class _LlamaServerTokenizer(_ServerTokenizer):
         # Plain text: a document's `<|im_end|>` is its characters, as in this process.
         return {"content": text, "add_special": False, "parse_special": False}
 
+    def reads_markup(self, text: str) -> bool:
+        """Whether llama-server's tokens of `text` differ where it parses its control
+        tokens (as it does a chat prompt's, and a completion's): `text` spells one."""
+        parsed = self._listed(text, parse_special=True)
+        return [t.get("id") if isinstance(t, dict) else t for t in parsed] != self._tokens(text)
+
     def pieces(self, text: str) -> list[bytes]:
         """Each token's bytes of `text`, in one request: llama-server gives each token's
         piece with `with_pieces` (text, or a list of bytes where not UTF-8 on its own). A
