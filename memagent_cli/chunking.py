@@ -196,6 +196,12 @@ def chunk_text(
 
 # --- normalization ------------------------------------------------------------------------
 
+# The Unicode normalization the Hugging Face tokenizer of each of llama.cpp's pre-tokenizers
+# (tokenizer.ggml.pre) applies before it splits, which llama.cpp does not: Qwen2's, Qwen2.5's
+# and Qwen3's tokenizer.json say {"type": "NFC"} (models/conversion/vocabulary.py converts
+# these alone). Text is tokenized so, as the authors' model read it.
+NORMALIZATIONS = {"qwen2": "NFC"}
+
 
 @functools.cache
 def _unstable(form: str) -> tuple[re.Pattern[str], frozenset[str]]:

@@ -10,8 +10,9 @@ and /extras/detokenize, a token per run of a character, and the text of a token 
 than 32 bytes dropped as its 0.3.36 drops it), so memagent cuts chunks with tiktoken
 (offline); the usage
 it reports counts a prompt's tokens as tiktoken's cl100k_base does (or a word a token,
-`count_words`: a tokenizer that counts far fewer on text of few spaces). With a
-`chat_template` it answers /props with it, as llama-server does. A test may give
+`count_words`: a tokenizer that counts far fewer on text of few spaces; `composes`: one
+that composes Unicode first). With a `chat_template` or a `model_path` it answers /props
+with them, as llama-server does. A test may give
 the stand-in model's chat `reply`, and reads every POST's path in `paths`. The server
 can be told to take a fixed time per call, to turn calls away as busy (429 with
 Retry-After), to fail with 503, to stop answering after a number of calls, to hold the
@@ -28,6 +29,7 @@ import json
 import re
 import threading
 import time
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -124,6 +126,8 @@ class FakeServer:
     tokenizer: bool = False  # llama-server's /tokenize and /detokenize, a token per byte
     control: tuple[str, ...] = ()  # the stand-in's control tokens, as the tokenizer spells them
     chat_template: str | None = None  # llama-server's /props gives it; None: no /props
+    model_path: str | None = None  # the model file /props names, as llama-server's does
+    composes: bool = False  # the tokenizer composes Unicode (NFC) first, as Qwen's in vLLM
     extras_tokenizer: bool = False  # llama-cpp-python's, losing its long tokens' text
     tokenize_delay: float = 0.0  # seconds before each /tokenize reply
     tokenize_calls: int = 0
@@ -201,8 +205,9 @@ class FakeServer:
                     if fake.context is not None:
                         model["max_model_len"] = fake.context
                     self._json(200, {"object": "list", "data": [model]})
-                elif self.path.rstrip("/") == "/props" and fake.chat_template is not None:
-                    self._json(200, {"chat_template": fake.chat_template})
+                elif self.path.rstrip("/") == "/props" and (fake.chat_template or fake.model_path):
+                    props = {"chat_template": fake.chat_template, "model_path": fake.model_path}
+                    self._json(200, {k: v for k, v in props.items() if v is not None})
                 else:
                     self._json(404, {"error": {"message": "not found"}})
 
@@ -318,6 +323,8 @@ class FakeServer:
     def tokens(self, text: str, parse_special: bool = True) -> list[int]:
         """llama-server's /tokenize of the stand-in's vocabulary: a token per byte, and with
         `parse_special` (its default) a token of its own, 256 on, for each `control` spelled."""
+        if self.composes:
+            text = unicodedata.normalize("NFC", text)
         if not (parse_special and self.control):
             return list(text.encode())
         spelled = re.compile("|".join(re.escape(c) for c in self.control))

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
+from typing import Any
 
-from memagent_cli.backends.openai.client import BackendError, Client
+from memagent_cli.backends.openai.client import BackendError
 
 # What a control token looks like: ChatML's and Llama 3's `<|im_end|>`, `<|eot_id|>`;
 # DeepSeek's `<｜end▁of▁sentence｜>`; tags such as `</s>` and `<start_of_turn>`; Mistral's
@@ -57,10 +58,13 @@ class Markup:
     /tokenize and `parse_special`), a spelling is markup exactly when the two differ; else
     it is markup when it is `<|...|>`-shaped, in the server's chat template, or KNOWN."""
 
-    def __init__(self, client: Client, reads_markup: Callable[[str], bool] | None) -> None:
-        """`reads_markup(text)`: whether the server's tokens of `text` differ with its
-        control tokens parsed; None where it cannot say."""
-        self._client, self._reads_markup = client, reads_markup
+    def __init__(
+        self, props: Callable[[], dict[str, Any]], reads_markup: Callable[[str], bool] | None
+    ) -> None:
+        """`props()`: llama-server's /props, or nothing; `reads_markup(text)`: whether the
+        server's tokens of `text` differ with its control tokens parsed, None where it
+        cannot say."""
+        self._props, self._reads_markup = props, reads_markup
         self._known: dict[str, bool] = {}
         self._template: frozenset[str] | None = None  # its chat template's spellings
         self._exact: bool | None = None  # whether reads_markup is trusted: found once
@@ -109,16 +113,8 @@ class Markup:
 
     def _template_spellings(self) -> frozenset[str]:
         if self._template is None:
-            self._template = frozenset()
-            try:
-                props = self._client.request(
-                    "/props", retry=False, seconds=self._client.discovery_seconds
-                )
-            except BackendError:
-                return self._template
-            template = props.get("chat_template")
-            if isinstance(template, str):
-                self._template = frozenset(spelled(template))
+            template = self._props().get("chat_template")
+            self._template = frozenset(spelled(template) if isinstance(template, str) else ())
         return self._template
 
 
