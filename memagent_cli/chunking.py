@@ -21,6 +21,25 @@ class Tokenizer(Protocol):
     def detokenize(self, tokens: Sequence[int]) -> bytes: ...
 
 
+def token_pieces(tokenizer: Tokenizer) -> Callable[[str], list[bytes]]:
+    """Each token's bytes of a text, by `tokenizer`: its own `pieces` where it has them (a
+    server that gives its tokens' pieces: one request a text), else each distinct token
+    detokenized once and kept (a vocabulary at most)."""
+    own = getattr(tokenizer, "pieces", None)
+    if own is not None:
+        return own
+    known: dict[int, bytes] = {}
+
+    def pieces(text: str) -> list[bytes]:
+        tokens = tokenizer.tokenize(text)
+        for token in tokens:
+            if token not in known:
+                known[token] = tokenizer.detokenize([token])
+        return [known[token] for token in tokens]
+
+    return pieces
+
+
 class Tokens(array):
     """A document's token ids, 4 bytes each: a list of ints takes about 36 bytes per token,
     70 MB more for a 2M-token book. Compares equal to any sequence of the same ids."""
@@ -176,6 +195,12 @@ def chunk_text(
 
 
 # --- normalization ------------------------------------------------------------------------
+
+# The Unicode normalization the Hugging Face tokenizer of each of llama.cpp's pre-tokenizers
+# (tokenizer.ggml.pre) applies before it splits, which llama.cpp does not: Qwen2's, Qwen2.5's
+# and Qwen3's tokenizer.json say {"type": "NFC"} (models/conversion/vocabulary.py converts
+# these alone). Text is tokenized so, as the authors' model read it.
+NORMALIZATIONS = {"qwen2": "NFC"}
 
 
 @functools.cache

@@ -41,6 +41,7 @@ _KEPT = {
     "general.file_type",
     "general.alignment",
     "tokenizer.chat_template",
+    "tokenizer.ggml.pre",
     "split.count",
     *_KEPT_ARRAYS,
 }

@@ -277,3 +277,92 @@ def test_a_tokenizer_without_normalization_reads_the_text_as_it_is():
     assert backend.normalization is None
     document = nfd(WORDS["french"])
     assert backend.tokenize(document) != backend.tokenize(WORDS["french"])
+
+
+# --- through a server: the rule for the model's normalization -----------------------------
+
+
+def header_only_gguf(path, pre: str):
+    """A GGUF file of a header alone, whose tokenizer's pre-tokenizer is `pre`."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), "qwen2")
+    writer.add_tokenizer_pre(pre)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def with_tail(words: str) -> tuple[str, int]:
+    """Decomposed `words` and an ASCII tail, and a chunk size in the stand-in's tokens (a
+    byte each) that cuts the composed text inside the tail: a window that cuts a character
+    in two comes back from a server's detokenize with U+FFFD (llama-server's too)."""
+    return nfd(words) + " " + "tail " * 40, len(f"{words} ".encode()) + 10
+
+
+def read_through(server, document: str, size: int):
+    """`document` chunked by a server's tokenizer, its tokens, and the message it is sent
+    as."""
+    from memagent_cli.backend import Sampling
+    from memagent_cli.backends.openai import OpenAIBackend, ServerOptions
+
+    backend = OpenAIBackend(ServerOptions(base_url=server.url))
+    tokens, chunks = chunk_text(document, backend, size)
+    backend.generate(f"<section>\n{document}\n</section>", max_tokens=8, sampling=Sampling())
+    return backend, tokens, chunks, server.messages[-1]
+
+
+def test_a_server_s_qwen_model_reads_the_text_composed(tmp_path):
+    """Issue 47: in this process a Qwen GGUF's text is composed (NFC) before tokenizing, as
+    the authors' tokenizer does; through a server it went as extracted. Where the server
+    names its model's file (llama-server's /props) and it is here, its pre-tokenizer
+    decides, and the ranges are still the document's as extracted."""
+    from support.fake_openai import FakeServer
+
+    document, size = with_tail(WORDS["vietnamese"] + " " + WORDS["french"])
+    composed = unicodedata.normalize("NFC", document)
+    model = header_only_gguf(tmp_path / "qwen.gguf", "qwen2")
+    with FakeServer(tokenizer=True, model_path=str(model)) as server:
+        backend, tokens, chunks, sent = read_through(server, document, size)
+    assert tokens == list(composed.encode()) and len(chunks) > 1
+    assert "".join(c.text for c in chunks) == composed
+    assert_tiles(chunks, document)
+    assert composed in sent and document not in sent
+    assert backend.normalization == "NFC"
+
+    other = header_only_gguf(tmp_path / "llama.gguf", "llama-bpe")
+    with FakeServer(tokenizer=True, model_path=str(other)) as server:
+        backend, tokens, chunks, sent = read_through(server, document, len(document) * 4)
+    assert tokens == list(document.encode()) and document in sent
+    assert_tiles(chunks, document)
+    assert backend.normalization is None
+
+
+def test_a_server_whose_tokenizer_composes_is_read_composed():
+    """A server whose tokenizer composes itself (the Hugging Face tokenizer of a Qwen model,
+    as vLLM serves it) sent back composed chunks that were placed as if they were the
+    document's own characters: the ranges drifted off the text as extracted."""
+    from support.fake_openai import FakeServer
+
+    document, size = with_tail(WORDS["korean"] + " " + WORDS["swedish"])
+    with FakeServer(tokenizer=True, composes=True) as server:
+        backend, _, chunks, _ = read_through(server, document, size)
+    assert len(chunks) > 1
+    assert_tiles(chunks, document)
+    for chunk in chunks:
+        original = document[chunk.char_start : chunk.char_end]
+        assert unicodedata.normalize("NFC", original) == chunk.text
+    assert backend.normalization == "NFC"
+
+
+def test_a_server_that_says_nothing_of_its_model_reads_the_text_as_extracted():
+    from support.fake_openai import FakeServer
+
+    document = nfd(WORDS["french"])
+    with FakeServer(tokenizer=True) as server:
+        backend, tokens, chunks, sent = read_through(server, document, len(document) * 4)
+    assert tokens == list(document.encode()) and document in sent
+    assert_tiles(chunks, document)
+    assert backend.normalization is None

@@ -600,20 +600,21 @@ def test_tfidf_ties_go_to_the_memory_written_last():
 
 
 def test_rememr1_state_recalls_from_memories_including_the_new_one():
-    state = rememr1.State()
-    state = rememr1.after_update(state, rememr1.Update("Alice was born in Paris.", None), pieces)
+    state, held = rememr1.State(), rememr1.Memories(pieces)
+    state = rememr1.after_update(state, rememr1.Update("Alice was born in Paris.", None), held)
     assert state == rememr1.State("Alice was born in Paris.", rememr1.NO_RECALL, (MEMORIES[0],))
-    state = rememr1.after_update(state, rememr1.Update("Bob went to Rome.", "Bob Rome"), pieces)
+    state = rememr1.after_update(state, rememr1.Update("Bob went to Rome.", "Bob Rome"), held)
     assert state.recalled == "Bob went to Rome."  # the memory just written
-    state = rememr1.after_update(state, rememr1.Update("Carol.", "born in Paris"), pieces)
+    state = rememr1.after_update(state, rememr1.Update("Carol.", "born in Paris"), held)
     assert state.recalled == "Alice was born in Paris."
-    state = rememr1.after_update(state, rememr1.Update("Carol.", None), pieces)
+    state = rememr1.after_update(state, rememr1.Update("Carol.", None), held)
     assert state.past == ("Alice was born in Paris.", "Bob went to Rome.", "Carol.")
     assert state.recalled == rememr1.NO_RECALL
 
 
 def test_rememr1_a_recall_with_no_terms_anywhere_shows_none():
-    state = rememr1.after_update(rememr1.State(), rememr1.Update("", "anything"), pieces)
+    held = rememr1.Memories(pieces)
+    state = rememr1.after_update(rememr1.State(), rememr1.Update("", "anything"), held)
     assert state == rememr1.State("", "None", ("",))
     assert "<recalled_memory>\nNone\n</recalled_memory>" in rememr1.render_update(
         "Q", state.memory, state.recalled, "c"

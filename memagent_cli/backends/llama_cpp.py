@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from memagent_cli import cpus, crash
 from memagent_cli.backend import Call, Description, Generation, Raw, Sampling
 from memagent_cli.backends import calibration_store
+from memagent_cli.chunking import NORMALIZATIONS
 from memagent_cli.errors import BudgetError, ModelError
 from memagent_cli.files import ENGINE_NOTES, check_gguf
 from memagent_cli.progress import Progress
@@ -57,11 +58,6 @@ _TYPE_BYTES |= {"q4_1": 20 / 32, "iq4_nl": 18 / 32, "q5_0": 22 / 32, "q5_1": 24 
 _RESERVE = 1 << 30  # compute buffers and everything else: leave a GiB free
 # Stands for the user's message while the chat template renders: no text holds it.
 _PLACEHOLDER = "\x00memagent-message\x00"
-# The Unicode normalization the Hugging Face tokenizer of each of llama.cpp's pre-tokenizers
-# (tokenizer.ggml.pre) applies before it splits, which llama.cpp does not: Qwen2's, Qwen2.5's
-# and Qwen3's tokenizer.json say {"type": "NFC"} (models/conversion/vocabulary.py converts
-# these alone). Text is tokenized so, as the authors' model read it.
-_NORMALIZATIONS = {"qwen2": "NFC"}
 
 
 def physical_cores() -> int:
@@ -189,7 +185,7 @@ class LlamaCppBackend:
             )
         # The weights are not loaded yet, so read the trained context from the metadata.
         metadata = self._vocab.metadata
-        self.normalization = _NORMALIZATIONS.get(metadata.get("tokenizer.ggml.pre", ""))
+        self.normalization = NORMALIZATIONS.get(metadata.get("tokenizer.ggml.pre", ""))
         arch = metadata.get("general.architecture", "")
         self.context_limit = int(metadata.get(f"{arch}.context_length", 0)) or 2048
         # A document's tokens as text, every one: llama.cpp makes some plain words control

@@ -693,6 +693,7 @@ SPEC = Spec(
     extra_tokens=extra_tokens,
     stops_early=f"its planner may say STOP {EARLY_STOP} times in a row",
     grows="InfMem's planner is shown every search so far",
+    writes_whole=True,
     price=_price,
     template_tokens=_templates,
 )

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import math
 import re
+from array import array
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from memagent_cli.backend import Sampling
-from memagent_cli.chunking import Chunk, Tokenizer
+from memagent_cli.chunking import Chunk, Tokenizer, token_pieces
 from memagent_cli.reader import (
     Answer,
     Answering,
@@ -87,16 +88,19 @@ class State:
     past: tuple[str, ...] = ()
 
 
-def after_update(state: State, update: Update, pieces: Pieces) -> State:
+def after_update(state: State, update: Update, memories: Memories) -> State:
     """The state after a step: the new memory joins the past ones before the recall is
-    searched, so a recall may bring back the memory just written, as theirs does."""
+    searched, so a recall may bring back the memory just written, as theirs does.
+    `memories` holds the reading's past memories as TF-IDF reads them (any it does not
+    hold yet are added)."""
     past = state.past if update.memory in state.past else (*state.past, update.memory)
+    memories.extend(past)
     if update.recall is None:
         recalled = NO_RECALL
     else:
         # Their retriever returns None when no memory has a single term, and the next
         # prompt then reads "None".
-        found = top1(update.recall, past, pieces)
+        found = memories.top1(update.recall)
         recalled = "None" if found is None else past[found]
     return State(update.memory, recalled, past)
 
@@ -222,45 +226,112 @@ def terms(text: str, pieces: Pieces) -> list[str]:
     return ["".join(_BYTE_LEVEL[b] for b in piece if b != 0x20) for piece in pieces(lowered)]
 
 
+class Terms:
+    """Each text's terms, counted, found once: a memory is tokenized when it is written and
+    never again at a later recall (through a server, a tokenize request each time)."""
+
+    def __init__(self, pieces: Pieces) -> None:
+        self._pieces = pieces
+        self._counted: dict[str, Counter[str]] = {}
+
+    def __call__(self, text: str) -> Counter[str]:
+        counts = self._counted.get(text)
+        if counts is None:
+            counts = self._counted[text] = Counter(terms(text, self._pieces))
+        return counts
+
+
+class Memories:
+    """The distinct memories of one reading so far, as TF-IDF reads them: each memory's
+    term counts added once, when written, so that a search is arithmetic over the counts
+    (numpy's, in C), not tokenizing and counting every memory again at every step."""
+
+    def __init__(self, counted: Terms | Pieces) -> None:
+        self._counted = counted if isinstance(counted, Terms) else Terms(counted)
+        self._clear()
+
+    def _clear(self) -> None:
+        self.texts: list[str] = []
+        self._columns: dict[str, int] = {}  # each term's column
+        self._df = array("q")  # per column: memories holding the term
+        # Per (memory, term) held: the memory's row, the term's column, its count.
+        self._rows, self._cells, self._counts = array("q"), array("q"), array("d")
+
+    def extend(self, memories: Sequence[str]) -> Memories:
+        """Holds `memories`: those held must be their first ones, in order (a resumed or
+        another reading starts from scratch)."""
+        held = len(self.texts)
+        if held > len(memories) or (held and memories[held - 1] != self.texts[-1]):
+            self._clear()
+            held = 0
+        for memory in memories[held:]:
+            row = len(self.texts)
+            self.texts.append(memory)
+            for term, count in self._counted(memory).items():
+                column = self._columns.setdefault(term, len(self._columns))
+                if column == len(self._df):
+                    self._df.append(0)
+                self._df[column] += 1
+                self._rows.append(row)
+                self._cells.append(column)
+                self._counts.append(count)
+        return self
+
+    def scores(self, query: str) -> list[float] | None:
+        """scikit-learn's TfidfVectorizer defaults (raw counts, idf ln((1 + n) / (1 + df))
+        + 1, each row L2-normalized) fitted on the memories, and the cosine of the query's
+        row with each memory's. None when the memories hold no term at all, where fitting
+        fails."""
+        import numpy as np
+
+        if not self._columns:
+            return None
+        n = len(self.texts)
+        df = np.frombuffer(self._df, dtype=np.int64)
+        idf = np.log((1 + n) / (1 + df)) + 1
+        rows = np.frombuffer(self._rows, dtype=np.int64)
+        cells = np.frombuffer(self._cells, dtype=np.int64)
+        weights = np.frombuffer(self._counts, dtype=np.float64) * idf[cells]
+        norms = np.sqrt(np.bincount(rows, weights=weights * weights, minlength=n))
+        asked = np.zeros(len(df))
+        for term, count in self._counted(query).items():
+            if term in self._columns:
+                asked[self._columns[term]] = count * idf[self._columns[term]]
+        length = math.sqrt(float(asked @ asked))
+        if not length:
+            return [0.0] * n
+        dots = np.bincount(rows, weights=weights * (asked / length)[cells], minlength=n)
+        unit = np.divide(dots, norms, out=np.zeros(n), where=norms > 0)
+        return [float(score) for score in unit]
+
+    def top1(self, query: str) -> int | None:
+        """The index of the memory most like `query`. A tie goes to the memory written
+        last, as a stable sort reversed (their `np.argsort(sims)[::-1]`) picks it when the
+        memories are in the order written. None when the memories hold no term at all."""
+        scores = self.scores(query)
+        if scores is None or not query:
+            return None
+        best = max(scores)
+        return max(i for i, score in enumerate(scores) if score == best)
+
+
 def tfidf_scores(query: str, memories: Sequence[str], pieces: Pieces) -> list[float] | None:
-    """scikit-learn's TfidfVectorizer defaults (raw counts, idf ln((1 + n) / (1 + df)) + 1,
-    each row L2-normalized) fitted on the memories, and the cosine of the query's row with
-    each memory's. None when the memories hold no term at all, where fitting fails."""
-    documents = [Counter(terms(memory, pieces)) for memory in memories]
-    df: Counter[str] = Counter()
-    for counts in documents:
-        df.update(counts.keys())
-    if not df:
-        return None
-    n = len(documents)
-    idf = {term: math.log((1 + n) / (1 + count)) + 1 for term, count in df.items()}
-
-    def normalized(counts: Counter[str]) -> dict[str, float]:
-        weights = {term: count * idf[term] for term, count in counts.items() if term in idf}
-        norm = math.sqrt(sum(w * w for w in weights.values()))
-        return {term: w / norm for term, w in weights.items()} if norm else {}
-
-    asked = normalized(Counter(terms(query, pieces)))
-    rows = [normalized(counts) for counts in documents]
-    return [sum(w * row.get(term, 0.0) for term, w in asked.items()) for row in rows]
+    """Memories.scores of `memories`, tokenized with `pieces`."""
+    return Memories(pieces).extend(memories).scores(query)
 
 
 def top1(query: str, memories: Sequence[str], pieces: Pieces) -> int | None:
-    """The index of the memory most like `query`. A tie goes to the memory written last,
-    as a stable sort reversed (their `np.argsort(sims)[::-1]`) picks it when the memories
-    are in the order written. None when the memories hold no term at all."""
-    scores = tfidf_scores(query, memories, pieces)
-    if scores is None or not query:
-        return None
-    best = max(scores)
-    return max(i for i, score in enumerate(scores) if score == best)
+    """Memories.top1 of `memories`, tokenized with `pieces`."""
+    return Memories(pieces).extend(memories).top1(query)
 
 
 # --- the loop ------------------------------------------------------------------------
 
 
 def reader(pieces: Pieces) -> Reader:
-    """ReMemR1's loop, with `pieces` the model's tokens of a text (what TF-IDF counts)."""
+    """ReMemR1's loop, with `pieces` the model's tokens of a text (what TF-IDF counts),
+    each text's asked once for every reading of the loop."""
+    counted = Terms(pieces)
 
     def rememr1(
         question: str,
@@ -269,15 +340,15 @@ def reader(pieces: Pieces) -> Reader:
         listener: Listener = lambda event: None,
         done: Sequence[Step] = (),
     ) -> Reading:
-        steps, state = list(done), State()
+        steps, state, memories = list(done), State(), Memories(counted)
         for step in steps:  # an interrupted run's steps: their memories and last recall
-            state = after_update(state, Update(step.memory, step.recall), pieces)
+            state = after_update(state, Update(step.memory, step.recall), memories)
         for chunk in chunks[len(steps) :]:
             listener(StepStarted(chunk, len(chunks)))
             message = render_update(question, state.memory, state.recalled, chunk.text)
             reply = yield Prompt(message, settings.memory_tokens)
             update = parse_update(reply.text)
-            state = after_update(state, update, pieces)
+            state = after_update(state, update, memories)
             steps.append(Step(chunk, update.memory, reply, recall=update.recall))
             listener(StepFinished(steps[-1], len(chunks)))
         listener(Answering(state.memory))
@@ -291,7 +362,7 @@ def reader(pieces: Pieces) -> Reader:
 
 
 def _loop(tokenizer: Tokenizer, tokens: Sequence[int]) -> Reader:
-    return reader(lambda text: [tokenizer.detokenize([t]) for t in tokenizer.tokenize(text)])
+    return reader(token_pieces(tokenizer))
 
 
 SPEC = Spec(

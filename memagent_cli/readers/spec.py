@@ -90,6 +90,9 @@ class Spec:
     # Why a document of many steps needs more context, where it does (InfMem's history).
     grows: str | None = None
     stops_early: str | None = None  # why it may answer before the last chunk
+    # Its prompts are written whole, chat markup and all (Call.raw): a server would read a
+    # document's spelling of the model's markup as markup, so such a document is refused.
+    writes_whole: bool = False
     # The trace header and the journal name the reader only where it is not this one: runs
     # from before the readers were MemAgent's, and are the same runs.
     implied: bool = False

@@ -11,6 +11,7 @@ from typing import Any
 from memagent_cli import __version__, readers
 from memagent_cli.chunking import Chunk, Tokenizer, Tokens, make_chunks, normalized, tokenize
 from memagent_cli.documents import Document
+from memagent_cli.errors import UserError
 from memagent_cli.progress import SILENT, Reporter
 from memagent_cli.reader import Reader
 from memagent_cli.run.engine import Engine
@@ -105,8 +106,29 @@ def cut(
     return tokens, normal.placed(chunks)
 
 
+def check_markup(document: Document, engine: Engine, report: Reporter = SILENT) -> None:
+    """Before the first call: a document that spells the model's chat markup where the
+    backend would send it as markup (a server: backends/openai/markup.py) is refused for a
+    reader that writes its prompts whole, and said in one sentence for one that chats."""
+    markup = getattr(engine.backend, "markup", None)
+    spelled = markup(document.text) if markup is not None else None
+    if spelled is None:
+        return
+    name, spec = Path(document.path).name, readers.get(engine.settings.reader)
+    if spec.writes_whole:
+        raise UserError(
+            f"{name} spells the chat markup {spelled}, which the server would take as markup "
+            f"in the prompts {spec.name} writes whole; read it with llama.cpp in this process."
+        )
+    report.warn(
+        f"{name} spells the chat markup {spelled}, and the server reads it as markup, not "
+        "text (it may end a turn); read it with llama.cpp in this process to keep it text."
+    )
+
+
 def open_session(document: Document, engine: Engine, report: Reporter = SILENT) -> Session:
     """`document` tokenized and chunked for `engine`, the work told to `report`."""
+    check_markup(document, engine, report)
     tokens, chunks = cut(document, engine.backend, engine.settings.chunk_tokens, report)
     engine.fit(len(chunks))
     return Session(document, tokens, chunks, engine)

@@ -3,13 +3,17 @@
 
 The stand-in follows the MemAgent protocol's shape: an update keeps the last words of the
 memory and adds the first words of the section; a final reply boxes the memory's first word.
-It has no tokenize endpoint unless told to (`tokenizer`: llama-server's /tokenize and
-/detokenize, one token per byte; `extras_tokenizer`: llama-cpp-python's /extras/tokenize
+It has no tokenize endpoint unless told to (`tokenizer`: llama-server's /tokenize, with
+its `with_pieces` and `parse_special`, and /detokenize, one token per byte and one per
+`control` token spelled; `extras_tokenizer`: llama-cpp-python's /extras/tokenize
 and /extras/detokenize, a token per run of a character, and the text of a token longer
 than 32 bytes dropped as its 0.3.36 drops it), so memagent cuts chunks with tiktoken
 (offline); the usage
 it reports counts a prompt's tokens as tiktoken's cl100k_base does (or a word a token,
-`count_words`: a tokenizer that counts far fewer on text of few spaces). The server
+`count_words`: a tokenizer that counts far fewer on text of few spaces; `composes`: one
+that composes Unicode first). With a `chat_template` or a `model_path` it answers /props
+with them, as llama-server does. A test may give
+the stand-in model's chat `reply`, and reads every POST's path in `paths`. The server
 can be told to take a fixed time per call with a number of slots (calls answered at once,
 the others waiting), to turn calls away as busy (429 with Retry-After), to fail with 503,
 to stop answering after a number of calls, to hold the
@@ -26,6 +30,8 @@ import json
 import re
 import threading
 import time
+import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -120,6 +126,10 @@ class FakeServer:
     hold_after: int | None = None  # chat calls answered before the rest wait for release()
     held: int = 0  # chat calls waiting for release() now
     tokenizer: bool = False  # llama-server's /tokenize and /detokenize, a token per byte
+    control: tuple[str, ...] = ()  # the stand-in's control tokens, as the tokenizer spells them
+    chat_template: str | None = None  # llama-server's /props gives it; None: no /props
+    model_path: str | None = None  # the model file /props names, as llama-server's does
+    composes: bool = False  # the tokenizer composes Unicode (NFC) first, as Qwen's in vLLM
     extras_tokenizer: bool = False  # llama-cpp-python's, losing its long tokens' text
     tokenize_delay: float = 0.0  # seconds before each /tokenize reply
     tokenize_calls: int = 0
@@ -140,6 +150,8 @@ class FakeServer:
     cut_to: int | None = None
     count_words: bool = False  # usage counts a word a token, not tiktoken's tokens
     raw: dict[str, Raw] = field(default_factory=dict)  # a path's reply, as given
+    reply: Callable[[str], str] | None = None  # the stand-in model's chat reply; reply_to
+    paths: list[str] = field(default_factory=list)  # every POST's path, in the order sent
     port: int = 0  # 0: any free port; a server restarted where it was keeps its URL
     url: str = ""
 
@@ -196,18 +208,26 @@ class FakeServer:
                     if fake.context is not None:
                         model["max_model_len"] = fake.context
                     self._json(200, {"object": "list", "data": [model]})
+                elif self.path.rstrip("/") == "/props" and (fake.chat_template or fake.model_path):
+                    props = {"chat_template": fake.chat_template, "model_path": fake.model_path}
+                    self._json(200, {k: v for k, v in props.items() if v is not None})
                 else:
                     self._json(404, {"error": {"message": "not found"}})
 
             def do_POST(self) -> None:  # noqa: N802
                 length = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(length) or b"{}")
+                with fake._lock:
+                    fake.paths.append(self.path)
                 if self._refused():
                     return
                 if fake.tokenizer and self.path == "/tokenize":
                     fake.tokenize_calls += 1
                     time.sleep(fake.tokenize_delay)
-                    self._json(200, {"tokens": list(body["content"].encode())})
+                    tokens = fake.tokens(body["content"], body.get("parse_special", True))
+                    if body.get("with_pieces"):
+                        tokens = [{"id": t, "piece": fake.piece(t)} for t in tokens]
+                    self._json(200, {"tokens": tokens})
                     return
                 if fake.extras_tokenizer and self.path == "/extras/tokenize":
                     self._json(200, {"tokens": run_tokens(body["input"])})
@@ -216,7 +236,8 @@ class FakeServer:
                     self._json(200, {"text": runs_text(body["tokens"])})
                     return
                 if fake.tokenizer and self.path == "/detokenize":
-                    text = bytes(body["tokens"]).decode("utf-8", errors="replace")
+                    data = b"".join(fake.token_bytes(t) for t in body["tokens"])
+                    text = data.decode("utf-8", errors="replace")
                     self._json(200, {"content": text})
                     return
                 if self.path.rstrip("/") == "/v1/completions":
@@ -268,7 +289,7 @@ class FakeServer:
                 message = body["messages"][0]["content"]
                 if fake.keep_messages:
                     fake.messages.append(message)
-                text = reply_to(message)
+                text = (fake.reply or reply_to)(message)  # reply_to as it is now
                 words = len(text.split())
                 length_cut = words >= body.get("max_tokens", 10**9)
                 self._json(
@@ -302,6 +323,32 @@ class FakeServer:
         )
         self._thread.start()
         return self
+
+    def tokens(self, text: str, parse_special: bool = True) -> list[int]:
+        """llama-server's /tokenize of the stand-in's vocabulary: a token per byte, and with
+        `parse_special` (its default) a token of its own, 256 on, for each `control` spelled."""
+        if self.composes:
+            text = unicodedata.normalize("NFC", text)
+        if not (parse_special and self.control):
+            return list(text.encode())
+        spelled = re.compile("|".join(re.escape(c) for c in self.control))
+        tokens, at = [], 0
+        for match in spelled.finditer(text):
+            tokens += [*text[at : match.start()].encode(), 256 + self.control.index(match[0])]
+            at = match.end()
+        return [*tokens, *text[at:].encode()]
+
+    def token_bytes(self, token: int) -> bytes:
+        return bytes([token]) if token < 256 else self.control[token - 256].encode()
+
+    def piece(self, token: int) -> str | list[int]:
+        """A token's piece as llama-server's `with_pieces` gives it: its text, or its bytes
+        where they are not UTF-8 on their own."""
+        data = self.token_bytes(token)
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            return list(data)
 
     def read(self, prompt: str) -> int:
         """The prompt's tokens this server reports having read, at most `cut_to`."""

@@ -3,13 +3,17 @@ completions with the paper's sampling."""
 
 from __future__ import annotations
 
-import re
+import functools
+import struct
 import threading
 import time
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from memagent_cli import gguf_header
 from memagent_cli.backend import Description, Generation, InTurn, Raw, Sampling
 from memagent_cli.backends.openai.client import (
     DISCOVERY_SECONDS,
@@ -17,16 +21,16 @@ from memagent_cli.backends.openai.client import (
     BackendError,
     Client,
 )
+from memagent_cli.backends.openai.markup import Markup
 from memagent_cli.backends.openai.tokens import find_tokenizer
 from memagent_cli.backends.openai.urls import without_credentials
 from memagent_cli.backends.tokenizers import DEFAULT_ENCODING, TiktokenTokenizer
+from memagent_cli.chunking import NORMALIZATIONS, token_pieces
 from memagent_cli.errors import UserError
 from memagent_cli.progress import Note, Progress, silent
 from memagent_cli.text import json_count, json_number
 
 _UNKNOWN_CONTEXT = 10**9
-# How chat control tokens are spelled: ChatML's <|im_end|>, Llama's <|eot_id|>, and the like.
-_CONTROL = re.compile(r"<\|[A-Za-z_][\w.-]*\|>")
 _BYTES_PER_TOKEN = 256  # of a completion's reply, for each token it may hold
 # A prompt cut to a context (see _check_read): a count below this share of tiktoken's is
 # worth a second look; tokenizers differ from tiktoken by tens of percent, more on CJK.
@@ -85,9 +89,12 @@ class OpenAIBackend(InTurn):
         if not served and not options.served_model:
             raise BackendError(f"The server at {self.server} serves no model; pass --served-model.")
         self.served_model = options.served_model or served[0]["id"]
+        self._server_props: dict[str, Any] | None = None
         self.name = self.served_model
         self.context_limit = self._context_limit(served)
         self._tokenizer = find_tokenizer(self._client, self.served_model, options.encoding, note)
+        self._pieces = token_pieces(self._tokenizer)
+        self._markup = Markup(self._props, getattr(self._tokenizer, "reads_markup", None))
         self._most_read = 0  # the most prompt tokens this server said it read, probes included
         self._most_read_lock = threading.Lock()
 
@@ -112,22 +119,67 @@ class OpenAIBackend(InTurn):
         for model in served:
             if model["id"] == self.served_model and _positive(model.get("max_model_len")):
                 return model["max_model_len"]
-        try:
-            props = self._client.request(
-                "/props", retry=False, seconds=self._client.discovery_seconds
-            )
-        except BackendError:
-            return _UNKNOWN_CONTEXT
-        settings = props.get("default_generation_settings")
+        settings = self._props().get("default_generation_settings")
         n_ctx = settings.get("n_ctx") if isinstance(settings, dict) else None
         return n_ctx if _positive(n_ctx) else _UNKNOWN_CONTEXT
 
     # -- tokens -----------------------------------------------------------------------
+    @functools.cached_property
+    def normalization(self) -> str | None:
+        """The Unicode normalization the served model's own tokenizer applies before it
+        splits (NFC for Qwen's), which memagent applies to every text it tokenizes or
+        sends, as in this process. Where the server names its model's file (llama-server's
+        /props, llama-cpp-python's model id) and it is on this machine, the file's
+        pre-tokenizer says; else where the server's tokenizer composes text itself (a
+        Hugging Face tokenizer, as vLLM's), NFC; else none: the text goes as extracted."""
+        for path in (self._props().get("model_path"), self.served_model):
+            pre = _pre_tokenizer(path)
+            if pre is not None:
+                return NORMALIZATIONS.get(pre)
+        if isinstance(self._tokenizer, TiktokenTokenizer):
+            return None
+        sample = "Việt, Ångström, été"
+        decomposed = unicodedata.normalize("NFD", sample)
+        try:
+            composes = self._tokenizer.tokenize(decomposed) == self._tokenizer.tokenize(sample)
+        except BackendError:
+            return None
+        return "NFC" if composes else None
+
+    def _props(self) -> dict[str, Any]:
+        """llama-server's /props, asked once; empty where the server has none."""
+        if self._server_props is None:
+            try:
+                self._server_props = self._client.request(
+                    "/props", retry=False, seconds=self._client.discovery_seconds
+                )
+            except BackendError:
+                self._server_props = {}
+        return self._server_props
+
+    def _normal(self, text: str) -> str:
+        """`text` as the model's own tokenizer normalizes it before splitting."""
+        form = self.normalization
+        if form is None or unicodedata.is_normalized(form, text):
+            return text
+        return unicodedata.normalize(form, text)
+
     def tokenize(self, text: str) -> list[int]:
-        return self._tokenizer.tokenize(text)
+        return self._tokenizer.tokenize(self._normal(text))
 
     def detokenize(self, tokens: Sequence[int]) -> bytes:
         return self._tokenizer.detokenize(tokens)
+
+    def pieces(self, text: str) -> list[bytes]:
+        """Each token's bytes of `text` (what ReMemR1's recall counts): one request where
+        the server gives them (llama-server), else each token not seen before detokenized
+        on its own, once."""
+        return self._pieces(self._normal(text))
+
+    def markup(self, text: str) -> str | None:
+        """The first spelling in `text` of one of the served model's chat control tokens,
+        which the server reads as markup in a prompt, not as text (markup.Markup); None."""
+        return self._markup.first(text)
 
     def chat_overhead(self) -> int:
         return 16  # a typical chat template's wrapping; the server enforces the real limit
@@ -148,7 +200,7 @@ class OpenAIBackend(InTurn):
 
     # -- generation -------------------------------------------------------------------
     def generate(self, message: str, *, max_tokens: int, sampling: Sampling) -> Generation:
-        messages = [{"role": "user", "content": message}]
+        messages = [{"role": "user", "content": self._normal(message)}]
         return self._completion(
             "/v1/chat/completions", {"messages": messages}, max_tokens, sampling
         )
@@ -157,14 +209,16 @@ class OpenAIBackend(InTurn):
         """Continue a prompt a reader wrote whole (readers/infmem.py), as its authors send
         it: the text to `/v1/completions`, where the server applies no chat template. A
         server reads markup in that text as markup, so a text piece that spells a chat
-        control token (a document's `<|im_end|>`) is refused, never sent, nor changed."""
+        control token (a document's `<|im_end|>`, the model's own: markup.Markup) is
+        refused, never sent, nor changed. A document is looked at before the first call
+        (run/session.py); a question or a memory is looked at here."""
         for text, markup in raw:
-            if not markup and (spelled := _CONTROL.search(text)):
+            if not markup and (spelled := self._markup.first(text)):
                 raise UserError(
-                    f"The text to read spells the chat markup {spelled.group(0)}, which a "
-                    "server would take as markup; read it with llama.cpp in this process."
+                    f"The text to read spells the chat markup {spelled}, which a server "
+                    "would take as markup; read it with llama.cpp in this process."
                 )
-        prompt = "".join(text for text, _ in raw)
+        prompt = self._normal("".join(text for text, _ in raw))
         return self._completion("/v1/completions", {"prompt": prompt}, max_tokens, sampling)
 
     def _completion(
@@ -283,6 +337,20 @@ class OpenAIBackend(InTurn):
                 "is smaller than one step; give it a larger context (Ollama: num_ctx, or "
                 "OLLAMA_CONTEXT_LENGTH) or lower --chunk-tokens."
             )
+
+
+def _pre_tokenizer(path: object) -> str | None:
+    """The pre-tokenizer (tokenizer.ggml.pre) of the GGUF file at `path` on this machine;
+    None where there is none to read."""
+    if not isinstance(path, str) or not path.lower().endswith(".gguf"):
+        return None
+    try:
+        if not Path(path).is_file():
+            return None
+        pre = gguf_header.read(Path(path)).fields.get("tokenizer.ggml.pre")
+    except (OSError, ValueError, struct.error, UnicodeDecodeError):
+        return None
+    return pre if isinstance(pre, str) else ""
 
 
 def _positive(value: object) -> bool:

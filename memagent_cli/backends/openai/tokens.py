@@ -66,6 +66,7 @@ class _ServerTokenizer:
     def __init__(self, client: Client, model: str) -> None:
         self._client, self._model = client, model
         self._prefix: list[int] | None = None
+        self._known: dict[int, bytes] = {}  # tokens' pieces detokenized (pieces())
 
     def _call(
         self, path: str, body: dict[str, Any], probe: bool = False, most_bytes: int = 0
@@ -84,16 +85,35 @@ class _ServerTokenizer:
         self._tokens("a", probe=True)
 
     def tokenize(self, text: str) -> list[int]:
+        return self._unprefixed(self._tokens(text))
+
+    def _unprefixed(self, tokens: list[Any]) -> list[Any]:
+        """`tokens` without what the server adds to any text (a BOS), found once."""
         if self._prefix is None:
             self._prefix = []  # what the server adds to empty text, e.g. a BOS token
             self._prefix = self._tokens("")
-        tokens = self._tokens(text)
         prefix = self._prefix
-        return tokens[len(prefix) :] if prefix and tokens[: len(prefix)] == prefix else tokens
+        ids = [t.get("id") if isinstance(t, dict) else t for t in tokens[: len(prefix)]]
+        return tokens[len(prefix) :] if prefix and ids == prefix else tokens
+
+    def pieces(self, text: str) -> list[bytes]:
+        """Each token's bytes of `text`: a request for its tokens, and one for each token
+        not seen before (the server joins the text of the tokens it is given)."""
+        tokens = self.tokenize(text)
+        for token in tokens:
+            if token not in self._known:
+                self._known[token] = self.detokenize([token])
+        return [self._known[token] for token in tokens]
 
     def _tokens(self, text: str, probe: bool = False) -> list[int]:
-        body = self._tokenize_body(text)
-        most = _BYTES_PER_BYTE * len(text.encode("utf-8"))  # a long text has a long answer
+        return [t.get("id") if isinstance(t, dict) else t for t in self._listed(text, probe)]
+
+    def _listed(self, text: str, probe: bool = False, **asked: Any) -> list[Any]:
+        """The server's list of tokens of `text`: ids, or objects with an id (`asked`, such
+        as llama-server's with_pieces, adds to the request)."""
+        body = {**self._tokenize_body(text), **asked}
+        # A long text has a long answer, longer with each token's piece.
+        most = (4 if asked else 1) * _BYTES_PER_BYTE * len(text.encode("utf-8"))
         raw = self._call(self.tokenize_path, body, probe, most).get("tokens")
         ids = (
             [t.get("id") if isinstance(t, dict) else t for t in raw]
@@ -105,7 +125,7 @@ class _ServerTokenizer:
                 f"The server at {self._client.server} answered {self.tokenize_path} without "
                 "a list of token ids."
             )
-        return ids
+        return raw
 
     def detokenize(self, tokens: Sequence[int]) -> bytes:
         body = self._detokenize_body(list(tokens))
@@ -129,7 +149,34 @@ class _LlamaServerTokenizer(_ServerTokenizer):
     tokenize_path, detokenize_path = "/tokenize", "/detokenize"
 
     def _tokenize_body(self, text: str) -> dict[str, Any]:
-        return {"content": text, "add_special": False}
+        # Plain text: a document's `<|im_end|>` is its characters, as in this process.
+        return {"content": text, "add_special": False, "parse_special": False}
+
+    def reads_markup(self, text: str) -> bool:
+        """Whether llama-server's tokens of `text` differ where it parses its control
+        tokens (as it does a chat prompt's, and a completion's): `text` spells one."""
+        parsed = self._listed(text, parse_special=True)
+        return [t.get("id") if isinstance(t, dict) else t for t in parsed] != self._tokens(text)
+
+    def pieces(self, text: str) -> list[bytes]:
+        """Each token's bytes of `text`, in one request: llama-server gives each token's
+        piece with `with_pieces` (text, or a list of bytes where not UTF-8 on its own). A
+        server that does not is asked as any other."""
+        listed = self._unprefixed(self._listed(text, with_pieces=True))
+        pieces = [_piece(token) for token in listed]
+        if any(piece is None for piece in pieces):
+            return super().pieces(text)
+        return pieces  # type: ignore[return-value]
+
+
+def _piece(token: Any) -> bytes | None:
+    """A token's bytes as llama-server's `with_pieces` gives them; None without them."""
+    piece = token.get("piece") if isinstance(token, dict) else None
+    if isinstance(piece, str):
+        return piece.encode("utf-8")
+    if isinstance(piece, list) and all(json_count(b) and b < 256 for b in piece):
+        return bytes(piece)
+    return None
 
 
 class _VllmTokenizer(_ServerTokenizer):
