@@ -259,8 +259,25 @@ def top1(query: str, memories: Sequence[str], pieces: Pieces) -> int | None:
 # --- the loop ------------------------------------------------------------------------
 
 
-def reader(pieces: Pieces) -> Reader:
-    """ReMemR1's loop, with `pieces` the model's tokens of a text (what TF-IDF counts)."""
+def _remembered(pieces: Pieces) -> Pieces:
+    """`pieces`, each text's kept: every recall fits TF-IDF anew on every past memory, as
+    their code does, and a memory's tokens never change; tokenized again at each recall,
+    the memories would make a step's work (and its requests through a server) grow with
+    the steps before it."""
+    known: dict[str, Sequence[bytes]] = {}
+
+    def remembered(text: str) -> Sequence[bytes]:
+        found = known.get(text)
+        if found is None:
+            found = known[text] = pieces(text)
+        return found
+
+    return remembered
+
+
+def reader(model_pieces: Pieces) -> Reader:
+    """ReMemR1's loop, with `model_pieces` the model's tokens of a text (what TF-IDF
+    counts), each text's tokenized once per reading."""
 
     def rememr1(
         question: str,
@@ -269,6 +286,7 @@ def reader(pieces: Pieces) -> Reader:
         listener: Listener = lambda event: None,
         done: Sequence[Step] = (),
     ) -> Reading:
+        pieces = _remembered(model_pieces)
         steps, state = list(done), State()
         for step in steps:  # an interrupted run's steps: their memories and last recall
             state = after_update(state, Update(step.memory, step.recall), pieces)
