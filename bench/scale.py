@@ -18,10 +18,13 @@ Checked, per reader, and printed as a table:
   as tests/ keeps them verbatim, filled as their loops fill them (a mirror of each loop
   runs beside the reading, with the authors' BM25 and TF-IDF written out in numpy);
 - time per step at the end (steps 596-605) against the start (steps 6-15): no growth beyond
-  the protocol's own, here the prompt tokens each step tokenizes; and peak memory, with
-  the RSS added between the two;
+  the protocol's own work (the tokens of the step's prompts, which InfMem's retrieval
+  history makes grow, and the past memories each ReMemR1 recall fits TF-IDF on again); RSS
+  at the start and the end (at most 16 MB more), and its peak;
 - through a stand-in OpenAI server on 127.0.0.1 (llama-server's /tokenize and /detokenize
-  on the same vocabulary), the HTTP requests each step makes, at the start and the end.
+  on the same vocabulary, no Unicode composition, as llama-server), the HTTP requests each
+  step makes, at the start and the end, against a bound: the reader's calls, and two texts
+  of its own tokenized and detokenized.
 
     python bench/scale.py [--tokens 3500000] [--readers memagent,infmem,rememr1]
 
@@ -636,7 +639,7 @@ class Row:
     rss_end_mb: float = 0.0
     peak_mb: float = 0.0
     server_steps: int = 0
-    server_setup: int = 0
+    server_setup: int = 0  # requests before the first step: models, tokenize, chunks
     server_first: int = 0
     server_start: float = 0.0
     server_end: float = 0.0
