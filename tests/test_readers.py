@@ -64,6 +64,34 @@ def test_rememr1_shows_a_recalled_memory_on_the_next_step_and_answers_from_the_b
     assert answer.answer == "noon"
 
 
+def test_rememr1_tokenizes_each_memory_once_however_many_recalls_fit_it_again():
+    """Every recall fits TF-IDF anew on every past memory, as their code does; a memory's
+    tokens never change, so it is tokenized once: else a step's work (and its requests
+    through a server) grows with the steps before it (bench/scale.py measured step 600 at
+    9x step 10)."""
+    from collections import Counter
+
+    class Counting(ScriptedBackend):
+        def __init__(self, replies):
+            super().__init__(replies)
+            self.tokenized = Counter()
+
+        def tokenize(self, text):
+            self.tokenized[text] += 1
+            return super().tokenize(text)
+
+    steps = 30
+    replies = [f"<update>memory {i}</update><recall>memory {i}</recall>" for i in range(steps)]
+    backend = Counting([*replies, "\\boxed{done}"])
+    text = "The tower bell rang at noon. " * 40
+    settings = Settings(chunk_tokens=36, memory_tokens=64, reader="rememr1")
+    pieces = make_chunks(list(text.encode()), settings.chunk_tokens, bytes)[:steps]
+    reader = readers.get("rememr1").loop(backend, ())
+    answer = read(backend, "When?", pieces, settings, reader=reader)
+    assert len(answer.steps) == steps and answer.steps[-1].recall == f"memory {steps - 1}"
+    assert max(backend.tokenized.values()) == 1, backend.tokenized.most_common(2)
+
+
 def test_rememr1_read_together_equals_read_alone_and_resumes_to_the_same_prompts():
     alone = ScriptedBackend(list(REPLIES))
     whole = rememr1_reading(alone)
