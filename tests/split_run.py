@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MODEL = ["-m", "model and not real_model"]
+MODEL = ["-m", "model and not real_model and not slower"]
 REST = ["-m", "not model and not real_model"]
 
 

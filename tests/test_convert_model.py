@@ -255,6 +255,7 @@ def test_a_failed_quantization_gives_llama_cpp_s_reason_and_what_is_left(models,
 K_SIZES = {"hidden_size": 256, "intermediate_size": 512}
 
 
+@pytest.mark.slower  # 12 s: make test-real runs it
 def test_q4_k_m_of_rows_of_256_is_made_of_q4_k_and_q6_k_and_computes_the_model(tmp_path):
     from tokenizers import Tokenizer
 

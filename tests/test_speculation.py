@@ -145,6 +145,7 @@ def test_a_copying_reply_accepts_long_drafts() -> None:
     assert got.accepted < got.drafted  # and some were rejected: both paths ran
 
 
+@pytest.mark.slower  # 13 s: make test-real runs it
 def test_forced_drafts_change_some_reply_without_exact_and_none_with_it(
     deep_tiny_model: Path,
 ) -> None:

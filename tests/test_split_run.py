@@ -51,7 +51,7 @@ def test_model_tests_get_half_the_cpus_and_the_rest_the_other_half(monkeypatch, 
     started = Started(monkeypatch, {0, 1, 2, 3})
     assert split_run.main([]) == 0
     assert started.selections() == [
-        ("model and not real_model", {0, 1}),
+        ("model and not real_model and not slower", {0, 1}),
         ("not model and not real_model", {2, 3}),
     ]
 
@@ -62,7 +62,7 @@ def test_with_one_cpu_the_two_run_one_after_the_other_unpinned(monkeypatch, tmp_
     assert split_run.main([]) == 0
     assert started.selections() == [
         ("not model and not real_model", None),
-        ("model and not real_model", None),
+        ("model and not real_model and not slower", None),
     ]
 
 
@@ -73,7 +73,7 @@ def test_a_cpu_quota_below_the_affinity_is_what_is_split(monkeypatch, tmp_path):
     started = Started(monkeypatch, set(range(8)), quota=2)
     assert split_run.main([]) == 0
     assert started.selections() == [
-        ("model and not real_model", {0}),
+        ("model and not real_model and not slower", {0}),
         ("not model and not real_model", {1}),
     ]
 
@@ -84,5 +84,5 @@ def test_a_quota_of_one_cpu_runs_the_two_one_after_the_other(monkeypatch, tmp_pa
     assert split_run.main([]) == 0
     assert [selection for selection, _ in started.selections()] == [
         "not model and not real_model",
-        "model and not real_model",
+        "model and not real_model and not slower",
     ]
