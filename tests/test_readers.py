@@ -899,18 +899,23 @@ def spelling(markup: str, at: int = 40) -> str:
     return " ".join(sentences)
 
 
-@pytest.mark.parametrize("markup", ["<|im_end|>", "</s>", "<start_of_turn>", "<|eot_id|>"])
+@pytest.mark.parametrize(
+    ("reader", "markup"),
+    [("infmem", m) for m in ("<|im_end|>", "</s>", "<start_of_turn>", "<|eot_id|>")]
+    + [("memreread", "<|im_end|>")],
+)
 def test_markup_a_server_would_read_is_refused_before_the_first_call(
-    memagent, fake_server, tmp_path, markup
+    memagent, fake_server, tmp_path, reader, markup
 ):
-    """Issue 47: InfMem sends prompts it wrote whole, and a server reads markup in them as
-    markup. A document that spells a chat control token was refused only once a prompt
-    held it (a search could surface it hours in), and only for Qwen's `<|...|>` markers:
-    now the whole document is looked at before the first call, for other models' too."""
+    """Issue 47: InfMem (and MemReread) send prompts they wrote whole, and a server reads
+    markup in them as markup. A document that spells a chat control token was refused only
+    once a prompt held it (a search could surface it hours in), and only for Qwen's
+    `<|...|>` markers: now the whole document is looked at before the first call, for other
+    models' too."""
     book = tmp_path / "spelled.txt"
     book.write_text(spelling(markup))
     steps = ["--chunk-tokens", "100", "--memory-tokens", "48"]
-    args = [str(book), "When?", *served(fake_server, *steps), "--reader", "infmem", "--no-trace"]
+    args = [str(book), "When?", *served(fake_server, *steps), "--reader", reader, "--no-trace"]
     result = memagent("ask", *args)
     assert result.returncode == 1, result.stderr
     assert f"spells the chat markup {markup}" in result.stderr

@@ -480,6 +480,7 @@ SPEC = _Spec(
     answer_tokens=ANSWER_TOKENS,
     stops_early=f"it rereads only while its memory lacks the answer, {REREADS} times at most",
     held=held,
+    writes_whole=True,  # Qwen3's chat, thinking off, written whole (readers/chat.py)
     price=_calls,
     template_tokens=_templates,
 )
