@@ -366,3 +366,20 @@ def test_a_server_that_says_nothing_of_its_model_reads_the_text_as_extracted():
     assert tokens == list(document.encode()) and document in sent
     assert_tiles(chunks, document)
     assert backend.normalization is None
+
+
+def test_a_server_s_windows_that_split_a_character_still_tile_the_document():
+    """Issue 47: a window of a server's tokens that ends inside a character came back from
+    its /detokenize with U+FFFD (llama-server's does), one character more on each side of the
+    cut, and every later chunk's range shifted (a 168-character Vietnamese text ended at
+    179). llama-server gives each token's piece as bytes where it is no character of its own
+    (`with_pieces`): the windows are joined from those, byte for byte, as in this process."""
+    from support.fake_openai import FakeServer
+
+    document = WORDS["vietnamese"] + " " + WORDS["korean"]
+    size = 7  # a token a byte: most windows end inside a character
+    with FakeServer(tokenizer=True) as server:
+        _, tokens, chunks, _ = read_through(server, document, size)
+    assert len(chunks) == -(-len(document.encode()) // size)
+    assert sum(not c.text.isascii() and "\ufffd" in c.text for c in chunks) > 1  # cuts seen
+    assert_tiles(chunks, document)

@@ -152,6 +152,28 @@ class _LlamaServerTokenizer(_ServerTokenizer):
         # Plain text: a document's `<|im_end|>` is its characters, as in this process.
         return {"content": text, "add_special": False, "parse_special": False}
 
+    def tokenize(self, text: str) -> list[int]:
+        """`text`'s tokens, each one's piece kept (`with_pieces`, in the same request): a
+        window of them is then detokenized from their pieces, byte for byte, as in this
+        process, where llama-server's /detokenize answers a character that a window's end
+        cuts in two with U+FFFD on both sides of the cut (one character more each, and every
+        later chunk's range shifted)."""
+        listed = self._unprefixed(self._listed(text, with_pieces=True))
+        ids = [t.get("id") if isinstance(t, dict) else t for t in listed]
+        for token, item in zip(ids, listed, strict=True):
+            piece = _piece(item)
+            if piece is not None:
+                self._known.setdefault(token, piece)
+        return ids
+
+    def detokenize(self, tokens: Sequence[int]) -> bytes:
+        """The bytes of `tokens`: their pieces joined where each was seen (tokenize()), else
+        the server's /detokenize."""
+        known = self._known
+        if tokens and all(token in known for token in tokens):
+            return b"".join(known[token] for token in tokens)
+        return super().detokenize(tokens)
+
     def reads_markup(self, text: str) -> bool:
         """Whether llama-server's tokens of `text` differ where it parses its control
         tokens (as it does a chat prompt's, and a completion's): `text` spells one."""
