@@ -21,7 +21,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Any, BinaryIO
+from typing import IO, Any, BinaryIO, TypeVar
 
 from memagent_cli.errors import ModelError, UserError
 
@@ -47,6 +47,7 @@ NOTES = logging.getLogger("memagent")
 # The engine's notes (backends/: its calibration, drafts it cannot use), shown as they always
 # were: "memagent: " and the sentence, where the others say "memagent: note: ".
 ENGINE_NOTES = NOTES.getChild("engine")
+T = TypeVar("T")
 _FLAGS = {
     "w": os.O_WRONLY | os.O_TRUNC,
     "a": os.O_WRONLY | os.O_APPEND,
@@ -157,6 +158,25 @@ def _lock_windows(fd: int, wait: bool) -> bool:
     finally:
         os.lseek(fd, where, os.SEEK_SET)
     return True
+
+
+def read_kept(
+    path: Path, limit: int, parse: Callable[[bytes], T], what: str, note: Any = None
+) -> T | None:
+    """`parse` of a small file memagent keeps in its data folder (a calibration, a kept
+    speed), or None: none kept, or one that is not sound. Read only as a regular file of at
+    most `limit` bytes, not through a link in its place (a FIFO or /dev/zero there cannot
+    stall it); `parse` raises ValueError with why it is not one. `note` hears why, in one
+    line, naming it (`what`), and that it is measured again."""
+    try:
+        return parse(read_checked(path, limit, follow=False))
+    except (FileNotFoundError, NotADirectoryError):  # not kept yet
+        return None
+    except (OSError, ValueError) as exc:
+        why = (exc.strerror or str(exc)) if isinstance(exc, OSError) else str(exc)
+        if note is not None:
+            note(f"{what} {path} cannot be used ({why}): measuring again")
+        return None
 
 
 def replace_private(path: Path, text: str, prefix: str) -> None:

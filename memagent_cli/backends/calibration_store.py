@@ -30,6 +30,7 @@ from memagent_cli.files import (
     open_private,
     private_folder,
     read_checked,
+    read_kept,
     remove_stale,
     replace_private,
 )
@@ -69,19 +70,14 @@ def load(key: Mapping[str, Any], note: Any = None) -> Calibration | None:
     """The calibration kept for `key`, disputed or not, or None: not measured, or a file
     that is not a sound one (a FIFO, a device, a huge or hostile file: `note` hears why, in
     one line, and it is measured again)."""
-    path = path_for(key)
-    try:
-        found = parse(read_checked(path, MAX_FILE_BYTES, follow=False))
+
+    def parsed(data: bytes) -> Calibration:
+        found = parse(data)
         if dict(found.key) != dict(key):
             raise Damaged("it is for another model or engine")
         return found
-    except (FileNotFoundError, NotADirectoryError):  # not measured (store() says the rest)
-        return None
-    except (OSError, Damaged) as exc:
-        why = exc.args[0] if isinstance(exc, Damaged) else (exc.strerror or str(exc))
-        if note is not None:
-            note(f"the calibration {path} cannot be used ({why}): measuring again")
-        return None
+
+    return read_kept(path_for(key), MAX_FILE_BYTES, parsed, "the calibration", note)
 
 
 def store(calibration: Calibration, note: Any = None) -> Path | None:

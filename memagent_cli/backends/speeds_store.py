@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from memagent_cli.backends.speed import Speed
-from memagent_cli.files import private_folder, read_checked, remove_stale, replace_private
+from memagent_cli.files import private_folder, read_kept, remove_stale, replace_private
 from memagent_cli.folders import data_dir
 
 if TYPE_CHECKING:
@@ -123,19 +123,14 @@ def load(key: Mapping[str, Any], note: Any = None) -> Kept | None:
     """The speed kept for `key`, or None: none kept, or a file that is not sound (`note`
     hears why, in one line). Read only as a regular file, a bounded number of bytes (a FIFO
     or /dev/zero in its place cannot stall it)."""
-    path = path_for(key)
-    try:
-        found = parse(read_checked(path, MAX_FILE_BYTES, follow=False))
+
+    def parsed(data: bytes) -> Kept:
+        found = parse(data)
         if dict(found.key) != dict(key):
             raise Damaged("it is for another model or engine")
         return found
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    except (OSError, Damaged) as exc:
-        why = exc.args[0] if isinstance(exc, Damaged) else (exc.strerror or str(exc))
-        if note is not None:
-            note(f"the kept speed {path} cannot be used ({why}): measuring again")
-        return None
+
+    return read_kept(path_for(key), MAX_FILE_BYTES, parsed, "the kept speed", note)
 
 
 def store(key: Mapping[str, Any], speed: Speed, asked_to: int) -> Path | None:
