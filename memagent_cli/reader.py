@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from memagent_cli import protocol
 from memagent_cli.backend import Backend, Call, Generation, Raw, Sampling
@@ -31,21 +31,13 @@ class Step:
     chunk: Chunk
     memory: str
     generation: Generation
-    recall: str | None = None  # a reader's query for an earlier memory (readers/rememr1.py)
-    # A reader that searches the document (readers/infmem.py): the searches its planner
-    # asked for (query, top_k), its STOPs in a row then, and the token and character ranges
-    # of the units found that the update was shown.
-    searches: tuple[tuple[str, str], ...] = ()
-    stops: int = 0
+    # What the reader's steps carry besides, by name, as its spec declares them
+    # (readers/spec.py, Spec.fields): ReMemR1's recall, InfMem's searches, ...
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    # Units of the document the update was shown besides its chunk (a reader that searches,
+    # readers/infmem.py): their token and character ranges, in the order shown.
     found: tuple[tuple[int, int], ...] = ()
     found_chars: tuple[tuple[int, int], ...] = ()
-    # A reader that reads the document again for a question of its own (readers/
-    # memreread.py): that question, and, on the last step of such a reading, its answer.
-    question: str | None = None
-    answer: str | None = None
-    # The memory the reading goes on with, where this step ends a pass or a reread whose
-    # findings were merged into it (readers/pimem.py, readers/memreread.py).
-    merged: str | None = None
 
 
 @dataclass(frozen=True)

@@ -416,10 +416,10 @@ def test_three_rereads_at_most_cost_four_passes_and_ten_calls():
     # A reread's steps name their sub-question and the chunk they read again; the last
     # keeps the sub-answer and the memory the integration left (their text after </think>).
     last = answer.steps[2 * n - 1]
-    assert (last.question, last.chunk.index) == ("Who rang the tower bell?", n - 1)
-    assert last.memory == "r0.2" and last.answer == "found \\boxed{keeper 0}"
-    assert last.merged == "integrated 0"
-    assert [s.question for s in answer.steps[:n]] == [None] * n
+    assert (last.extra["question"], last.chunk.index) == ("Who rang the tower bell?", n - 1)
+    assert last.memory == "r0.2" and last.extra["answer"] == "found \\boxed{keeper 0}"
+    assert last.extra["merged"] == "integrated 0"
+    assert [s.extra.get("question") for s in answer.steps[:n]] == [None] * n
 
 
 def test_a_read_reply_keeps_what_follows_its_thinking_unstripped():
@@ -466,8 +466,8 @@ def test_resumed_after_any_step_it_asks_what_the_whole_reading_asked(decisions):
         kept = whole.steps[:cut]
         # The calls a kept step stands for: its read, and the decomposing, sub-answer and
         # integrating calls joined to it.
-        asked = sum(1 + (s.question is not None and s.chunk.index == 0) for s in kept)
-        asked += sum(2 for s in kept if s.merged is not None)
+        asked = sum(1 + ("question" in s.extra and s.chunk.index == 0) for s in kept)
+        asked += sum(2 for s in kept if "merged" in s.extra)
         resumed = Completing(replies[asked:])
         again = reading(resumed, done=kept)
         assert resumed.calls == alone.calls[asked:], cut
@@ -502,8 +502,9 @@ def test_a_trace_keeps_the_rereads_and_a_run_resumes_from_it(tmp_path):
     reread = written.steps[n : 2 * n]
     assert [s.chunk_index for s in reread] == list(range(n))
     assert [s.index for s in reread] == list(range(n, 2 * n))
-    assert {s.question for s in reread} == {"Who rang the tower bell?"}
-    assert reread[-1].answer == "found \\boxed{keeper 0}" and reread[-1].merged == "integrated 0"
+    assert {s.extra["question"] for s in reread} == {"Who rang the tower bell?"}
+    assert reread[-1].extra["answer"] == "found \\boxed{keeper 0}"
+    assert reread[-1].extra["merged"] == "integrated 0"
     assert written.header.settings["reader"] == "memreread"
 
     path = tmp_path / "cut.jsonl"

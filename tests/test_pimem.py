@@ -387,9 +387,8 @@ def test_each_pass_is_steps_and_its_merge_is_on_its_last():
     assert len(answer.steps) == 3 * n
     assert [s.chunk.index for s in answer.steps] == [0, 1, 2] * 3
     assert [s.memory for s in answer.steps[:n]] == [YES, NO, NO]  # each chunk's finding
-    assert [s.merged for s in answer.steps] == [None, None, "merged one"] + [None] * 2 + [
-        "merged two"
-    ] + [None] * 3
+    merges = [None, None, "merged one", None, None, "merged two", None, None, None]
+    assert [s.extra.get("merged") for s in answer.steps] == merges
     # The merge's cost is its pass's last step's.
     assert answer.steps[n - 1].generation.completion_tokens == (1 + 2) + (2 + 2)
 
@@ -437,9 +436,9 @@ def test_a_pass_s_chunk_calls_go_together_and_read_as_one_by_one(slots, rounds):
     job = Job("Who?", reader=readers.get("pi-mem").loop(together, ()))
     [answer] = read_together(together, [job], chunks(VAULT), SETTINGS, slots=slots)
     assert together.rounds == rounds
-    assert answer.reply == alone.reply and alone.steps[3].merged  # pass 1 found something
+    assert answer.reply == alone.reply and alone.steps[3].extra["merged"]  # pass 1 found something
     assert [s.memory for s in answer.steps] == [s.memory for s in alone.steps]
-    assert [s.merged for s in answer.steps] == [s.merged for s in alone.steps]
+    assert [s.extra for s in answer.steps] == [s.extra for s in alone.steps]
     assert sorted(together.messages) == sorted(one_by_one.messages)
 
 
@@ -464,7 +463,7 @@ def test_resumed_after_any_step_it_asks_what_the_whole_reading_asked(passes):
     whole = reading(alone)
     for cut in range(len(whole.steps) + 1):
         kept = whole.steps[:cut]
-        asked = cut + sum(1 for s in kept if s.merged is not None)
+        asked = cut + sum(1 for s in kept if "merged" in s.extra)
         resumed = ScriptedBackend(replies[asked:])
         again = reading(resumed, done=kept)
         assert resumed.messages == alone.messages[asked:], cut
@@ -671,7 +670,7 @@ def test_ctrl_c_in_the_second_pass_resumes_at_its_first_chunk_to_the_same_answer
     assert process.returncode == 130, stderr
     assert stdout == "" and "Traceback" not in stderr and "Interrupted (SIGINT)" in stderr
     stopped = read_trace(cut)
-    assert len(stopped.steps) == n and stopped.steps[-1].merged  # pass 1, merged
+    assert len(stopped.steps) == n and stopped.steps[-1].extra["merged"]  # pass 1, merged
     fake_server.release()
     calls = fake_server.chat_calls
     resumed = memagent("ask", *args, "--json", "--resume", str(cut))

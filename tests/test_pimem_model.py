@@ -42,7 +42,7 @@ def test_a_pass_read_together_equals_its_chunks_read_one_by_one(tiny_model):
     [together] = read_together(backend, [job], chunks, SETTINGS, slots=len(chunks))
     assert rounds[0] == len(chunks)  # the first pass's chunk calls, at once
     assert [s.memory for s in together.steps] == [s.memory for s in alone.steps]
-    assert [s.merged for s in together.steps] == [s.merged for s in alone.steps]
+    assert [s.extra for s in together.steps] == [s.extra for s in alone.steps]
     assert together.reply == alone.reply
 
 

@@ -28,22 +28,29 @@ PLUGIN = textwrap.dedent(
     from memagent_cli.reader import (
         Answer, Answering, Finished, Prompt, Step, StepFinished, StepStarted,
     )
-    from memagent_cli.readers.spec import Spec
+    from memagent_cli.readers.spec import Spec, StepField
 
     UPDATE = "Every other section. " + protocol.UPDATE_TEMPLATE
+    # What its steps carry: the chunk each left out. A resumed reading counts them again.
+    SKIPPED = StepField("skipped", int, "left out", lambda index: (f"chunk {index + 1}",))
 
 
     def _loop(tokenizer, tokens):
         def every_other(question, chunks, settings, listener=lambda event: None, done=()):
             steps = list(done)
             memory = steps[-1].memory if steps else protocol.INITIAL_MEMORY
+            skipped = sum(1 for step in steps if "skipped" in step.extra)
             read = chunks[::2]
             for chunk in read[len(steps):]:
                 listener(StepStarted(chunk, len(read)))
                 message = UPDATE.format(prompt=question, memory=memory, chunk=chunk.text)
+                message += f" ({skipped} left out so far)"
                 reply = yield Prompt(message, settings.memory_tokens)
                 memory = protocol.strip_think(reply.text)
-                steps.append(Step(chunk, memory, reply))
+                left_out = chunk.index + 1
+                extra = {"skipped": left_out} if left_out < len(chunks) else {}
+                skipped += len(extra)
+                steps.append(Step(chunk, memory, reply, extra))
                 listener(StepFinished(steps[-1], len(read)))
             listener(Answering(memory, "it reads every other chunk"))
             message = protocol.render_final(question, memory)
@@ -63,6 +70,7 @@ PLUGIN = textwrap.dedent(
         templates={"update": UPDATE, "final": protocol.FINAL_TEMPLATE},
         bare=(UPDATE.format(prompt="", memory="", chunk=""), protocol.BARE_TEMPLATES[1]),
         stops_early="it reads every other chunk",
+        fields=(SKIPPED,),
     )
     '''
 )
@@ -107,14 +115,25 @@ def test_a_reader_from_a_plugin_reads_traces_shows_and_resumes(
     )
     assert [s.chunk_index for s in trace.steps] == list(range(0, chunks, 2))
     assert asked[-1].startswith(final)
+    # What its steps carry (its Spec.fields) is kept in the trace, in --json, in the views.
+    records = [json.loads(line) for line in (tmp_path / "whole.jsonl").read_text().splitlines()]
+    assert records[2]["type"] == "step" and records[2]["skipped"] == 3
+    assert [s.get("skipped") for s in result["steps"]] == [
+        i + 1 if i + 1 < chunks else None for i in range(0, chunks, 2)
+    ]
+    assert asked[2].endswith("(2 left out so far)")
 
     shown = memagent("trace", str(tmp_path / "whole.jsonl"))
     assert shown.returncode == 0, shown.stderr
     assert "every other chunk" in shown.stdout
+    step = memagent("trace", str(tmp_path / "whole.jsonl"), "--step", "2")
+    assert step.returncode == 0, step.stderr
+    assert "Left out: chunk 4" in step.stdout
     page = tmp_path / "whole.html"
     html = memagent("trace", str(tmp_path / "whole.jsonl"), "--html", str(page))
     assert html.returncode == 0, html.stderr
     assert "every other chunk" in page.read_text()
+    assert "<li>Left out: chunk 4</li>" in page.read_text()
 
     # Ctrl-C during the second step; the same command with --resume asks the rest.
     fake_server.messages.clear()

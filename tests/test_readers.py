@@ -60,7 +60,7 @@ def test_rememr1_shows_a_recalled_memory_on_the_next_step_and_answers_from_the_b
     assert f"<recalled_memory>\n{first}\n</recalled_memory>" in prompts[2]
     assert f"<recalled_memory>\n{rememr1.NO_RECALL}\n</recalled_memory>" in prompts[3]
     assert [step.memory for step in answer.steps][:2] == [first, "<update>tower</update>"]
-    assert answer.steps[1].recall == "bell noon"
+    assert answer.steps[1].extra["recall"] == "bell noon"
     assert answer.answer == "noon"
 
 
@@ -88,7 +88,7 @@ def test_rememr1_tokenizes_each_memory_once_however_many_recalls_fit_it_again():
     pieces = make_chunks(list(text.encode()), settings.chunk_tokens, bytes)[:steps]
     reader = readers.get("rememr1").loop(backend, ())
     answer = read(backend, "When?", pieces, settings, reader=reader)
-    assert len(answer.steps) == steps and answer.steps[-1].recall == f"memory {steps - 1}"
+    assert len(answer.steps) == steps and answer.steps[-1].extra["recall"] == f"memory {steps - 1}"
     assert max(backend.tokenized.values()) == 1, backend.tokenized.most_common(2)
 
 
@@ -189,7 +189,7 @@ def test_infmem_searches_then_stops_after_three_stops_in_a_row():
     assert answer.stopped == "the planner said STOP 3 times in a row"
     assert answer.answer == "noon"
     assert [step.memory for step in answer.steps] == ["m1", "m2", "m3"]
-    assert answer.steps[0].searches == (("bell noon", "3"),)
+    assert answer.steps[0].extra["searches"] == (("bell noon", "3"),)
     # Every search returns 4 units; a chunk of 40 tokens is one unit.
     assert answer.steps[0].found == ((0, 40), (40, 80), (80, 120), (120, 145))
     first_update = "".join(text for text, _ in backend.raws[2])

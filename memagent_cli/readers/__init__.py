@@ -16,7 +16,7 @@ from typing import Any
 
 from memagent_cli import protocol
 from memagent_cli.errors import UserError
-from memagent_cli.readers.spec import Spec
+from memagent_cli.readers.spec import Spec, StepField
 
 DEFAULT = protocol.READER  # what a model no one says otherwise of reads with
 ENTRY_POINTS = "memagent.readers"
@@ -73,6 +73,20 @@ def named_in(settings: Mapping[str, Any]) -> str:
     return str(settings.get("reader", DEFAULT))
 
 
+def find(name: str) -> Spec | None:
+    """The reader named `name`, None where this memagent has none (a plugin's trace, read
+    without the plugin): for what only shows a trace, which needs no reader to be read."""
+    _load(plugins=name not in BUILT_IN)
+    return _registry.get(name)
+
+
+def fields_of(settings: Mapping[str, Any]) -> tuple[StepField, ...]:
+    """What the steps of the reader that a trace header's `settings` name carry
+    (Spec.fields); none where this memagent has no such reader."""
+    spec = find(named_in(settings))
+    return spec.fields if spec is not None else ()
+
+
 def _load(plugins: bool = True) -> None:
     """The built-in readers, once; with `plugins`, the entry points' too, once."""
     global _loaded, _plugins_loaded
@@ -99,4 +113,16 @@ def _load(plugins: bool = True) -> None:
             _broken[point.name] = f"The reader plugin {point.name} is not a readers.spec.Spec."
 
 
-__all__ = ["DEFAULT", "Spec", "get", "implied", "named_in", "names", "recorded", "register"]
+__all__ = [
+    "DEFAULT",
+    "Spec",
+    "StepField",
+    "fields_of",
+    "find",
+    "get",
+    "implied",
+    "named_in",
+    "names",
+    "recorded",
+    "register",
+]

@@ -37,7 +37,14 @@ from memagent_cli.reader import (
     StepStarted,
 )
 from memagent_cli.readers import chat as qwen
-from memagent_cli.readers.spec import USUAL_QUESTION, CallSize, Replies, Spec, Templates
+from memagent_cli.readers.spec import (
+    USUAL_QUESTION,
+    CallSize,
+    Replies,
+    Spec,
+    StepField,
+    Templates,
+)
 
 PLANNER_TEMPLATE = (
     "\nYou are a Retrieval Planner.  \n\nYour ONLY task is to decide whether to perform "
@@ -592,8 +599,9 @@ def reader(tokenizer: Tokenizer, tokens: Sequence[int]) -> Reader:
         found, texts, chars, index = search_index(chunks)
         steps, state = list(done), State()
         for step in steps:  # an interrupted run's steps: their searches, STOPs and memory
-            searches = tuple(Search(query, top_k) for query, top_k in step.searches)
-            state = replace(state, searches=state.searches + searches, stops=step.stops)
+            searches = tuple(Search(*search) for search in step.extra.get("searches", ()))
+            stops = step.extra.get("stops", 0)
+            state = replace(state, searches=state.searches + searches, stops=stops)
             state = after_update(state, step.memory)
         stopped = None
         for chunk in chunks[len(steps) :]:
@@ -614,8 +622,7 @@ def reader(tokenizer: Tokenizer, tokens: Sequence[int]) -> Reader:
                     chunk,
                     state.memory,
                     _joined(planning, update),
-                    searches=tuple((search.query, search.top_k) for search in plan.searches),
-                    stops=state.stops,
+                    _extra(plan.searches, state.stops),
                     found=tuple((found[i].token_start, found[i].token_end) for i in shown),
                     found_chars=tuple(chars[i] for i in shown),
                 )
@@ -680,6 +687,32 @@ def _templates(spec: Spec, backend: Backend, steps: int) -> Templates:
     )
 
 
+def _extra(searches: Sequence[Search], stops: int) -> dict[str, object]:
+    """What a step keeps of its plan (SEARCHES, STOPS): the searches asked for, and the
+    STOPs in a row so far where there are any."""
+    extra: dict[str, object] = {}
+    if searches:
+        extra["searches"] = tuple((search.query, search.top_k) for search in searches)
+    if stops:
+        extra["stops"] = stops
+    return extra
+
+
+SEARCHES = StepField(
+    "searches",
+    "pairs",
+    "searched",
+    lambda searches: [f"{query!r} (top_k {top_k})" for query, top_k in searches],
+    empty=(),
+)
+STOPS = StepField(
+    "stops",
+    int,
+    "planner",
+    lambda stops: (f"no search; STOP {stops} in a row ({EARLY_STOP} end the reading)",),
+    empty=0,
+)
+
 SPEC = Spec(
     name="infmem",
     summary="searches, stops early",
@@ -696,4 +729,5 @@ SPEC = Spec(
     writes_whole=True,
     price=_price,
     template_tokens=_templates,
+    fields=(SEARCHES, STOPS),
 )

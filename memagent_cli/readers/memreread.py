@@ -40,7 +40,14 @@ from memagent_cli.reader import (
     joined,
 )
 from memagent_cli.readers import chat as qwen
-from memagent_cli.readers.spec import USUAL_QUESTION, CallSize, Replies, Spec, Templates
+from memagent_cli.readers.spec import (
+    USUAL_QUESTION,
+    CallSize,
+    Replies,
+    Spec,
+    StepField,
+    Templates,
+)
 
 # Their reading template is MemAgent's update template, byte for byte: every read,
 # of the first pass and of each reread, is MemAgent's.
@@ -230,8 +237,9 @@ def held(steps: Sequence[Step]) -> list[str]:
     integration, the integrated memory."""
     memories, main = [], ""
     for step in steps:
-        if step.question is None or step.merged is not None:
-            main = step.memory if step.question is None else str(step.merged)
+        question, merged = step.extra.get("question"), step.extra.get("merged")
+        if question is None or merged is not None:
+            main = step.memory if question is None else str(merged)
             memories.append(main)
         else:
             memories.append(f"{main}\n{step.memory}")
@@ -264,14 +272,14 @@ def rereads_done(steps: Sequence[Step], chunks: int) -> list[Reread]:
     for start in range(chunks, len(steps), chunks or 1):
         part = steps[start : start + chunks]
         last = part[-1] if len(part) == chunks else None
-        question = part[0].question
+        question = part[0].extra.get("question")
         if question is None:  # a trace edited by hand: its header still said memreread
             raise UserError(
                 f"Step {start + 1} of the trace is a reread's but names no sub-question; "
                 "it cannot be resumed."
             )
-        answer = last.answer if last is not None else None
-        found.append(Reread(question, answer, last.merged if last is not None else None))
+        held = last.extra if last is not None else {}
+        found.append(Reread(question, held.get("answer"), held.get("merged")))
     return found
 
 
@@ -323,8 +331,8 @@ def reader(tokenizer: Tokenizer | None = None) -> Reader:
                 if last and i == n - 1:
                     held = generation
                     break
-                sub = asked if start else None
-                steps.append(Step(chunk, memory, generation, question=sub))
+                sub = {"question": asked} if start else {}
+                steps.append(Step(chunk, memory, generation, sub))
                 listener(StepFinished(steps[-1], total, start + i))
             return memory, held
 
@@ -359,14 +367,8 @@ def reader(tokenizer: Tokenizer | None = None) -> Reader:
             history.append((asked, answer))
             if n:
                 costs = [c for c in (held, reply, integrated) if c is not None]
-                step = Step(
-                    chunks[-1],
-                    submemory,
-                    joined(*costs),
-                    question=asked,
-                    answer=answer,
-                    merged=memory,
-                )
+                reread = {"question": asked, "answer": answer, "merged": memory}
+                step = Step(chunks[-1], submemory, joined(*costs), reread)
                 steps.append(step)
                 listener(StepFinished(step, start + n, start + n - 1))
         listener(Answering(memory))
@@ -483,4 +485,11 @@ SPEC = _Spec(
     writes_whole=True,  # Qwen3's chat, thinking off, written whole (readers/chat.py)
     price=_calls,
     template_tokens=_templates,
+    # A reread's steps: the sub-question it reads for; its last step, the sub-answer and
+    # the memory the integration left.
+    fields=(
+        StepField("question", str, "reread for", lambda question: (repr(question),)),
+        StepField("answer", str, "its answer"),
+        StepField("merged", str, "merged into the memory"),
+    ),
 )

@@ -41,7 +41,14 @@ from memagent_cli.reader import (
     joined,
 )
 from memagent_cli.readers.rememr1 import parse_answer as _boxed_answer
-from memagent_cli.readers.spec import CallSize, Replies, Spec, Templates, templates_through_chat
+from memagent_cli.readers.spec import (
+    CallSize,
+    Replies,
+    Spec,
+    StepField,
+    Templates,
+    templates_through_chat,
+)
 
 CHUNK_TEMPLATE = (
     "You are presented with a problem, a section of an article, and a global memory "
@@ -152,8 +159,8 @@ def held(steps: Sequence[Step]) -> list[str]:
             found = []
         if not found_nothing(step.memory):
             found.append(step.memory)
-        if step.merged is not None:
-            memory, found = step.merged, []
+        if (merged := step.extra.get("merged")) is not None:
+            memory, found = merged, []
         memories.append("\n".join([memory, *found]))
     return memories
 
@@ -197,7 +204,7 @@ def reader(tokenizer: Tokenizer | None = None) -> Reader:
             start = (number - 1) * n
             findings = [step.memory for step in steps[start : start + n]]
             if len(findings) == n:  # the pass is done, its last step too, and its merge if any
-                merged = steps[start + n - 1].merged
+                merged = steps[start + n - 1].extra.get("merged")
                 if merged is None:
                     break
                 memory = merged
@@ -224,7 +231,8 @@ def reader(tokenizer: Tokenizer | None = None) -> Reader:
             check_merge(message, settings.memory_tokens, len(found), number)
             reply = yield Prompt(message, settings.memory_tokens)
             memory = parse_memory(reply.text)
-            step = Step(last.chunk, last.memory, joined(last.generation, reply), merged=memory)
+            generation = joined(last.generation, reply)
+            step = Step(last.chunk, last.memory, generation, {"merged": memory})
             steps.append(step)
             listener(StepFinished(step, total, start + n - 1))
         listener(Answering(memory))
@@ -313,4 +321,6 @@ SPEC = _Spec(
     held=held,
     price=_calls,
     template_tokens=_templates,
+    # A pass's last step: the memory its merge left, which the next pass reads with.
+    fields=(StepField("merged", str, "merged into the memory"),),
 )

@@ -34,7 +34,7 @@ from memagent_cli.reader import (
     StepFinished,
     StepStarted,
 )
-from memagent_cli.readers.spec import Spec
+from memagent_cli.readers.spec import Spec, StepField
 
 UPDATE_TEMPLATE = (
     "You are presented with a problem, a section of an article that may contain the answer "
@@ -342,14 +342,15 @@ def reader(pieces: Pieces) -> Reader:
     ) -> Reading:
         steps, state, memories = list(done), State(), Memories(counted)
         for step in steps:  # an interrupted run's steps: their memories and last recall
-            state = after_update(state, Update(step.memory, step.recall), memories)
+            state = after_update(state, Update(step.memory, step.extra.get("recall")), memories)
         for chunk in chunks[len(steps) :]:
             listener(StepStarted(chunk, len(chunks)))
             message = render_update(question, state.memory, state.recalled, chunk.text)
             reply = yield Prompt(message, settings.memory_tokens)
             update = parse_update(reply.text)
             state = after_update(state, update, memories)
-            steps.append(Step(chunk, update.memory, reply, recall=update.recall))
+            recall = {} if update.recall is None else {"recall": update.recall}
+            steps.append(Step(chunk, update.memory, reply, recall))
             listener(StepFinished(steps[-1], len(chunks)))
         listener(Answering(state.memory))
         message = render_final(question, state.memory, state.recalled)
@@ -375,4 +376,6 @@ SPEC = Spec(
     memory_tokens=REPLY_TOKENS,
     answer_tokens=REPLY_TOKENS,
     memories=2,  # the last memory, and a recalled one
+    # A step's query for an earlier memory: the next step is shown the memory it finds.
+    fields=(StepField("recall", str, "asked to recall", lambda query: (repr(query),)),),
 )

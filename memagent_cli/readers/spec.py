@@ -6,8 +6,9 @@ what a step costs and what a backend must do for it) it asks the spec, never the
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from memagent_cli import protocol
 from memagent_cli.backend import Backend, Sampling
@@ -46,6 +47,42 @@ class Replies:
 
     update: int
     answer: int
+
+
+def _itself(value: Any) -> tuple[str, ...]:
+    return (str(value),)
+
+
+@dataclass(frozen=True)
+class StepField:
+    """Something a reader's steps carry besides the chunk read and the memory left: one key
+    of `Step.extra`, and of the step's record in a trace, where the reading finds it again
+    to resume. `trace`, its Markdown and its HTML show it as "<label>: <text>", a line for
+    each text `shown` makes of it. A step whose value is `empty` leaves the key out."""
+
+    name: str  # its key in Step.extra and in a trace's step record
+    kind: type | str  # str, int, or "pairs" (a list of [text, text], a tuple of pairs here)
+    label: str  # what `trace` calls it
+    shown: Callable[[Any], Sequence[str]] = _itself
+    empty: Any = None
+
+    def parse(self, value: Any) -> Any | None:
+        """The value a trace's record holds, as a step holds it; None when it is not one
+        of its kind (`kind`)."""
+        if self.kind == "pairs":
+            pairs = isinstance(value, list) and all(
+                isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p)
+                for p in value
+            )
+            return tuple(tuple(p) for p in value) if pairs else None
+        assert isinstance(self.kind, type)
+        if isinstance(value, bool) and self.kind is not bool:
+            return None
+        return value if isinstance(value, self.kind) else None
+
+    def to_json(self, value: Any) -> Any:
+        """The value as a trace's record holds it."""
+        return [list(p) for p in value] if self.kind == "pairs" else value
 
 
 def _nothing(chunk_tokens: int, steps: int) -> int:
@@ -104,6 +141,17 @@ class Spec:
     # The tokens of its calls with nothing filled in; None: each template through the chat
     # template, as `templates_through_chat` counts them.
     template_tokens: Callable[[Spec, Backend, int], Templates] | None = None
+    # What its steps carry besides the chunk and the memory (Step.extra), in the order the
+    # trace records and shows them.
+    fields: tuple[StepField, ...] = ()
+
+    def actions(self, extra: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
+        """What a step did besides its update, as `trace` shows it: (label, text) for each
+        of its fields (`fields`) that the step has."""
+        for step_field in self.fields:
+            value = extra.get(step_field.name, step_field.empty)
+            if value != step_field.empty:
+                yield from ((step_field.label, text) for text in step_field.shown(value))
 
     def replies(self, memory_tokens: int) -> Replies:
         """The reply limits of a reading whose memory may take `memory_tokens`; a thinking

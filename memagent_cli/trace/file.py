@@ -9,7 +9,7 @@ import json
 import os
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -30,6 +30,7 @@ from memagent_cli.files import (
 )
 from memagent_cli.provenance import PlaceOf, place_of_label
 from memagent_cli.reader import Event, Finished, StepFinished
+from memagent_cli.readers.spec import StepField
 from memagent_cli.text import json_text
 from memagent_cli.trace.records import (
     FORMAT_VERSION,
@@ -49,8 +50,11 @@ MAX_TRACE_BYTES = 1 << 30  # a 3.5M-token run writes a few MB; anything near thi
 POLL_SECONDS = 0.2
 
 
-def _parse(line: bytes, number: int, where: str, version: int) -> Record | Skipped | None:
-    """The record on a line of a trace of format `version`, typed and checked."""
+def _parse(
+    line: bytes, number: int, where: str, version: int, fields: Sequence[StepField] = ()
+) -> Record | Skipped | None:
+    """The record on a line of a trace of format `version`, typed and checked; a step's
+    with what `fields` say its reader's steps carry (Spec.fields)."""
     if not line.strip():
         return None
     try:
@@ -60,6 +64,8 @@ def _parse(line: bytes, number: int, where: str, version: int) -> Record | Skipp
     kind = record.get("type") if isinstance(record, dict) else None
     if kind not in KINDS:
         return Skipped(number, "is not a trace record")
+    if kind == "step":
+        return StepRecord.parse(record, f"{where}, line {number}", version, fields)
     return KINDS[kind].parse(record, f"{where}, line {number}", version)
 
 
@@ -77,7 +83,7 @@ def read_records(
     file: BinaryIO, where: str, *, follow: bool = False, poll: float = POLL_SECONDS
 ) -> Iterator[Record | Skipped | None]:
     """The records of a trace's bytes in `file` (`records`), `where` naming it in errors."""
-    number, version = 0, FORMAT_VERSION
+    number, version, fields = 0, FORMAT_VERSION, ()
     for item in lines(file, limit=MAX_LINE_BYTES, follow=follow, poll=poll):
         if item is None:
             yield None
@@ -88,9 +94,10 @@ def read_records(
             yield Skipped(number, "is cut short (the run was probably killed while writing it)")
         elif state == "long":
             yield Skipped(number, f"is longer than {MAX_LINE_BYTES:,} bytes")
-        elif (parsed := _parse(line, number, where, version)) is not None:
+        elif (parsed := _parse(line, number, where, version, fields)) is not None:
             if isinstance(parsed, Header) and number == 1:
                 version = parsed.format  # the records after it are in its format
+                fields = readers.fields_of(parsed.settings)  # and hold what its reader's do
             yield parsed
 
 

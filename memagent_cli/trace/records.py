@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from memagent_cli import readers
@@ -21,6 +22,7 @@ from memagent_cli.errors import UserError
 from memagent_cli.progress import SpanOf
 from memagent_cli.provenance import PlaceOf, Source, place_of_label, sources
 from memagent_cli.reader import Answer, Step, evidence
+from memagent_cli.readers.spec import StepField
 from memagent_cli.text import json_number
 
 FORMAT_VERSION = 2
@@ -170,22 +172,17 @@ class StepRecord:
     seconds: float
     drafted: int = 0  # tokens proposed by speculation, and how many the model kept
     accepted: int = 0
-    recall: str | None = None  # the step's query for an earlier memory (ReMemR1); kept to resume
-    # InfMem's planner: its searches [query, top_k], its STOPs in a row, the units found:
-    # their tokens, their characters and their pages or chapters, as `span` is the chunk's.
-    searches: tuple[tuple[str, str], ...] = ()
-    stops: int = 0
-    found: tuple[tuple[int, int], ...] = ()
-    found_chars: tuple[tuple[int, int], ...] = ()
-    found_spans: tuple[str, ...] = ()
     # The chunk it read (from 0), where that is not the step's own: a reader that skips
     # chunks or reads one again. Records of the others leave it out.
     chunk: int | None = None
-    # A reread's question and, on its last step, its answer (MemReread); the memory a
-    # pass's merge or a reread's integration left (PI-Mem, MemReread). Kept to resume.
-    question: str | None = None
-    answer: str | None = None
-    merged: str | None = None
+    # What the reader's steps carry besides (Spec.fields: Step.extra), each a key of its
+    # own in the file; kept to resume, shown by `trace`.
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    # Units a search found that the update was shown (Step.found): their tokens, their
+    # characters and their pages or chapters, as `span` is the chunk's.
+    found: tuple[tuple[int, int], ...] = ()
+    found_chars: tuple[tuple[int, int], ...] = ()
+    found_spans: tuple[str, ...] = ()
 
     _CHECKS = {
         "step": int,
@@ -202,25 +199,23 @@ class StepRecord:
         "seconds": _NUMBER,
         "drafted": int,
         "accepted": int,
-        "recall": str,
-        "searches": list,
-        "stops": int,
         "found": list,
         "found_chars": list,
         "found_spans": list,
-        "question": str,
-        "answer": str,
-        "merged": str,
     }
     _UNITS = ("found", "found_chars", "found_spans")
-    _READ_AGAIN = frozenset({"question", "answer", "merged"})
 
     @classmethod
-    def parse(cls, record: dict[str, Any], where: str, version: int = FORMAT_VERSION) -> StepRecord:
-        optional = frozenset(
-            {"drafted", "accepted", "recall", "searches", "stops", "chunk", *cls._UNITS}
-            | cls._READ_AGAIN
-        )
+    def parse(
+        cls,
+        record: dict[str, Any],
+        where: str,
+        version: int = FORMAT_VERSION,
+        fields: Sequence[StepField] = (),
+    ) -> StepRecord:
+        """The step `record` holds, with what `fields` (its reader's, Spec.fields) say its
+        steps carry besides; other keys are not read."""
+        optional = frozenset({"drafted", "accepted", "chunk", *cls._UNITS})
         if version == 1:  # counted from 0, as "index"
             record = {("step" if k == "index" else k): v for k, v in record.items() if k != "step"}
             if _valid(record.get("step"), int):
@@ -231,11 +226,6 @@ class StepRecord:
             raise TraceError(f"{where} has a step number below 1.")
         if values.get("chunk", 0) < 0:
             raise TraceError(f"{where} has a chunk number below 0.")
-        searches = values.get("searches", [])
-        if not all(
-            _valid(s, list) and len(s) == 2 and all(_valid(x, str) for x in s) for s in searches
-        ):
-            raise TraceError(f"{where} has a search that is not [query, top_k].")
         for name in ("found", "found_chars"):
             if not all(_valid(pair, "pair") for pair in values.get(name, [])):
                 raise TraceError(f"{where} has a unit found that is not a range.")
@@ -243,8 +233,17 @@ class StepRecord:
         if not all(isinstance(span, str) for span in values.get("found_spans", [])):
             raise TraceError(f"{where} has a unit found whose place is not text.")
         values["found_spans"] = tuple(values.get("found_spans", []))
-        values["searches"] = tuple(tuple(s) for s in searches)
-        return cls(index=number - 1, **values)
+        extra = {}
+        for step_field in fields:
+            if step_field.name not in record:
+                continue
+            value = step_field.parse(record[step_field.name])
+            if value is None:
+                raise TraceError(f"{where} has a {step_field.name!r} field of the wrong type.")
+            if not _in_range(value):
+                raise TraceError(f"{where} has a {step_field.name!r} field out of range.")
+            extra[step_field.name] = value
+        return cls(index=number - 1, extra=extra, **values)
 
     @classmethod
     def of(
@@ -271,15 +270,10 @@ class StepRecord:
             seconds=round(gen.seconds, 3),
             drafted=gen.drafted,
             accepted=gen.accepted,
-            recall=step.recall,
-            searches=step.searches,
-            stops=step.stops,
+            extra=dict(step.extra),
             found=step.found,
             found_chars=step.found_chars,
             found_spans=spans,
-            question=step.question,
-            answer=step.answer,
-            merged=step.merged,
         )
 
     @property
@@ -303,32 +297,39 @@ class StepRecord:
             chunk,
             self.memory,
             generation,
-            recall=self.recall,
-            searches=self.searches,
-            stops=self.stops,
+            dict(self.extra),
             found=self.found,
             found_chars=self.found_chars,
-            question=self.question,
-            answer=self.answer,
-            merged=self.merged,
         )
 
     def to_json(self, version: int = FORMAT_VERSION) -> dict[str, Any]:
-        record = asdict(self)
-        record["tokens"], record["chars"] = list(self.tokens), list(self.chars)
+        number = {"index": self.index} if version == 1 else {"step": self.index + 1}
+        record: dict[str, Any] = {
+            "type": "step",
+            **number,
+            "tokens": list(self.tokens),
+            "chars": list(self.chars),
+            "span": self.span,
+            "chunk_sha256": self.chunk_sha256,
+            "memory": self.memory,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "finish_reason": self.finish_reason,
+            "prompt_seconds": self.prompt_seconds,
+            "seconds": self.seconds,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+        }
         # What only some readers' steps have: MemAgent's records stay as they always were.
-        record["searches"] = [list(search) for search in self.searches]
-        for name in ("found", "found_chars", "found_spans"):
-            record[name] = [list(x) if isinstance(x, tuple) else x for x in getattr(self, name)]
-        for name in ("recall", "searches", "stops", *self._UNITS):
-            if not record[name]:
-                del record[name]
-        for name in ("chunk", *sorted(self._READ_AGAIN)):
-            if record[name] is None:
-                del record[name]
-        index = record.pop("index")
-        number = {"index": index} if version == 1 else {"step": index + 1}
-        return {"type": "step", **number, **record}
+        # A value a step's extra holds is a string, a number or pairs of strings (StepField).
+        for name, value in self.extra.items():
+            record[name] = [list(v) for v in value] if isinstance(value, tuple) else value
+        for name in self._UNITS:
+            if units := getattr(self, name):
+                record[name] = [list(x) if isinstance(x, tuple) else x for x in units]
+        if self.chunk is not None:
+            record["chunk"] = self.chunk
+        return record
 
 
 @dataclass(frozen=True)

@@ -424,7 +424,7 @@ def _step(
     )
     actions = "".join(
         f"<li>{escape(label.capitalize())}: {escape(text)}</li>"
-        for label, text in wording.reader_actions(record)
+        for label, text in wording.reader_actions(loaded, record)
     )
     if actions:  # what a reader after MemAgent did besides its update (readers/)
         actions = f'<ul class="actions">{actions}</ul>'

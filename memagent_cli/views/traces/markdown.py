@@ -55,7 +55,7 @@ def markdown(loaded: Trace) -> str:
             f"{record.completion_tokens} memory tokens, +{added} -{removed} words.",
             "",
         ]
-        if actions := reader_actions(record):  # a reader after MemAgent (readers/)
+        if actions := reader_actions(loaded, record):  # a reader after MemAgent (readers/)
             lines += [f"- {label.capitalize()}: {_md(text)}" for label, text in actions] + [""]
         lines.append(_block(record.memory))
     if final is not None:

@@ -105,7 +105,7 @@ def step(out: Console, loaded: Trace, number: int) -> None:
     title = f"memory after {step_title(record)} ({record.completion_tokens} tokens)"
     _plain(out, title, "bold")
     _plain(out, record.memory)
-    for label, text in reader_actions(record):  # a reader after MemAgent (readers/)
+    for label, text in reader_actions(loaded, record):  # a reader after MemAgent (readers/)
         _labelled(out, label.capitalize(), text)
 
 

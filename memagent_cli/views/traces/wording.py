@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from memagent_cli import readers
 from memagent_cli.provenance import Source
-from memagent_cli.readers.infmem import EARLY_STOP
 from memagent_cli.trace import StepRecord, Trace
 from memagent_cli.views.console import home_relative
 
@@ -90,13 +90,13 @@ def stopped(loaded: Trace) -> str | None:
     return f"after step {len(loaded.steps)} of {loaded.total_steps}: {final.stopped}"
 
 
-def reader_actions(record: StepRecord) -> list[tuple[str, str]]:
-    """What a reader after MemAgent did at a step besides its update, as (label, text):
-    InfMem's searches, the units found that the update was shown (with their pages or
-    chapters) and a planner that searched nothing; ReMemR1's recall query; MemReread's
-    sub-question a reread read for, its answer, and the memory its integration left;
-    the memory a PI-Mem pass's merge left."""
-    actions = [("searched", f"{query!r} (top_k {top_k})") for query, top_k in record.searches]
+def reader_actions(loaded: Trace, record: StepRecord) -> list[tuple[str, str]]:
+    """What a reader after MemAgent did at a step besides its update, as (label, text): what
+    its steps carry, as its spec says (Spec.fields: InfMem's searches, ReMemR1's recall, a
+    reread's sub-question, a merge's memory, ...), then the units of the document a search
+    found that the update was shown, with their pages or chapters."""
+    spec = readers.find(readers.named_in(loaded.header.settings))
+    actions = list(spec.actions(record.extra)) if spec is not None else []
     if record.found:
         spans = record.found_spans or ("",) * len(record.found)
         units = (
@@ -104,18 +104,6 @@ def reader_actions(record: StepRecord) -> list[tuple[str, str]]:
             for span, (a, b) in zip(spans, record.found, strict=False)
         )
         actions.append(("units found", ", ".join(units)))
-    if record.stops:
-        actions.append(
-            ("planner", f"no search; STOP {record.stops} in a row ({EARLY_STOP} end the reading)")
-        )
-    if record.recall is not None:
-        actions.append(("asked to recall", repr(record.recall)))
-    if record.question is not None:
-        actions.append(("reread for", repr(record.question)))
-    if record.answer is not None:
-        actions.append(("its answer", record.answer))
-    if record.merged is not None:
-        actions.append(("merged into the memory", record.merged))
     return actions
 
 
