@@ -120,6 +120,12 @@ class Backend(Protocol):
         """Reply to a prompt a reader wrote whole, chat markup included (Call.raw)."""
         ...
 
+    def markup(self, text: str) -> str | None:
+        """The first spelling in `text` of chat markup that this backend would send as
+        markup, not as text, inside a prompt (a server's template: backends/openai/markup.py);
+        None, as in this process, where a document's text is never markup."""
+        ...
+
     def needs_measuring(self) -> bool:
         """Whether `pays_together` needs the weights loaded first (to measure, once)."""
         ...
@@ -169,6 +175,10 @@ class InTurn:
     generate: Callable[..., Generation]  # the backend's own
     threaded = False
     local = False
+
+    def markup(self, text: str) -> str | None:
+        """No markup known to be read in text (a server's own may know its template's)."""
+        return None
 
     def complete(self, raw: Raw, *, max_tokens: int, sampling: Sampling) -> Generation:
         """A backend that only chats cannot send a prompt written whole (its own may)."""

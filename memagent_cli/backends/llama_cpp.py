@@ -327,6 +327,11 @@ class LlamaCppBackend:
             max_rows = MOST
         return found.readings_at_once(most, min_rows, max_rows, exact=self.exact)
 
+    def markup(self, text: str) -> str | None:
+        """None: in this process a document's text is tokenized as text, its spelling of
+        a control token included (`_raw`)."""
+        return None
+
     def needs_measuring(self) -> bool:
         """Whether deciding how many readings pay at once needs the weights loaded first:
         drafts here with no calibration kept yet, measured when they load."""

@@ -110,8 +110,7 @@ def check_markup(document: Document, engine: Engine, report: Reporter = SILENT) 
     """Before the first call: a document that spells the model's chat markup where the
     backend would send it as markup (a server: backends/openai/markup.py) is refused for a
     reader that writes its prompts whole, and said in one sentence for one that chats."""
-    markup = getattr(engine.backend, "markup", None)
-    spelled = markup(document.text) if markup is not None else None
+    spelled = engine.backend.markup(document.text)
     if spelled is None:
         return
     name, spec = Path(document.path).name, readers.get(engine.settings.reader)
