@@ -35,6 +35,7 @@ from memagent_cli.reader import (
     Step,
     StepFinished,
     StepStarted,
+    joined,
 )
 from memagent_cli.readers import chat as qwen
 from memagent_cli.readers.spec import (
@@ -556,21 +557,7 @@ def _thought(
     first = yield Prompt("", THINKING_TOKENS, raw=prompt)
     closed = (*prompt, (closed_thinking(first.text), False))
     second = yield Prompt("", settings.memory_tokens, raw=closed)
-    return joined_reply(first.text, second.text), _joined(first, second)
-
-
-def _joined(*calls: Generation) -> Generation:
-    """Several calls as one: the last one's text, everyone's tokens and seconds."""
-    return Generation(
-        calls[-1].text,
-        sum(c.prompt_tokens for c in calls),
-        sum(c.completion_tokens for c in calls),
-        sum(c.prompt_seconds for c in calls),
-        sum(c.seconds for c in calls),
-        calls[-1].finish_reason,
-        sum(c.drafted for c in calls),
-        sum(c.accepted for c in calls),
-    )
+    return joined_reply(first.text, second.text), joined(first, second)
 
 
 def reader(tokenizer: Tokenizer, tokens: Sequence[int]) -> Reader:
@@ -621,7 +608,7 @@ def reader(tokenizer: Tokenizer, tokens: Sequence[int]) -> Reader:
                 Step(
                     chunk,
                     state.memory,
-                    _joined(planning, update),
+                    joined(planning, update),
                     _extra(plan.searches, state.stops),
                     found=tuple((found[i].token_start, found[i].token_end) for i in shown),
                     found_chars=tuple(chars[i] for i in shown),
