@@ -40,6 +40,15 @@ def token_pieces(tokenizer: Tokenizer) -> Callable[[str], list[bytes]]:
     return pieces
 
 
+def detokenize_all(tokenizer: Tokenizer, windows: Sequence[Sequence[int]]) -> list[bytes]:
+    """Each window's bytes, by `tokenizer`: its own `detokenize_many` where it has one (a
+    server, which answers many windows in few requests), else a window at a time."""
+    many = getattr(tokenizer, "detokenize_many", None)
+    if many is not None:
+        return many(windows)
+    return [tokenizer.detokenize(window) for window in windows]
+
+
 class Tokens(array):
     """A document's token ids, 4 bytes each: a list of ints takes about 36 bytes per token,
     70 MB more for a 2M-token book. Compares equal to any sequence of the same ids."""

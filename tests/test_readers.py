@@ -862,6 +862,59 @@ def test_rememr1_through_a_server_makes_a_bounded_number_of_requests_a_step(memo
     assert max(per_step) <= 2, per_step
 
 
+SERVERS = {  # the stand-in server's tokenize endpoints, as each server has them
+    "llama-server": {"tokenizer": True},  # /tokenize with_pieces
+    "vllm": {"vllm_tokenizer": True},  # /detokenize only
+}
+UNITS_TEXT = " ".join(f"Phrase {i}: le café était fermé à Québec, 한국어 문서." for i in range(300))
+
+
+@pytest.mark.parametrize("kind", SERVERS)
+def test_infmem_through_a_server_builds_its_search_index_in_a_few_requests(kind):
+    """Issue 47: InfMem's search index asked a /detokenize per 500-token unit when the
+    reading started (7,378 requests for a 3.5M-token document). Where the tokens carry their
+    pieces (llama-server's with_pieces) the units are joined from them, with no request;
+    through a server that only detokenizes, many units go in one."""
+    from support.fake_openai import FakeServer
+
+    from memagent_cli.backends.openai import OpenAIBackend, ServerOptions
+    from memagent_cli.chunking import chunk_text
+
+    settings = Settings(chunk_tokens=2000, memory_tokens=64, reader="infmem")
+    with FakeServer(**SERVERS[kind]) as server:
+        backend = OpenAIBackend(ServerOptions(base_url=server.url))
+        tokens, chunks = chunk_text(UNITS_TEXT, backend, settings.chunk_tokens)
+        server.paths.clear()
+        reader = readers.get("infmem").loop(backend, tokens)
+        read(backend, "When?", chunks, settings, reader=reader)
+        others = [path for path in server.paths if path != "/v1/completions"]
+    assert len(tokens) // infmem.UNIT_TOKENS >= 30 and len(chunks) >= 8
+    # Through vLLM without token strings: 16,384 tokens a request, and two to find the
+    # separator (its tokens, and their text).
+    assert len(others) <= (0 if kind != "vllm" else 3 + len(tokens) // 16384), others
+
+
+@pytest.mark.parametrize("kind", SERVERS)
+def test_units_through_a_server_read_as_each_unit_s_own_tokens(kind):
+    """The units' text through a server is what their tokens give in this process (a token
+    a byte here: a unit's bytes, a character a unit cuts in two as U+FFFD on both sides),
+    however many units a request holds."""
+    from support.fake_openai import FakeServer
+
+    from memagent_cli.backends.openai import OpenAIBackend, ServerOptions
+    from memagent_cli.chunking import chunk_text, detokenize_all
+
+    with FakeServer(**SERVERS[kind]) as server:
+        backend = OpenAIBackend(ServerOptions(base_url=server.url))
+        tokens, chunks = chunk_text(UNITS_TEXT, backend, 2000)
+        found = infmem.units([(c.token_start, c.token_end) for c in chunks], size=37)
+        windows = [tokens[u.token_start : u.token_end] for u in found]
+        got = [data.decode("utf-8", errors="replace") for data in detokenize_all(backend, windows)]
+    expected = [bytes(list(w)).decode("utf-8", errors="replace") for w in windows]
+    assert sum("\ufffd" in text for text in expected) > 10  # units that cut a character
+    assert got == expected
+
+
 def test_rememr1_tokenizes_each_memory_once_in_a_reading():
     """Without a tokenize endpoint (tiktoken, or a model in this process) every recall
     tokenized every past memory again: a step's cost grew with the step number."""

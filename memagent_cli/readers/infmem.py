@@ -22,7 +22,7 @@ from collections.abc import Generator, Sequence
 from dataclasses import dataclass, replace
 
 from memagent_cli.backend import Backend, Generation, Raw, Sampling
-from memagent_cli.chunking import Chunk, Tokenizer
+from memagent_cli.chunking import Chunk, Tokenizer, detokenize_all
 from memagent_cli.reader import (
     Answer,
     Answering,
@@ -570,7 +570,8 @@ def reader(tokenizer: Tokenizer, tokens: Sequence[int]) -> Reader:
     ) -> tuple[list[Unit], list[str], list[tuple[int, int]], BM25 | None]:
         if not built:
             found = units([(c.token_start, c.token_end) for c in chunks])
-            raw = [tokenizer.detokenize(tokens[u.token_start : u.token_end]) for u in found]
+            # In few requests through a server: none where its tokens came with their bytes.
+            raw = detokenize_all(tokenizer, [tokens[u.token_start : u.token_end] for u in found])
             texts = [data.decode("utf-8", errors="replace") for data in raw]
             chars = unit_chars(found, raw, chunks)
             built.append((found, texts, chars, BM25.build(texts) if texts else None))

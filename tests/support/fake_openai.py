@@ -5,7 +5,9 @@ The stand-in follows the MemAgent protocol's shape: an update keeps the last wor
 memory and adds the first words of the section; a final reply boxes the memory's first word.
 It has no tokenize endpoint unless told to (`tokenizer`: llama-server's /tokenize, with
 its `with_pieces` and `parse_special`, and /detokenize, one token per byte and one per
-`control` token spelled; `extras_tokenizer`: llama-cpp-python's /extras/tokenize
+`control` token spelled; `vllm_tokenizer`: vLLM's /tokenize and /detokenize on the same
+vocabulary, its `return_token_strs` answered as a byte-level BPE's token strings where
+`token_strs`; `extras_tokenizer`: llama-cpp-python's /extras/tokenize
 and /extras/detokenize, a token per run of a character, and the text of a token longer
 than 32 bytes dropped as its 0.3.36 drops it), so memagent cuts chunks with tiktoken
 (offline); the usage
@@ -130,6 +132,8 @@ class FakeServer:
     chat_template: str | None = None  # llama-server's /props gives it; None: no /props
     model_path: str | None = None  # the model file /props names, as llama-server's does
     composes: bool = False  # the tokenizer composes Unicode (NFC) first, as Qwen's in vLLM
+    vllm_tokenizer: bool = False  # vLLM's /tokenize and /detokenize, a token per byte
+    token_strs: bool = False  # vLLM's return_token_strs answered (GPT-2's byte characters)
     extras_tokenizer: bool = False  # llama-cpp-python's, losing its long tokens' text
     tokenize_delay: float = 0.0  # seconds before each /tokenize reply
     tokenize_calls: int = 0
@@ -200,6 +204,25 @@ class FakeServer:
                         self.wfile.write(reply[byte : byte + 1])
                 return True
 
+            def _vllm(self, body: dict) -> None:
+                """vLLM's endpoints: a body of another server's shape is refused (400)."""
+                if self.path == "/detokenize":
+                    if not isinstance(body.get("tokens"), list) or "model" not in body:
+                        self._json(400, {"error": {"message": "tokens: field required"}})
+                        return
+                    data = b"".join(fake.token_bytes(t) for t in body["tokens"])
+                    self._json(200, {"prompt": data.decode("utf-8", errors="replace")})
+                    return
+                if not isinstance(body.get("prompt"), str) or "model" not in body:
+                    self._json(400, {"error": {"message": "prompt: field required"}})
+                    return
+                fake.tokenize_calls += 1
+                tokens = fake.tokens(body["prompt"])
+                reply = {"tokens": tokens, "count": len(tokens), "max_model_len": fake.context}
+                if fake.token_strs and body.get("return_token_strs"):
+                    reply["token_strs"] = [byte_level(fake.token_bytes(t)) for t in tokens]
+                self._json(200, reply)
+
             def do_GET(self) -> None:  # noqa: N802
                 if self._refused():
                     return
@@ -220,6 +243,9 @@ class FakeServer:
                 with fake._lock:
                     fake.paths.append(self.path)
                 if self._refused():
+                    return
+                if fake.vllm_tokenizer and self.path in ("/tokenize", "/detokenize"):
+                    self._vllm(body)
                     return
                 if fake.tokenizer and self.path == "/tokenize":
                     fake.tokenize_calls += 1
@@ -363,6 +389,23 @@ class FakeServer:
         self._released.set()  # a held call's thread ends
         self._server.shutdown()
         self._server.server_close()
+
+
+def _byte_characters() -> list[str]:
+    """GPT-2's bytes_to_unicode: the character a byte-level BPE's token strings spell each
+    byte with (Qwen2's, Llama 3's): printable bytes as themselves, the others shifted."""
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    others = (b for b in range(256) if b not in printable)
+    shifted = {b: chr(256 + n) for n, b in enumerate(others)}
+    return [chr(b) if b in printable else shifted[b] for b in range(256)]
+
+
+_BYTE_CHARACTERS = _byte_characters()
+
+
+def byte_level(data: bytes) -> str:
+    """A token's string as a byte-level BPE tokenizer's convert_ids_to_tokens spells it."""
+    return "".join(_BYTE_CHARACTERS[b] for b in data)
 
 
 def served(server: FakeServer, *args: str) -> list[str]:

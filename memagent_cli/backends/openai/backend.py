@@ -25,7 +25,7 @@ from memagent_cli.backends.openai.markup import Markup
 from memagent_cli.backends.openai.tokens import find_tokenizer
 from memagent_cli.backends.openai.urls import without_credentials
 from memagent_cli.backends.tokenizers import DEFAULT_ENCODING, TiktokenTokenizer
-from memagent_cli.chunking import NORMALIZATIONS, token_pieces
+from memagent_cli.chunking import NORMALIZATIONS, detokenize_all, token_pieces
 from memagent_cli.errors import UserError
 from memagent_cli.progress import Note, Progress, silent
 from memagent_cli.text import json_count, json_number
@@ -169,6 +169,11 @@ class OpenAIBackend(InTurn):
 
     def detokenize(self, tokens: Sequence[int]) -> bytes:
         return self._tokenizer.detokenize(tokens)
+
+    def detokenize_many(self, windows: Sequence[Sequence[int]]) -> list[bytes]:
+        """Each window's bytes, as detokenize() gives them, in few requests (InfMem's units:
+        none where the tokens came with their bytes, else many windows a request)."""
+        return detokenize_all(self._tokenizer, windows)
 
     def pieces(self, text: str) -> list[bytes]:
         """Each token's bytes of `text` (what ReMemR1's recall counts): one request where

@@ -26,6 +26,11 @@ _BYTES_PER_TOKEN = 256
 # Runs whose tokens are longer than 32 bytes in byte-level vocabularies (Qwen2's, SmolLM2's).
 _LONG_PIECES = "=" * 80 + "\n" + " " * 40 + "x"
 
+# Windows detokenized in one request (detokenize_many): at most this many tokens, each window
+# followed by the separator's tokens, whose text splits the reply again.
+_BATCH_TOKENS = 16384
+_SEPARATOR = "\x00"  # one byte: a token of its own in a byte-level vocabulary, rare in text
+
 
 class _LosesText(BackendError):
     """A detokenize endpoint that does not give back the text it was tokenized from."""
@@ -66,7 +71,11 @@ class _ServerTokenizer:
     def __init__(self, client: Client, model: str) -> None:
         self._client, self._model = client, model
         self._prefix: list[int] | None = None
-        self._known: dict[int, bytes] = {}  # tokens' pieces detokenized (pieces())
+        # Each token's exact bytes, where the server gave them with its tokens (llama-server's
+        # with_pieces): windows of them are joined here, with no request.
+        self._known: dict[int, bytes] = {}
+        self._alone: dict[int, bytes] = {}  # tokens detokenized each on its own (pieces())
+        self._separator: tuple[list[int], str] | None = None  # found once (detokenize_many)
 
     def _call(
         self, path: str, body: dict[str, Any], probe: bool = False, most_bytes: int = 0
@@ -100,10 +109,11 @@ class _ServerTokenizer:
         """Each token's bytes of `text`: a request for its tokens, and one for each token
         not seen before (the server joins the text of the tokens it is given)."""
         tokens = self.tokenize(text)
+        alone = self._alone
         for token in tokens:
-            if token not in self._known:
-                self._known[token] = self.detokenize([token])
-        return [self._known[token] for token in tokens]
+            if token not in alone:
+                alone[token] = self._known.get(token) or self.detokenize([token])
+        return [alone[token] for token in tokens]
 
     def _tokens(self, text: str, probe: bool = False) -> list[int]:
         return [t.get("id") if isinstance(t, dict) else t for t in self._listed(text, probe)]
@@ -128,7 +138,16 @@ class _ServerTokenizer:
         return raw
 
     def detokenize(self, tokens: Sequence[int]) -> bytes:
-        body = self._detokenize_body(list(tokens))
+        """The bytes of `tokens`: their pieces joined where each was seen with its bytes
+        (tokenize()), else the server's detokenize endpoint."""
+        known = self._known
+        if tokens and all(token in known for token in tokens):
+            return b"".join(known[token] for token in tokens)
+        return self._detokenized(list(tokens)).encode("utf-8")
+
+    def _detokenized(self, tokens: list[int]) -> str:
+        """The text the server's detokenize endpoint gives `tokens`."""
+        body = self._detokenize_body(tokens)
         reply = self._call(self.detokenize_path, body, most_bytes=_BYTES_PER_TOKEN * len(tokens))
         text = reply.get("content", reply.get("prompt", reply.get("text", "")))
         if not isinstance(text, str):
@@ -136,7 +155,60 @@ class _ServerTokenizer:
                 f"The server at {self._client.server} answered {self.detokenize_path} "
                 "without the text of the tokens."
             )
-        return text.encode("utf-8")
+        return text
+
+    def detokenize_many(self, windows: Sequence[Sequence[int]]) -> list[bytes]:
+        """Each window's bytes, as detokenize() gives them, in few requests: windows of tokens
+        seen with their bytes are joined here; the others go up to _BATCH_TOKENS tokens a
+        request, each followed by a separator token, and the reply is split at the
+        separator's text. A server's decoding of bytes replaces a character cut at a
+        window's edge whatever follows it, so each part is the window's own text. A batch
+        whose reply does not split into its windows (a window that spells the separator) is
+        asked a window a request."""
+        got: list[bytes | None] = [None] * len(windows)
+        batch: list[int] = []
+        size = 0  # the batch's tokens, separators included
+        known = self._known
+        for place, window in enumerate(windows):
+            if not window or all(token in known for token in window):
+                got[place] = self.detokenize(window)
+                continue
+            if batch and size + len(window) + 1 > _BATCH_TOKENS:
+                self._batch(windows, batch, got)
+                batch, size = [], 0
+            batch.append(place)
+            size += len(window) + 1
+        if batch:
+            self._batch(windows, batch, got)
+        return got  # type: ignore[return-value]
+
+    def _batch(
+        self, windows: Sequence[Sequence[int]], batch: list[int], got: list[bytes | None]
+    ) -> None:
+        """Fills `got` at the places of `batch`, in one request where the reply splits."""
+        separator = self._find_separator() if len(batch) > 1 else None
+        if separator is not None:
+            ids, text = separator
+            tokens = [token for place in batch for token in [*windows[place], *ids]]
+            try:
+                parts = self._detokenized(tokens).split(text)
+            except BackendError:  # refused at that length: a window a request
+                parts = []
+            if len(parts) == len(batch) + 1 and parts[-1] == "":
+                for place, part in zip(batch, parts, strict=False):
+                    got[place] = part.encode("utf-8")
+                return
+        for place in batch:
+            got[place] = self.detokenize(windows[place])
+
+    def _find_separator(self) -> tuple[list[int], str] | None:
+        """The separator's tokens and the text the server gives them back as, found once;
+        None where it does not come back as itself."""
+        if self._separator is None:
+            ids = self.tokenize(_SEPARATOR)
+            text = self._detokenized(ids) if ids else ""
+            self._separator = (ids, text) if text == _SEPARATOR else ([], "")
+        return self._separator if self._separator[1] else None
 
     def _tokenize_body(self, text: str) -> dict[str, Any]:
         raise NotImplementedError
@@ -165,14 +237,6 @@ class _LlamaServerTokenizer(_ServerTokenizer):
             if piece is not None:
                 self._known.setdefault(token, piece)
         return ids
-
-    def detokenize(self, tokens: Sequence[int]) -> bytes:
-        """The bytes of `tokens`: their pieces joined where each was seen (tokenize()), else
-        the server's /detokenize."""
-        known = self._known
-        if tokens and all(token in known for token in tokens):
-            return b"".join(known[token] for token in tokens)
-        return super().detokenize(tokens)
 
     def reads_markup(self, text: str) -> bool:
         """Whether llama-server's tokens of `text` differ where it parses its control
