@@ -134,6 +134,7 @@ def make_chunks(
     detokenize: Callable[[Sequence[int]], bytes],
     document: str | None = None,
     progress: Counted | None = None,
+    inexact: Callable[[], None] | None = None,
 ) -> list[Chunk]:
     """Cut `tokens` into windows of `size` (no overlap, the last may be shorter).
 
@@ -142,6 +143,9 @@ def make_chunks(
     counted in the window where it ends. With the `document` the tokens came from, a chunk
     whose text is that document's slice refers to it rather than holding a copy.
     `progress(done, total)` counts chunks (a server detokenizes each in one call).
+    Where the windows' texts do not add up to the document (a server that decodes a cut
+    character as U+FFFD), they are placed by the document's bytes (placed_by_bytes); where
+    no cut of its bytes decodes so, `inexact()` hears of it.
     """
     if size < 1:
         raise ValueError(f"chunk size must be at least 1 token, got {size}")
@@ -154,15 +158,106 @@ def make_chunks(
         chars = len(decoder.decode(raw, final=end >= len(tokens)))
         text = raw.decode("utf-8", errors="replace")
         char_end = char_offset + chars
-        if document is not None and document[char_offset:char_end] == text:
-            chunk = Chunk(index, start, end, char_offset, char_end, None, document)
-        else:
-            chunk = Chunk(index, start, end, char_offset, char_end, text)
-        chunks.append(chunk)
+        chunks.append(_chunk(index, start, end, char_offset, char_end, text, document))
         char_offset = char_end
         if progress is not None:
             progress(index + 1, -(-len(tokens) // size))
+    if document is not None and chunks and char_offset != len(document):
+        # A window's text without its bytes: a server that only detokenizes answers a
+        # character a window cuts in two with U+FFFD on both sides (one more character
+        # each side). Placed by the document's own bytes, where they decode so.
+        ends = placed_by_bytes(document, [chunk.text for chunk in chunks])
+        if ends is not None:
+            starts = [0, *ends[:-1]]
+            chunks = [
+                _chunk(c.index, c.token_start, c.token_end, a, b, c.text, document)
+                for c, a, b in zip(chunks, starts, ends, strict=True)
+            ]
+        elif inexact is not None:
+            inexact()
     return chunks
+
+
+def _chunk(
+    index: int,
+    start: int,
+    end: int,
+    char_start: int,
+    char_end: int,
+    text: str,
+    document: str | None,
+) -> Chunk:
+    """A chunk of `text`: a reference to `document` where the text is its slice."""
+    if document is not None and document[char_start:char_end] == text:
+        return Chunk(index, start, end, char_start, char_end, None, document)
+    return Chunk(index, start, end, char_start, char_end, text)
+
+
+_CUT = "\ufffd"  # what a decoding of bytes answers a character cut in two with
+
+
+def placed_by_bytes(document: str, texts: Sequence[str]) -> list[int] | None:
+    """Where each of consecutive windows of `document`'s tokens ends in its characters, given
+    each window's text as a server decodes its bytes (a character a window cuts in two
+    counts in the window where it ends); None where no cut of the document's bytes decodes
+    into `texts`.
+
+    A decoding of bytes (Python's, Rust's from_utf8_lossy, which Hugging Face tokenizers
+    use) gives a character cut at a window's end one U+FFFD, and each byte of it left at
+    the next window's start one U+FFFD: the window's text says where it starts and ends
+    in the document's bytes, up to where inside a cut character it ends, which the next
+    window's text tells. Every cut still possible is carried from window to window (a few
+    bytes apart: a character is at most 4), and the one that ends at the document's end is
+    traced back. Only the document's own U+FFFD next to a cut can leave two places that
+    give the same texts (a U+FFFD cut in two reads as a whole one): then the first found,
+    a character or two from the other."""
+    # A place in the document's bytes: (character, bytes into it); each window's ends
+    # from each of the last window's places, with where they came from.
+    layer: dict[tuple[int, int], tuple[int, int] | None] = {(0, 0): None}
+    layers = []
+    for text in texts:
+        reached: dict[tuple[int, int], tuple[int, int] | None] = {}
+        for place in layer:
+            for end in _window_ends(document, place, text):
+                reached.setdefault(end, place)
+        if not reached:
+            return None
+        layers.append(reached)
+        layer = reached
+    place: tuple[int, int] | None = (len(document), 0)
+    if place not in layer:
+        return None
+    ends = []
+    for reached in reversed(layers):
+        assert place is not None
+        ends.append(place[0])  # a character cut at a window's end counts in the next
+        place = reached[place]
+    return ends[::-1]
+
+
+def _window_ends(document: str, place: tuple[int, int], text: str) -> list[tuple[int, int]]:
+    """Each place in `document`'s bytes where a window from `place` that decodes as `text`
+    may end: (character, bytes into it)."""
+    at, inside = place
+    ends = []
+    if inside:  # the window starts with the rest of a cut character: a U+FFFD a byte
+        rest = len(document[at].encode()) - inside
+        if len(text) < rest and text == _CUT * len(text):
+            ends.append((at, inside + len(text)))  # it ends inside that character
+        if text[:rest] != _CUT * rest:
+            return ends
+        text, at = text[rest:], at + 1
+    if document.startswith(text, at):
+        ends.append((at + len(text), 0))
+    last = at + len(text) - 1
+    if (
+        text.endswith(_CUT)
+        and last < len(document)
+        and document.startswith(text[:-1], at)
+        and len(document[last].encode()) > 1
+    ):
+        ends += [(last, cut) for cut in range(1, len(document[last].encode()))]
+    return ends
 
 
 _PIECES_FROM = 1 << 20  # characters: below this, one call is as cheap as any
@@ -199,7 +294,8 @@ def chunk_text(
     it is. `tokenized` and `chunked` hear how the two stages go (progress(done, total))."""
     normal = normalized(text, getattr(tokenizer, "normalization", None))
     tokens = tokenize(normal.text, tokenizer, tokenized)
-    chunks = make_chunks(tokens, size, tokenizer.detokenize, normal.text, chunked)
+    inexact = getattr(tokenizer, "inexact_ranges", None)
+    chunks = make_chunks(tokens, size, tokenizer.detokenize, normal.text, chunked, inexact)
     return tokens, normal.placed(chunks)
 
 

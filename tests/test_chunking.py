@@ -383,3 +383,78 @@ def test_a_server_s_windows_that_split_a_character_still_tile_the_document():
     assert len(chunks) == -(-len(document.encode()) // size)
     assert sum(not c.text.isascii() and "\ufffd" in c.text for c in chunks) > 1  # cuts seen
     assert_tiles(chunks, document)
+
+
+@pytest.mark.parametrize("token_strs", [True, False], ids=["token-strs", "detokenize-only"])
+def test_a_vllm_server_s_windows_that_split_a_character_still_tile_the_document(token_strs):
+    """Issue 47: through a server that only detokenizes (vLLM), a window that ends inside a
+    character came back with U+FFFD on both sides of the cut, and the ranges after it were
+    off by a character or two. vLLM gives each token's string (`return_token_strs`), which a
+    byte-level BPE (Qwen2's, Llama 3's) spells a byte a character: the windows are joined
+    from those bytes. Where it gives none, each window's text is placed in the document by
+    its bytes: a cut is where the document's bytes decode as the server's text does."""
+    from support.fake_openai import FakeServer
+
+    document = WORDS["vietnamese"] + " " + WORDS["korean"] + " \ufffd한\ufffd 끝."
+    data = document.encode()
+    for size in (1, 2, 7, 64):
+        with FakeServer(vllm_tokenizer=True, token_strs=token_strs) as server:
+            _, tokens, chunks, _ = read_through(server, document, size)
+            detokenized = server.paths.count("/detokenize")
+        assert tokens == list(data) and len(chunks) == -(-len(data) // size)
+        assert_tiles(chunks, document)
+        for chunk in chunks:  # a character cut in two is the chunk's where it ends
+            assert chunk.char_end == len(data[: chunk.token_end].decode("utf-8", "ignore"))
+            assert chunk.text == data[chunk.token_start : chunk.token_end].decode(errors="replace")
+        assert detokenized == (0 if token_strs else len(chunks))
+
+
+def test_a_server_whose_text_is_not_its_tokens_bytes_says_the_ranges_are_inexact():
+    """A server that gives no token's bytes and whose decoding cleans up spaces (Llama 3's
+    tokenizer in vLLM: " ." becomes ".") gives no way to place a cut exactly: said once."""
+    from support.fake_openai import FakeServer
+
+    from memagent_cli.backends.openai import OpenAIBackend, ServerOptions
+
+    document = "Wait . Yes ! " + WORDS["korean"] + " Done , then ."
+    notes: list[str] = []
+    with FakeServer(vllm_tokenizer=True, clean_up=True) as server:
+        backend = OpenAIBackend(ServerOptions(base_url=server.url), note=notes.append)
+        chunk_text(document, backend, 5)
+        chunk_text(document, backend, 3)
+    assert len(notes) == 1 and "off by a character or two" in notes[0], notes
+    with FakeServer(vllm_tokenizer=True) as server:
+        backend = OpenAIBackend(ServerOptions(base_url=server.url), note=notes.append)
+        _, chunks = chunk_text(document, backend, 5)
+    assert len(notes) == 1  # placed by its bytes: nothing to say
+    assert_tiles(chunks, document)
+
+
+def test_windows_placed_by_their_bytes_are_where_the_document_s_bytes_put_them():
+    """placed_by_bytes on random texts of one- to four-byte characters, the document's own
+    U+FFFD among them, cut into windows of random byte lengths and decoded as a server
+    decodes them: each window ends where the characters it completes end. Only next to the
+    document's own U+FFFD can two places give the same texts (a cut U+FFFD reads as a
+    whole one): then one of them, a character or two apart."""
+    import random
+
+    from memagent_cli.chunking import placed_by_bytes
+
+    rng = random.Random(47)
+    alphabet = ["a", " ", "é", "한", "😀", "\ufffd", "ấ"]
+    for _ in range(300):
+        document = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 40)))
+        data = document.encode()
+        cuts, at = [], 0
+        while at < len(data):
+            at = min(len(data), at + rng.randint(1, 6))
+            cuts.append(at)
+        texts = [data[a:b].decode(errors="replace") for a, b in zip([0, *cuts], cuts, strict=False)]
+        ends = placed_by_bytes(document, texts)
+        assert ends is not None and ends[-1] == len(document)
+        expected = [len(data[:cut].decode("utf-8", "ignore")) for cut in cuts]
+        if "\ufffd" not in document:
+            assert ends == expected
+        else:
+            assert all(a <= b for a, b in zip([0, *ends], ends, strict=False))
+            assert all(abs(a - b) <= 2 for a, b in zip(ends, expected, strict=True))

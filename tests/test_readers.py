@@ -865,6 +865,7 @@ def test_rememr1_through_a_server_makes_a_bounded_number_of_requests_a_step(memo
 SERVERS = {  # the stand-in server's tokenize endpoints, as each server has them
     "llama-server": {"tokenizer": True},  # /tokenize with_pieces
     "vllm": {"vllm_tokenizer": True},  # /detokenize only
+    "vllm-token-strs": {"vllm_tokenizer": True, "token_strs": True},  # return_token_strs
 }
 UNITS_TEXT = " ".join(f"Phrase {i}: le café était fermé à Québec, 한국어 문서." for i in range(300))
 
@@ -873,8 +874,8 @@ UNITS_TEXT = " ".join(f"Phrase {i}: le café était fermé à Québec, 한국어
 def test_infmem_through_a_server_builds_its_search_index_in_a_few_requests(kind):
     """Issue 47: InfMem's search index asked a /detokenize per 500-token unit when the
     reading started (7,378 requests for a 3.5M-token document). Where the tokens carry their
-    pieces (llama-server's with_pieces) the units are joined from them, with no request;
-    through a server that only detokenizes, many units go in one."""
+    pieces (llama-server's with_pieces, vLLM's token strings) the units are joined from
+    them, with no request; through a server that only detokenizes, many units go in one."""
     from support.fake_openai import FakeServer
 
     from memagent_cli.backends.openai import OpenAIBackend, ServerOptions

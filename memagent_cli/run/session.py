@@ -102,6 +102,7 @@ def cut(
             tokenizer.detokenize,
             normal.text,
             lambda done, total: progress(f"cutting {name} into chunks", done, total),
+            getattr(tokenizer, "inexact_ranges", None),  # a server's: said once
         )
     return tokens, normal.placed(chunks)
 

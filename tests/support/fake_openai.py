@@ -134,6 +134,7 @@ class FakeServer:
     composes: bool = False  # the tokenizer composes Unicode (NFC) first, as Qwen's in vLLM
     vllm_tokenizer: bool = False  # vLLM's /tokenize and /detokenize, a token per byte
     token_strs: bool = False  # vLLM's return_token_strs answered (GPT-2's byte characters)
+    clean_up: bool = False  # vLLM's /detokenize cleans up spaces, as Llama 3's tokenizer does
     extras_tokenizer: bool = False  # llama-cpp-python's, losing its long tokens' text
     tokenize_delay: float = 0.0  # seconds before each /tokenize reply
     tokenize_calls: int = 0
@@ -211,7 +212,11 @@ class FakeServer:
                         self._json(400, {"error": {"message": "tokens: field required"}})
                         return
                     data = b"".join(fake.token_bytes(t) for t in body["tokens"])
-                    self._json(200, {"prompt": data.decode("utf-8", errors="replace")})
+                    text = data.decode("utf-8", errors="replace")
+                    if fake.clean_up:  # Hugging Face's clean_up_tokenization, in part
+                        for spaced in (" .", " ,", " !", " ?"):
+                            text = text.replace(spaced, spaced[1:])
+                    self._json(200, {"prompt": text})
                     return
                 if not isinstance(body.get("prompt"), str) or "model" not in body:
                     self._json(400, {"error": {"message": "prompt: field required"}})

@@ -92,6 +92,7 @@ class OpenAIBackend(InTurn):
         self._server_props: dict[str, Any] | None = None
         self.name = self.served_model
         self.context_limit = self._context_limit(served)
+        self._note, self._inexact_said = note, False
         self._tokenizer = find_tokenizer(self._client, self.served_model, options.encoding, note)
         self._pieces = token_pieces(self._tokenizer)
         self._markup = Markup(self._props, getattr(self._tokenizer, "reads_markup", None))
@@ -169,6 +170,20 @@ class OpenAIBackend(InTurn):
 
     def detokenize(self, tokens: Sequence[int]) -> bytes:
         return self._tokenizer.detokenize(tokens)
+
+    def inexact_ranges(self) -> None:
+        """Said once, where a document's chunks cannot be placed exactly in its characters
+        (chunking.make_chunks): the server's decoding of a window that cuts a character is
+        not its bytes decoded (a Hugging Face tokenizer that cleans up spaces, as Llama 3's
+        does), and the server gives no token's bytes (llama-server's with_pieces, vLLM's
+        token strings)."""
+        if not self._inexact_said:
+            self._inexact_said = True
+            self._note(
+                f"The server at {self.server} gives no token's bytes, and its text of a chunk "
+                "that cuts a character is not their bytes decoded: the chunks' character "
+                "ranges after such a cut may be off by a character or two."
+            )
 
     def detokenize_many(self, windows: Sequence[Sequence[int]]) -> list[bytes]:
         """Each window's bytes, as detokenize() gives them, in few requests (InfMem's units:

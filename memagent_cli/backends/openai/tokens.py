@@ -265,8 +265,83 @@ def _piece(token: Any) -> bytes | None:
     return None
 
 
+def _byte_characters() -> dict[str, int]:
+    """The byte each character of a byte-level BPE's token strings stands for: GPT-2's
+    bytes_to_unicode (Qwen2's, Qwen3's, Llama 3's tokenizers), printable bytes as
+    themselves and the others shifted past 255, in order."""
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    others = [b for b in range(256) if b not in printable]
+    return {
+        **{chr(b): b for b in printable},
+        **{chr(256 + n): b for n, b in enumerate(others)},
+    }
+
+
+_BYTE_OF = _byte_characters()
+# A text whose tokens' strings tell a byte-level BPE: spaces, a newline, several-byte
+# characters (composed: NFC), digits.
+_BYTES_SAMPLE = "Việt 中文 a  b\n\t42 été"
+
+
+def _spelled(string: object) -> bytes | None:
+    """The bytes a byte-level BPE token's string spells; None where it spells none."""
+    if not isinstance(string, str) or any(c not in _BYTE_OF for c in string):
+        return None
+    return bytes(_BYTE_OF[c] for c in string)
+
+
 class _VllmTokenizer(_ServerTokenizer):
     tokenize_path, detokenize_path = "/tokenize", "/detokenize"
+    _byte_level = False  # its token strings spell each token's bytes (probe)
+
+    def probe(self) -> None:
+        """Also finds whether the server gives each token's string (vLLM's
+        `return_token_strs`, in its recent versions) and they spell the tokens' bytes, as a
+        byte-level BPE's do: a sample's strings join back into its bytes."""
+        super().probe()
+        try:
+            tokens, strings = self._with_strings(_BYTES_SAMPLE, probe=True)
+        except BackendError:
+            return
+        pieces = [_spelled(s) for s in strings or ()]
+        self._byte_level = (
+            strings is not None
+            and len(strings) == len(tokens)
+            and b"".join(p or b"" for p in pieces) == _BYTES_SAMPLE.encode()
+            and None not in pieces
+        )
+
+    def _with_strings(self, text: str, probe: bool = False) -> tuple[list[int], list | None]:
+        """`text`'s tokens, and their strings where the server gives them."""
+        body = {**self._tokenize_body(text), "return_token_strs": True}
+        most = 4 * _BYTES_PER_BYTE * len(text.encode("utf-8"))
+        reply = self._call(self.tokenize_path, body, probe, most)
+        tokens, strings = reply.get("tokens"), reply.get("token_strs")
+        if not isinstance(tokens, list) or not all(json_count(t) for t in tokens):
+            raise BackendError(
+                f"The server at {self._client.server} answered {self.tokenize_path} without "
+                "a list of token ids."
+            )
+        return tokens, strings if isinstance(strings, list) else None
+
+    def tokenize(self, text: str) -> list[int]:
+        """`text`'s tokens; where the server's token strings spell bytes, each token's bytes
+        kept from them (in the same request): a window of them is then joined here, byte for
+        byte, as in this process, where vLLM's /detokenize answers a character that a
+        window's end cuts in two with U+FFFD on both sides of the cut."""
+        if not self._byte_level:
+            return super().tokenize(text)
+        tokens, strings = self._with_strings(text)
+        unprefixed = self._unprefixed(tokens)
+        if strings is not None and len(strings) == len(tokens):
+            known = self._known
+            for token, string in zip(
+                unprefixed, strings[len(tokens) - len(unprefixed) :], strict=True
+            ):
+                piece = _spelled(string)
+                if piece is not None:
+                    known.setdefault(token, piece)
+        return unprefixed
 
     def _tokenize_body(self, text: str) -> dict[str, Any]:
         return {"model": self._model, "prompt": text, "add_special_tokens": False}
