@@ -458,3 +458,34 @@ def test_windows_placed_by_their_bytes_are_where_the_document_s_bytes_put_them()
         else:
             assert all(a <= b for a, b in zip([0, *ends], ends, strict=False))
             assert all(abs(a - b) <= 2 for a, b in zip(ends, expected, strict=True))
+
+
+@pytest.mark.model
+def test_a_qwen_model_on_another_machine_s_llama_server_reads_the_text_composed():
+    """Issue 47: a llama-server on another machine names a model file memagent cannot read
+    (/props model_path), and llama.cpp does not compose text: a Qwen model there read a
+    decomposed text as extracted, in other tokens than its authors' tokenizer gives. Its
+    tokens tell it: Qwen2's vocabulary (Qwen2's, Qwen2.5's, Qwen3's) splits a sample into
+    Qwen2's ids, and its chat template is Qwen's ChatML."""
+    from support.fake_openai import FakeServer
+
+    from memagent_cli import gguf_header
+    from memagent_cli.backends.openai import OpenAIBackend, ServerOptions
+
+    document = WORDS["vietnamese"] + " " + WORDS["french"] + " " + WORDS["korean"]
+    decomposed = nfd(document)
+    qwen = qwen_material.shipped_gguf()
+    template = gguf_header.read(qwen).fields["tokenizer.chat_template"]
+    remote = "/srv/models/Qwen2.5-7B-Instruct-Q4_K_M.gguf"  # not on this machine
+    served = {"tokenizer": True, "vocabulary": str(qwen), "model_path": remote}
+    with FakeServer(**served, chat_template=template) as server:
+        backend, tokens, chunks, sent = read_through(server, decomposed, 9)
+        assert tokens == backend.tokenize(document)  # the composed text's tokens
+    assert backend.normalization == "NFC"
+    assert document in sent and decomposed not in sent
+    assert_tiles(chunks, decomposed)
+    # The same vocabulary behind another family's chat template is not taken for Qwen's.
+    other = "{% for m in messages %}<｜User｜>{{ m['content'] }}<｜Assistant｜>{% endfor %}"
+    with FakeServer(**served, chat_template=other) as server:
+        backend = OpenAIBackend(ServerOptions(base_url=server.url))
+        assert backend.normalization is None

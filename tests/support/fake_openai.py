@@ -13,7 +13,8 @@ than 32 bytes dropped as its 0.3.36 drops it), so memagent cuts chunks with tikt
 (offline); the usage
 it reports counts a prompt's tokens as tiktoken's cl100k_base does (or a word a token,
 `count_words`: a tokenizer that counts far fewer on text of few spaces; `composes`: one
-that composes Unicode first). With a `chat_template` or a `model_path` it answers /props
+that composes Unicode first; `vocabulary`: a GGUF's, llama.cpp's tokens instead of bytes).
+With a `chat_template` or a `model_path` it answers /props
 with them, as llama-server does. A test may give
 the stand-in model's chat `reply`, and reads every POST's path in `paths`. The server
 can be told to take a fixed time per call with a number of slots (calls answered at once,
@@ -135,6 +136,7 @@ class FakeServer:
     vllm_tokenizer: bool = False  # vLLM's /tokenize and /detokenize, a token per byte
     token_strs: bool = False  # vLLM's return_token_strs answered (GPT-2's byte characters)
     clean_up: bool = False  # vLLM's /detokenize cleans up spaces, as Llama 3's tokenizer does
+    vocabulary: str | None = None  # a GGUF whose vocabulary tokenizes (llama.cpp's), not bytes
     extras_tokenizer: bool = False  # llama-cpp-python's, losing its long tokens' text
     tokenize_delay: float = 0.0  # seconds before each /tokenize reply
     tokenize_calls: int = 0
@@ -360,6 +362,10 @@ class FakeServer:
         `parse_special` (its default) a token of its own, 256 on, for each `control` spelled."""
         if self.composes:
             text = unicodedata.normalize("NFC", text)
+        if self.vocabulary is not None:
+            return self._vocabulary()[0].tokenize(
+                text.encode(), add_bos=False, special=parse_special
+            )
         if not (parse_special and self.control):
             return list(text.encode())
         spelled = re.compile("|".join(re.escape(c) for c in self.control))
@@ -369,7 +375,21 @@ class FakeServer:
             at = match.end()
         return [*tokens, *text[at:].encode()]
 
+    def _vocabulary(self):
+        """The GGUF's vocabulary, loaded once (llama.cpp, no weights), and its pieces."""
+        if not hasattr(self, "_vocab"):
+            import llama_cpp
+
+            from memagent_cli.backends.llama_parts import Pieces
+
+            vocab = llama_cpp.Llama(model_path=self.vocabulary, vocab_only=True, verbose=False)
+            pieces = Pieces(llama_cpp.llama_model_get_vocab(vocab.model), special=True)
+            self._vocab = (vocab, pieces)
+        return self._vocab
+
     def token_bytes(self, token: int) -> bytes:
+        if self.vocabulary is not None:
+            return self._vocabulary()[1](token)
         return bytes([token]) if token < 256 else self.control[token - 256].encode()
 
     def piece(self, token: int) -> str | list[int]:

@@ -36,6 +36,13 @@ _BYTES_PER_TOKEN = 256  # of a completion's reply, for each token it may hold
 # worth a second look; tokenizers differ from tiktoken by tens of percent, more on CJK.
 _SUSPECT_BELOW = 0.85
 _PROBE_MORE = 64  # tokens more than the suspect count, in the probe that tells a cut
+# Qwen2's vocabulary (Qwen2's, Qwen2.5's and Qwen3's, and their finetunes': memagent-7b,
+# ReMemR1, InfMem's) splits this text into these tokens, each digit one (its pre-tokenizer,
+# llama.cpp's "qwen2": Llama 3's groups digits by three): measured with the Qwen2.5 GGUF of
+# tests/support/qwen_material.py. No other family's vocabulary gives these ids.
+_QWEN2_SAMPLE = "Hello world, 2026: 中文 café"
+_QWEN2_TOKENS = [9707, 1879, 11, 220, 17, 15, 17, 21, 25, 72858, 16744, 51950]
+_QWEN_CHAT = "<|im_start|>"  # Qwen's chat templates' (ChatML) turn marker
 
 
 @dataclass(frozen=True)
@@ -132,8 +139,12 @@ class OpenAIBackend(InTurn):
         sends, as in this process. Where the server names its model's file (llama-server's
         /props, llama-cpp-python's model id) and it is on this machine, the file's
         pre-tokenizer says; else where the server's tokenizer composes text itself (a
-        Hugging Face tokenizer, as vLLM's), NFC; else none: the text goes as extracted."""
-        for path in (self._props().get("model_path"), self.served_model):
+        Hugging Face tokenizer, as vLLM's), NFC; else where it splits a sample into Qwen2's
+        tokens (a llama.cpp server on another machine serving a Qwen model: no endpoint
+        names its pre-tokenizer) and its chat template, if it gives one, is Qwen's ChatML,
+        NFC, as the GGUF's pre-tokenizer would say; else none: the text goes as extracted."""
+        props = self._props()
+        for path in (props.get("model_path"), self.served_model):
             pre = _pre_tokenizer(path)
             if pre is not None:
                 return NORMALIZATIONS.get(pre)
@@ -141,11 +152,15 @@ class OpenAIBackend(InTurn):
             return None
         sample = "Việt, Ångström, été"
         decomposed = unicodedata.normalize("NFD", sample)
+        template = props.get("chat_template")
         try:
-            composes = self._tokenizer.tokenize(decomposed) == self._tokenizer.tokenize(sample)
+            if self._tokenizer.tokenize(decomposed) == self._tokenizer.tokenize(sample):
+                return "NFC"
+            qwen = self._tokenizer.tokenize(_QWEN2_SAMPLE) == _QWEN2_TOKENS
         except BackendError:
             return None
-        return "NFC" if composes else None
+        chatml = not isinstance(template, str) or not template or _QWEN_CHAT in template
+        return "NFC" if qwen and chatml else None
 
     def _props(self) -> dict[str, Any]:
         """llama-server's /props, asked once; empty where the server has none."""
