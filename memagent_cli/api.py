@@ -63,9 +63,9 @@ from memagent_cli.reader import (
 from memagent_cli.run import batch as run_batch
 from memagent_cli.run.ask import (
     Result,  # one answered question: the answer, every memory, where it came from, its trace
+    Run,
     RunOptions,
     Stopped,  # a run that ended before its answer; its trace keeps every step
-    ask_together,
 )
 from memagent_cli.run.engine import (
     AUTHORS_SAMPLING,
@@ -202,12 +202,20 @@ def ask(
     trace_path: Path | None = None,
     progress: Listener | None = None,
     note: Note = silent,
+    parallel: int | None = None,
 ) -> Result:
     """Read `document` for `question` and answer from the final memory. With `trace_path`
-    the trace is written there step by step. `progress(event)` hears of every step."""
-    return ask_many(model, document, [question], traces=[trace_path], progress=progress, note=note)[
-        0
-    ]
+    the trace is written there step by step. `progress(event)` hears of every step.
+    `parallel`: calls at once, as `ask_many`'s."""
+    return ask_many(
+        model,
+        document,
+        [question],
+        traces=[trace_path],
+        progress=progress,
+        note=note,
+        parallel=parallel,
+    )[0]
 
 
 def ask_many(
@@ -218,17 +226,36 @@ def ask_many(
     traces: Sequence[Path | None] | None = None,
     progress: Listener | None = None,
     note: Note = silent,
+    parallel: int | None = None,
 ) -> list[Result]:
-    """Answer several questions about one document in one pass: an in-process model reads
-    them together, one sequence each, and each answers as it would alone. Raises
-    Stopped (with the finished steps in its trace) when a reading ends early."""
+    """Answer several questions about one document in one pass, each as it would alone:
+    an in-process model reads them together, one sequence each, and the prompts a reading
+    asks at once (a PI-Mem pass's chunks) in sequences of their own, as many as fit and pay
+    by the calibration here; a server gets a call in flight a question. `parallel` says how
+    many at once, as `memagent ask --parallel` does: sequences in one context, or calls in
+    flight to a server. Raises Stopped (with the finished steps in its trace) when a
+    reading ends early."""
     if not isinstance(document, Document):
         document = load_document(document)
     session = open_session(document, model.engine(questions))
     report = _Callbacks(None, progress, note)
     paths = list(traces) if traces is not None else [None] * len(questions)
-    options = [RunOptions(trace=path, reuse=False) for path in paths]
-    outcomes = ask_together(session, list(questions), options, report)
+    runs = [
+        Run(session, question, RunOptions(trace=path, reuse=False), (0, index))
+        for index, (question, path) in enumerate(zip(questions, paths, strict=True))
+    ]
+    if parallel is None and session.engine.threaded:
+        parallel = len(runs)  # a call in flight each, as a server always read them
+    found = run_batch.outcomes(
+        runs,
+        lambda run: run,
+        report,
+        Layout(questions=len(runs)),
+        readings=len(runs),
+        parallel=parallel,
+        what="the questions",
+    )
+    outcomes = [outcome for _, outcome in found]
     for outcome in outcomes:
         if isinstance(outcome, Stopped):
             raise outcome

@@ -601,6 +601,83 @@ def test_a_pass_s_chunk_calls_go_to_a_server_at_once_on_parallel_threads(
     assert [s["memory"] for s in three["steps"]] == [s["memory"] for s in one["steps"]]
 
 
+def test_eval_sends_a_pass_s_chunk_calls_at_once_on_parallel_threads(
+    cli, fake_server, tmp_path, monkeypatch
+):
+    """`memagent eval --reader pi-mem --parallel 3` with a server: one case's pass is 3
+    calls in flight at once, and it scores what `--parallel 1` scores, call by call."""
+    from support import fake_openai
+
+    from memagent_cli.evaluation import results
+
+    monkeypatch.setattr(fake_openai, "reply_to", stand_in)
+    data = tmp_path / "eval_50.json"
+    case = {"_id": "c1", "input": FACT_QUESTION, "context": story(60), "answers": ["x"]}
+    data.write_text(json.dumps([case]))
+    sizes = ["--chunk-tokens", "200", "--memory-tokens", "48", "--temperature", "0"]
+    fake_server.delay = 0.05
+    runs = {}
+    for parallel in ("1", "3"):
+        fake_server.most_in_flight, fake_server.messages = 0, []
+        out = tmp_path / f"results-{parallel}.jsonl"
+        args = [*served(fake_server, *sizes), "--reader", "pi-mem", "--no-trace"]
+        result = cli("eval", str(data), *args, "--parallel", parallel, "-o", str(out))
+        assert result.returncode == 0, result.stderr
+        [record] = results.read(out).records
+        runs[parallel] = record, sorted(fake_server.messages), fake_server.most_in_flight
+    (one, sent_one, most_one), (three, sent_three, most_three) = runs["1"], runs["3"]
+    assert len(sent_one) >= 3 + 1
+    assert (most_one, most_three) == (1, 3)
+    assert sent_three == sent_one and three["reply"] == one["reply"]
+
+
+def test_the_api_reads_a_pass_s_chunk_calls_together_in_process():
+    """`api.ask` in-process: a pass's chunk calls go in one round, a sequence each, as
+    `memagent ask` reads them, and give what one by one gives."""
+    from memagent_cli import api
+    from memagent_cli.documents import Document
+
+    one_by_one = Finder([])
+    reader = readers.get("pi-mem").loop(one_by_one, ())
+    alone = read(one_by_one, "Who?", chunks(VAULT), SETTINGS, reader=reader)
+    together = Finder([])
+    document = Document(text=VAULT, path="vault.txt", format="text", sha256="0" * 64)
+    result = api.ask(api.Model(together, SETTINGS), document, "Who?")
+    assert together.rounds == [[0, 1, 2, 3], [0], [0, 1, 2, 3], [0]]
+    assert result.answered.reply == alone.reply
+    assert result.memories == [s.memory for s in alone.steps]
+
+
+def test_the_api_sends_a_pass_s_chunk_calls_at_once_to_a_server(fake_server, tmp_path, monkeypatch):
+    """`api.ask(..., parallel=3)` with a server: 3 calls in flight at once, the reading the
+    one `parallel=1` reads."""
+    from support import fake_openai
+
+    from memagent_cli import api
+
+    monkeypatch.setattr(fake_openai, "reply_to", stand_in)
+    book = tmp_path / "village.txt"
+    book.write_text(story(60))
+    model = api.open_model(
+        server=api.ServerOptions(base_url=fake_server.url),
+        reader="pi-mem",
+        sampling=api.Sampling(temperature=0),
+        chunk_tokens=200,
+        memory_tokens=48,
+    )
+    fake_server.delay = 0.05
+    runs = {}
+    for parallel in (1, 3):
+        fake_server.most_in_flight, fake_server.messages = 0, []
+        result = api.ask(model, book, FACT_QUESTION, parallel=parallel)
+        runs[parallel] = result, sorted(fake_server.messages), fake_server.most_in_flight
+    (one, sent_one, most_one), (three, sent_three, most_three) = runs[1], runs[3]
+    assert one.chunks >= 3
+    assert (most_one, most_three) == (1, 3)
+    assert sent_three == sent_one and three.answered.reply == one.answered.reply
+    assert three.memories == one.memories
+
+
 # --- evidence --------------------------------------------------------------------------------
 
 

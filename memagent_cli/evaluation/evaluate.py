@@ -146,9 +146,7 @@ def _run(
     if options.write_traces:
         named = {"command": "eval", "output": str(output.resolve())}
         cases_journal = journal.open_journal(named | journal.run_identity(engine))
-    # Cases read at once: in-process in one context, with a server in flight from threads.
-    at_once = batch.readings_at_once(engine, max(left, 1), options.parallel, options.report)
-    answers = _answers(engine, options, cases_journal, at_once)
+    answers = _answers(engine, options, cases_journal, max(left, 1))
     ended = False
     try:
         # The evaluation as a whole: cases done and the time left, over each case's own view.
@@ -246,10 +244,11 @@ def _answered(result: Result) -> Answered:
 
 
 def _answers(
-    engine: Engine, options: EvalOptions, cases_journal: journal.Journal | None, at_once: int
+    engine: Engine, options: EvalOptions, cases_journal: journal.Journal | None, left: int
 ) -> AnswerCases:
-    """Every case answered in order, `at_once` read at a time (run/batch.py's outcomes); the
-    first stop is raised once the cases finished before it are yielded."""
+    """Every case answered in order, of `left` to read, as many at once as --parallel says
+    (run/batch.py's outcomes: in-process in one context, with a server in flight from
+    threads); the first stop is raised once the cases finished before it are yielded."""
 
     def run_of(case: Case) -> Run:
         return _run_of(case, engine, options, cases_journal)
@@ -258,7 +257,13 @@ def _answers(
         # Cases are told apart by name when several are read at once.
         layout = Layout(documents=2, by_name=True)
         outcomes = batch.outcomes(
-            cases, run_of, engine, at_once, options.report, layout, stop_on_first=True
+            cases,
+            run_of,
+            options.report,
+            layout,
+            readings=left,
+            parallel=options.parallel,
+            stop_on_first=True,
         )
         for case, outcome in outcomes:
             assert isinstance(outcome, Result)  # a Stopped is raised

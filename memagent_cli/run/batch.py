@@ -73,21 +73,18 @@ class Batch:
     def __iter__(self) -> Iterator[Result | Stopped]:
         ended = False  # every run was taken (some may have failed: exit_code says so)
         try:
-            runs = self._runs()
-            first = next(runs, None)  # reads the first document, opens the model
-            if first is not None:
-                engine = first.session.engine
-                readings = len(self.questions) * len(self.paths)
-                report = self.options.report
-                calls = calls_at_once(first)
-                at_once = readings_at_once(
-                    engine, readings, self.options.parallel, report, self._readings(), calls
-                )
-                layout = Layout(len(self.paths), len(self.questions), at_once, self.options.watch)
-                runs = itertools.chain([first], runs)
-                found = outcomes(runs, _itself, engine, at_once, report, layout, calls=calls)
-                for _, outcome in found:
-                    yield self._seen(outcome)
+            layout = Layout(len(self.paths), len(self.questions), watch=self.options.watch)
+            found = outcomes(
+                self._runs(),  # reads the first document, opens the model
+                _itself,
+                self.options.report,
+                layout,
+                readings=len(self.questions) * len(self.paths),
+                parallel=self.options.parallel,
+                what=self._readings(),
+            )
+            for _, outcome in found:
+                yield self._seen(outcome)
             ended = True
         except STOPS as exc:  # SIGTERM too, while runs were in flight in other threads
             self._failed(stop_code(exc))
@@ -212,36 +209,53 @@ def readings_at_once(
 def outcomes(
     items: Iterable[T],
     run_of: Callable[[T], Run],
-    engine: Engine,
-    at_once: int,
     report: Reporter,
     layout: Layout,
     *,
+    readings: int,
+    parallel: int | None,
+    what: str = "readings",
     stop_on_first: bool = False,
-    calls: int = 1,
 ) -> Iterator[tuple[T, Result | Stopped]]:
-    """(item, the outcome of run_of(item)) for each item, in input order, `at_once` runs
-    read at a time on `engine` (readings_at_once says how many): in-process together in its
-    one context (run/ask.py's ask_runs), on a server each in a thread of its own, where
-    run_of is called too (run/pool.py). At most BACKLOG x `at_once` items are taken ahead of
-    the outcomes passed on. Ctrl-C or SIGTERM stops the runs in flight, their traces valid,
-    and no further run is taken (from several threads, it is raised once their outcomes are
-    passed on). `layout` tells the readings' view how they go.
+    """(item, the outcome of run_of(item)) for each item, in input order: the one way any
+    batch of runs is read. Every run's session shares one engine. How many go at once is
+    decided with the first run, once: of `readings` in all, as `parallel` (--parallel) says
+    (readings_at_once, `what` naming them in a note), counting the prompts a reading of the
+    first run's document asks at once (calls_at_once), so that no caller can leave a PI-Mem
+    pass to go one call at a time. In-process they are read together in the engine's one
+    context (run/ask.py's ask_runs); on a server each reading in a thread of its own, where
+    run_of is called too (run/pool.py), with up to that many calls in flight in all: a
+    reading gets up to that many threads of its own, and as many readings go at once as
+    leave room. At most BACKLOG x the readings at once are taken ahead of the outcomes
+    passed on. Ctrl-C or SIGTERM stops the runs in flight, their traces valid, and no
+    further run is taken (from several threads, it is raised once their outcomes are passed
+    on). `layout` tells the readings' view how they go.
 
     `stop_on_first`: a Stopped is raised, not passed on, once the outcomes of the runs that
     finish anyway are passed on; on a server the first run that stops asks those in flight
-    to stop.
-
-    `calls`: the prompts each reading asks at once (calls_at_once). On a server, `at_once`
-    calls are in flight in all: a reading gets up to that many threads of its own, and as
-    many readings go at once as leave room."""
+    to stop."""
+    items = iter(items)
+    try:
+        first = next(items)
+    except StopIteration:
+        return
+    run = run_of(first)
+    engine, calls = run.session.engine, calls_at_once(run)
+    at_once = readings_at_once(engine, readings, parallel, report, what, calls)
     layout = dataclasses.replace(layout, at_once=at_once)
+    taken = [run]  # the first run is made once
+
+    def made(item: T) -> Run:
+        return taken.pop() if taken and item is first else run_of(item)
+
+    everything = itertools.chain([first], items)
     if engine.threaded:
         each = min(calls, at_once)
-        return _on_threads(
-            items, run_of, max(1, at_once // each), report, layout, stop_on_first, each
+        yield from _on_threads(
+            everything, made, max(1, at_once // each), report, layout, stop_on_first, each
         )
-    return _in_one_context(items, run_of, at_once, report, layout, stop_on_first)
+    else:
+        yield from _in_one_context(everything, made, at_once, report, layout, stop_on_first)
 
 
 def _itself(item: Run) -> Run:
