@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from collections.abc import Callable, Sequence
@@ -169,7 +170,8 @@ class InTurn:
     """`next_replies` and `cancel` for a backend that replies to one call at a time (`generate`):
     every call is answered before `next_replies` returns, in sequence order, and none is ever
     left in flight; a threaded one (a server) sends several calls at once, each from a thread
-    of its own. Nothing is kept between calls, so threads may share the backend."""
+    of its own, and returns as soon as one is answered, the others left in flight (each
+    calling thread has its own: threads may share the backend)."""
 
     name: str
     generate: Callable[..., Generation]  # the backend's own
@@ -200,34 +202,63 @@ class InTurn:
         self, calls: Sequence[Call], *, sampling: Sampling
     ) -> list[tuple[int, Generation]]:
         ordered = sorted(calls, key=_sequence)
-        if not self.threaded or len(ordered) < 2:
+        if not self.threaded:
             return [(c.sequence, reply(self, c, sampling)) for c in ordered]
-        sequences = [c.sequence for c in ordered]
-        return list(zip(sequences, _at_once(self, ordered, sampling), strict=True))
+        flight = _InFlight.of(self)
+        if not flight.calls and len(ordered) == 1:  # alone: here, where Ctrl-C reaches it
+            return [(ordered[0].sequence, reply(self, ordered[0], sampling))]
+        for call in ordered:
+            flight.send(self, call, sampling)
+        return flight.answered()
 
     def cancel(self) -> None:
-        return None
+        _InFlight.drop(self)
 
 
-def _at_once(backend: Backend, calls: Sequence[Call], sampling: Sampling) -> list[Generation]:
-    """Each call's reply, the calls sent at once from threads of their own; the first
-    failure (in the calls' order) is raised once every call has ended. The threads are
-    daemons: Ctrl-C while they wait stops the command at once, their replies dropped."""
-    ended: queue.Queue[tuple[int, Generation | BaseException]] = queue.Queue()
+class _InFlight:
+    """A threaded backend's calls in flight from one calling thread, each in a thread of
+    its own. The threads are daemons: Ctrl-C while they wait stops the command at once, and
+    a call dropped (`drop`, after Ctrl-C or a failure) ends unheard."""
 
-    def send(place: int, call: Call) -> None:
-        try:
-            ended.put((place, reply(backend, call, sampling)))
-        except BaseException as exc:  # said by the caller's thread
-            ended.put((place, exc))
+    _local = threading.local()  # this thread's, by backend
 
-    for place, call in enumerate(calls):
-        threading.Thread(target=send, args=(place, call), daemon=True).start()
-    got = dict(ended.get() for _ in calls)
-    replies = []
-    for place in range(len(calls)):
-        one = got[place]
-        if isinstance(one, BaseException):
-            raise one
-        replies.append(one)
-    return replies
+    def __init__(self) -> None:
+        self.ended: queue.Queue[tuple[int, Generation | BaseException]] = queue.Queue()
+        self.calls = 0
+
+    @classmethod
+    def of(cls, backend: object) -> _InFlight:
+        flights = cls._local.__dict__.setdefault("flights", {})
+        return flights.setdefault(id(backend), cls())
+
+    @classmethod
+    def drop(cls, backend: object) -> None:
+        cls._local.__dict__.get("flights", {}).pop(id(backend), None)
+
+    def send(self, backend: Backend, call: Call, sampling: Sampling) -> None:
+        ended = self.ended
+
+        def send() -> None:
+            try:
+                ended.put((call.sequence, reply(backend, call, sampling)))
+            except BaseException as exc:  # said by the caller's thread
+                ended.put((call.sequence, exc))
+
+        threading.Thread(target=send, daemon=True).start()
+        self.calls += 1
+
+    def answered(self) -> list[tuple[int, Generation]]:
+        """The replies come: at least one (none with no call in flight); a failure raised."""
+        if not self.calls:
+            return []
+        got = [self.ended.get()]
+        with contextlib.suppress(queue.Empty):
+            while True:
+                got.append(self.ended.get_nowait())
+        self.calls -= len(got)
+        replies = []
+        for sequence, one in got:
+            if isinstance(one, BaseException):
+                raise one
+            replies.append((sequence, one))
+        return replies

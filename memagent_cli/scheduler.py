@@ -9,10 +9,16 @@ prompts a reading asks at once (reader.Prompts: a PI-Mem pass) go out in its own
 in the slots no reading holds meanwhile, as many at once as are idle. A reading answered
 leaves its slot, which the next reading added takes, its sequence's cache
 cleared first (as serving engines do), so every reading sees what it would see alone.
+
+A reading stopped (Ctrl-C, a failure) may have had replies to prompts it asked at once that
+none of its steps holds yet (`Scheduler.kept`); its trace keeps them, and a resumed run is
+given them back (`Job.answered`), each for the prompt it answered, instead of a call.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -20,6 +26,7 @@ from memagent_cli.backend import Backend, Call, Generation
 from memagent_cli.chunking import Chunk
 from memagent_cli.reader import (
     Answer,
+    Event,
     Listener,
     Prompt,
     Prompts,
@@ -27,6 +34,7 @@ from memagent_cli.reader import (
     Reading,
     Settings,
     Step,
+    StepFinished,
     memagent,
 )
 
@@ -40,6 +48,16 @@ class Job:
     listener: Listener = lambda event: None
     done: Sequence[Step] = ()  # steps an earlier, interrupted run finished
     reader: Reader = memagent
+    # Replies that run had, to prompts asked at once, that none of its steps held yet
+    # (Scheduler.kept), by prompt_sha256: each answers its prompt once instead of a call.
+    answered: Sequence[tuple[str, Generation]] = ()
+
+
+def prompt_sha256(prompt: Prompt) -> str:
+    """What a prompt asks, as a reply kept for it names it: its text (or the whole prompt a
+    reader wrote) and its reply's limit."""
+    asked = [prompt.message, prompt.max_tokens, prompt.raw]
+    return hashlib.sha256(json.dumps(asked).encode()).hexdigest()
 
 
 @dataclass
@@ -55,6 +73,21 @@ class _Slot:
     several: bool = False
     replies: dict[int, Generation] = field(default_factory=dict)
     unsent: list[int] = field(default_factory=list)  # places in `asked`, in order
+    # Replies to prompts asked at once, given to the reading, that no finished step holds
+    # yet (a PI-Mem pass's last chunk, whose step waits on the merge).
+    given: list[tuple[Prompt, Generation]] = field(default_factory=list)
+    replay: list[tuple[str, Generation]] = field(default_factory=list)  # Job.answered
+
+    def kept_for(self, prompt: Prompt) -> Generation | None:
+        """The reply kept for `prompt` (Job.answered), taken; None without one."""
+        if not self.replay:
+            return None
+        key = prompt_sha256(prompt)
+        for index, (sha256, reply) in enumerate(self.replay):
+            if sha256 == key:
+                del self.replay[index]
+                return reply
+        return None
 
 
 class Scheduler:
@@ -85,9 +118,26 @@ class Scheduler:
         starts (makes its first call) at the next `advance`."""
         number = next(n for n in range(len(self._slots)) if self._idle(n))
         question = job.question.strip()
-        reading = job.reader(question, job.chunks, self.settings, job.listener, job.done)
-        self._slots[number] = _Slot(job, reading)
+        slot = _Slot(job, iter(()), replay=list(job.answered))
+
+        def listener(event: Event) -> None:
+            if isinstance(event, StepFinished):  # its reply is in the step now
+                slot.given = [(p, g) for p, g in slot.given if g is not event.step.generation]
+            job.listener(event)
+
+        slot.reading = job.reader(question, job.chunks, self.settings, listener, job.done)
+        self._slots[number] = slot
         return number
+
+    def kept(self, job: Job) -> list[tuple[Prompt, Generation]]:
+        """The replies `job`'s reading had to prompts it asked at once that none of its
+        finished steps holds: what a stop would lose, and a resumed run need not ask again
+        (Job.answered)."""
+        for slot in self._slots:
+            if slot is not None and slot.job is job:
+                came = [(slot.asked[i], reply) for i, reply in sorted(slot.replies.items())]
+                return [*slot.given, *came] if slot.several else list(slot.given)
+        return []
 
     def advance(self) -> list[tuple[int, Job, Answer]]:
         """Read until at least one job is answered: jobs added since the last advance make
@@ -128,20 +178,33 @@ class Scheduler:
         answered: list[tuple[int, Job, Answer]],
     ) -> None:
         """Give the reading in slot `number` its reply (None: start it): its next prompts
-        wait to be sent, or its answer frees the slot."""
+        wait to be sent, or its answer frees the slot. A prompt with a reply kept for it
+        (Job.answered) is answered by that at once."""
         slot = self._slots[number]
         assert slot is not None
+        if slot.several and reply is not None:
+            slot.given = list(zip(slot.asked, reply, strict=True))
         try:
             asked = next(slot.reading) if reply is None else slot.reading.send(reply)
-            while isinstance(asked, Prompts) and not asked:
-                asked = slot.reading.send(())
+            while True:
+                several = isinstance(asked, Prompts)
+                prompts = tuple(asked) if isinstance(asked, Prompts) else (asked,)
+                kept = {place: r for place, p in enumerate(prompts) if (r := slot.kept_for(p))}
+                if len(kept) < len(prompts):
+                    break
+                got = tuple(kept[place] for place in range(len(prompts)))
+                if several:
+                    slot.given = list(zip(prompts, got, strict=True))
+                asked = slot.reading.send(got if several else got[0])
         except StopIteration as end:
             self._slots[number] = None
             answered.append((number, slot.job, end.value))
             return
-        slot.started, slot.several = True, isinstance(asked, Prompts)
-        slot.asked = tuple(asked) if isinstance(asked, Prompts) else (asked,)
-        slot.replies, slot.unsent = {}, list(range(len(slot.asked)))
+        slot.started, slot.several, slot.asked = True, several, prompts
+        if several:  # what an earlier batch gave is in its steps, or never will be
+            slot.given = []
+        slot.replies = kept
+        slot.unsent = [place for place in range(len(prompts)) if place not in kept]
 
     def _calls_to_send(self) -> list[Call]:
         """Each reading's next prompt in its own sequence when that is idle; then the

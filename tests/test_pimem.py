@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import time
 
 import pytest
 from support.fake_openai import served
@@ -718,13 +720,49 @@ def test_the_evidence_is_the_chunk_whose_finding_a_merge_kept(tmp_path, passes, 
     assert [(s.step, s.words) for s in written.final.evidence] == [(step, ("pelican",))]
 
 
+def test_ctrl_c_while_a_pass_merges_keeps_its_last_chunk_s_reply_for_the_resume(tmp_path):
+    """Ctrl-C during pass 2's merge: the trace holds the pass's steps but its last, whose
+    record waits on the merge, and keeps that chunk's reply; the resumed run asks the merge
+    first, and what the whole run asked after it."""
+    from memagent_cli.documents import Document
+    from memagent_cli.run import ask as run
+    from memagent_cli.run.engine import Engine
+    from memagent_cli.run.session import open_session
+    from memagent_cli.trace import read_trace
+
+    replies = script([YES, NO, NO], [NO, YES, NO], [NO, NO, NO])
+    document = Document(text=TEXT, path="/books/tower.txt", format="text", sha256="0" * 64)
+
+    def session(backend):
+        return open_session(document, Engine(backend, SETTINGS, 8192))
+
+    alone = ScriptedBackend(list(replies))
+    whole = run.ask(session(alone), "Who rang?", run.RunOptions())
+    n, path = len(chunks()), tmp_path / "t.jsonl"
+    asked = n + 1 + n  # pass 1, its merge, pass 2: then Ctrl-C, in pass 2's merge
+    with pytest.raises(run.Stopped):
+        run.ask(session(ScriptedBackend(replies[:asked])), "Who rang?", run.RunOptions(path))
+    stopped = read_trace(path)
+    assert len(stopped.steps) == 2 * n - 1
+    [kept] = stopped.interruption.replies
+    assert kept.text == replies[asked - 1]
+    resumed = ScriptedBackend(replies[asked:])
+    again = run.ask(session(resumed), "Who rang?", run.RunOptions(resume=path))
+    assert resumed.messages == alone.messages[asked:]
+    assert again.answered.reply == whole.answered.reply
+    assert again.memories == whole.memories
+    assert [s.extra for s in again.answered.steps] == [s.extra for s in whole.answered.steps]
+    assert read_trace(path).finished
+
+
 @pytest.mark.parametrize("parallel", ["1", "3"])
-def test_ctrl_c_in_the_second_pass_resumes_at_its_first_chunk_to_the_same_answer(
+def test_ctrl_c_in_the_second_pass_keeps_its_replies_and_resumes_asking_only_the_rest(
     memagent, env, fake_server, tmp_path, monkeypatch, parallel
 ):
-    """Ctrl-C to a `memagent ask --reader pi-mem` process while pass 2's calls wait on the
-    server: exit 130, the trace keeps pass 1 and its merge; `--resume` asks pass 2 whole and
-    the answer, and ends where the uninterrupted run ends."""
+    """Ctrl-C to a `memagent ask --reader pi-mem` process once 2 of pass 2's calls are
+    answered and the others wait on the server: exit 130, the trace keeps pass 1 and its
+    merge, and the 2 replies; `--resume` asks only the rest of pass 2 and the answer, the
+    prompts the uninterrupted run asked, and ends where it ends."""
     from support import fake_openai
     from support.command import interrupt_after_steps
 
@@ -738,23 +776,39 @@ def test_ctrl_c_in_the_second_pass_resumes_at_its_first_chunk_to_the_same_answer
     args += ["--no-reuse", "--parallel", parallel]
     whole = memagent("ask", *args, "--json", "--no-trace")
     assert whole.returncode == 0, whole.stderr
-    result = json.loads(whole.stdout)
+    result, asked = json.loads(whole.stdout), fake_server.messages
     n = result["document"]["chunks"]
-    # Pass 1 and its merge answered, then 2 calls of pass 2; the rest held until released.
-    fake_server.hold_after = fake_server.chat_calls + n + 1 + 2
+    assert n >= 4
+    # Pass 1 and its merge answered, then 2 calls of pass 2; the rest held at the server.
+    fake_server.messages, fake_server.hold_after = [], fake_server.chat_calls + n + 1 + 2
+    waiting = min(int(parallel), n - 2)  # in flight once both replies are taken
+
+    def once_both_are_taken(process):
+        deadline = time.monotonic() + 30
+        while fake_server.held < waiting and time.monotonic() < deadline:
+            time.sleep(0.02)
+        process.send_signal(signal.SIGINT)
+
     cut = tmp_path / "cut.jsonl"
-    process, stdout, stderr = interrupt_after_steps([*args, "--trace", str(cut)], cut, env, n)
+    process, stdout, stderr = interrupt_after_steps(
+        [*args, "--trace", str(cut)], cut, env, n, interrupt=once_both_are_taken
+    )
     assert process.returncode == 130, stderr
     assert stdout == "" and "Traceback" not in stderr and "Interrupted (SIGINT)" in stderr
-    stopped = read_trace(cut)
+    stopped, answered = read_trace(cut), list(fake_server.messages)
+    assert len(answered) == n + 1 + 2
     assert len(stopped.steps) == n and stopped.steps[-1].extra["merged"]  # pass 1, merged
-    fake_server.release()
-    calls = fake_server.chat_calls
+    assert len(stopped.interruption.replies) == 2  # pass 2's, kept
+    fake_server.hold_after, fake_server.messages = None, []  # the held calls stay held
     resumed = memagent("ask", *args, "--json", "--resume", str(cut))
     assert resumed.returncode == 0, resumed.stderr
     assert f"resuming {cut} after step {n}" in " ".join(resumed.stderr.split())
-    assert fake_server.chat_calls - calls == n + 1  # pass 2 from its first chunk, the answer
+    assert len(fake_server.messages) == n - 2 + 1  # the rest of pass 2, the answer
+    assert sorted(answered + fake_server.messages) == sorted(asked)
+    if parallel == "1":
+        assert answered + fake_server.messages == asked  # in the same order too
     again = json.loads(resumed.stdout)
     assert again["reply"] == result["reply"]
     assert [s["memory"] for s in again["steps"]] == [s["memory"] for s in result["steps"]]
+    assert [s.get("merged") for s in again["steps"]] == [s.get("merged") for s in result["steps"]]
     assert read_trace(cut).finished

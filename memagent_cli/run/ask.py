@@ -21,7 +21,7 @@ from memagent_cli.run import expect
 from memagent_cli.run.journal import Entry
 from memagent_cli.run.pool import BACKLOG
 from memagent_cli.run.session import Session
-from memagent_cli.scheduler import Job, Scheduler
+from memagent_cli.scheduler import Job, Scheduler, prompt_sha256
 
 
 @dataclass(frozen=True)
@@ -225,6 +225,9 @@ class _Open:
     writer: trace.TraceWriter | None = None
     finished: int = 0  # steps
     reading: ReadingId | None = None  # once shown
+    # Replies the interrupted run had that none of its steps held (scheduler.Job.answered).
+    kept: tuple[trace.Reply, ...] = ()
+    job: Job | None = None  # once read in the scheduler
 
 
 def ask_runs(
@@ -309,7 +312,7 @@ class _Flight:
                 engine.prepare(self.at_once, progress)
         if self.scheduler is None:
             self.scheduler = Scheduler(engine.backend, engine.settings, self.at_once)
-        job = _job(opened, self.view, self.report)
+        job = opened.job = _job(opened, self.view, self.report)
         self.reading[id(job)] = opened
         self.scheduler.add(job)
 
@@ -329,7 +332,10 @@ class _Flight:
         if not self.reading:
             self.failure = exc
         for opened in self.reading.values():
-            self.ready[opened.number] = _stop(opened, exc)
+            assert self.scheduler is not None and opened.job is not None
+            kept = self.scheduler.kept(opened.job)
+            replies = [trace.Reply.of(prompt_sha256(prompt), reply) for prompt, reply in kept]
+            self.ready[opened.number] = _stop(opened, exc, replies)
             _close(opened, self.view)
         self.reading.clear()
 
@@ -367,7 +373,10 @@ def _start(run: Run, number: int, report: Reporter, start: float) -> Result | St
     except UserError as exc:  # it alone fails
         return Stopped(exc.message, exc.exit_code, 0, len(session.chunks), None)
     path = earlier.path if earlier else _unwritten_journaled(how) or how.trace
-    return _Open(number, run, header, done, path, earlier is not None, finished=len(done))
+    kept = earlier.interruption.replies if earlier and earlier.interruption else ()
+    return _Open(
+        number, run, header, done, path, earlier is not None, finished=len(done), kept=kept
+    )
 
 
 def _job(opened: _Open, view: ReadingView, report: Reporter) -> Job:
@@ -388,8 +397,14 @@ def _job(opened: _Open, view: ReadingView, report: Reporter) -> Job:
         _close(opened, view)
         raise
     show = expect.noting(opened.reading, run.session, show, report)
+    answered = [(reply.prompt_sha256, reply.generation()) for reply in opened.kept]
     return Job(
-        run.question, run.session.chunks, _listener(opened, show), opened.done, run.session.reader
+        run.question,
+        run.session.chunks,
+        _listener(opened, show),
+        opened.done,
+        run.session.reader,
+        answered,
     )
 
 
@@ -411,8 +426,10 @@ def _open_trace(opened: _Open, report: Reporter) -> None:
         place_of=opened.run.session.document.place,
         resume_from=resume_from,
     )
+    kept = len(opened.kept)
+    replies = f", with {kept} {'reply' if kept == 1 else 'replies'} it had kept" if kept else ""
     report.note(
-        f"resuming {opened.trace_path} after step {len(opened.done)}"
+        f"resuming {opened.trace_path} after step {len(opened.done)}{replies}"
         if opened.resumed
         else f"trace: {opened.trace_path}"
     )
@@ -427,12 +444,13 @@ def _close(opened: _Open, view: ReadingView) -> None:
         opened.reading = None
 
 
-def _stop(opened: _Open, exc: BaseException) -> Stopped:
-    """The run stopped by `exc` (Ctrl-C, SIGTERM, a failing backend), its trace saying so."""
+def _stop(opened: _Open, exc: BaseException, replies: list[trace.Reply]) -> Stopped:
+    """The run stopped by `exc` (Ctrl-C, SIGTERM, a failing backend), its trace saying so
+    and keeping the `replies` it had that no finished step holds."""
     reason = exc.message if isinstance(exc, UserError) else (str(exc) or "SIGINT")
     code = exc.exit_code if isinstance(exc, UserError) else stop_code(exc)
     if opened.writer is not None:
-        opened.writer.interrupted(reason)
+        opened.writer.interrupted(reason, replies)
     session = opened.run.session
     total, encrypted = len(session.chunks), session.document.encrypted
     return Stopped(reason, code, opened.finished, total, opened.trace_path, encrypted)

@@ -39,6 +39,7 @@ from memagent_cli.trace.records import (
     Header,
     Interruption,
     Record,
+    Reply,
     Resumed,
     Skipped,
     SpanOf,
@@ -356,9 +357,11 @@ class TraceWriter:
             with _signals_held():
                 self._write(final.to_json(self._version))
 
-    def interrupted(self, reason: str) -> None:
-        """Record where an interrupted run stopped, so a reader knows it is unfinished."""
-        self._write(Interruption(reason, self._steps_done).to_json())
+    def interrupted(self, reason: str, replies: Sequence[Reply] = ()) -> None:
+        """Record where an interrupted run stopped, so a reader knows it is unfinished, and
+        the `replies` it had that no finished step holds, so a resumed run need not ask
+        for them again."""
+        self._write(Interruption(reason, self._steps_done, tuple(replies)).to_json())
 
     def close(self) -> None:
         self._file.close()

@@ -430,20 +430,93 @@ class FinalRecord:
 
 
 @dataclass(frozen=True)
+class Reply:
+    """A reply that came before a run stopped, to a prompt asked with others at once (a
+    PI-Mem pass's chunk), that no finished step holds yet: a resumed run takes it for that
+    prompt (named by scheduler.prompt_sha256) instead of asking again."""
+
+    prompt_sha256: str
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str
+    prompt_seconds: float
+    seconds: float
+    drafted: int = 0
+    accepted: int = 0
+
+    _CHECKS = {
+        "prompt_sha256": str,
+        "text": str,
+        "prompt_tokens": int,
+        "completion_tokens": int,
+        "finish_reason": str,
+        "prompt_seconds": _NUMBER,
+        "seconds": _NUMBER,
+        "drafted": int,
+        "accepted": int,
+    }
+
+    @classmethod
+    def parse(cls, record: Any, where: str) -> Reply:
+        if not isinstance(record, dict):
+            raise TraceError(f"{where} has a reply that is not an object.")
+        values = _fields(record, cls._CHECKS, where, frozenset({"drafted", "accepted"}))
+        if not _SHA256.fullmatch(values["prompt_sha256"]):
+            raise TraceError(f"{where} has a reply whose prompt_sha256 is not a sha256.")
+        return cls(**values)
+
+    @classmethod
+    def of(cls, prompt_sha256: str, reply: Generation) -> Reply:
+        return cls(
+            prompt_sha256,
+            reply.text,
+            reply.prompt_tokens,
+            reply.completion_tokens,
+            reply.finish_reason,
+            reply.prompt_seconds,
+            reply.seconds,
+            reply.drafted,
+            reply.accepted,
+        )
+
+    def generation(self) -> Generation:
+        return Generation(
+            self.text,
+            self.prompt_tokens,
+            self.completion_tokens,
+            self.prompt_seconds,
+            self.seconds,
+            self.finish_reason,
+            drafted=self.drafted,
+            accepted=self.accepted,
+        )
+
+
+@dataclass(frozen=True)
 class Interruption:
-    """Where a run stopped before its answer, and why."""
+    """Where a run stopped before its answer, and why; with the replies that came before
+    it that no finished step holds (Reply), where there were any."""
 
     reason: str
     steps_done: int
+    replies: tuple[Reply, ...] = ()
 
     @classmethod
     def parse(
         cls, record: dict[str, Any], where: str, version: int = FORMAT_VERSION
     ) -> Interruption:
-        return cls(**_fields(record, {"reason": str, "steps_done": int}, where))
+        checks: dict[str, _Check] = {"reason": str, "steps_done": int, "replies": list}
+        values = _fields(record, checks, where, frozenset({"replies"}))
+        replies = values.get("replies", [])
+        values["replies"] = tuple(Reply.parse(r, f"{where}'s replies") for r in replies)
+        return cls(**values)
 
     def to_json(self) -> dict[str, Any]:
-        return {"type": "interrupted", **asdict(self)}
+        record = {"type": "interrupted", "reason": self.reason, "steps_done": self.steps_done}
+        if self.replies:  # a run stopped between steps: as records always were
+            record["replies"] = [asdict(reply) for reply in self.replies]
+        return record
 
 
 @dataclass(frozen=True)
