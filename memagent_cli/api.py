@@ -10,10 +10,10 @@ takes (documents, questions, traces, journals, resume) as keyword arguments.
     print(result.text, result.evidence)
 
 Nothing here prints: notes go to `note`, the reading's events (reader.py: StepStarted,
-StepFinished, Answering, Finished) to `progress`, both silent by default; `ask_batch` tells
-a `Reporter` (progress.py), as the command hands it its terminal. What the library notes
-beside a call (files.NOTES: permissions it cannot restrict, the engine's calibration) goes to
-the `memagent` logger, which the command prints.
+StepFinished, Replied, Answering, Finished) to `progress`, both silent by default;
+`ask_batch` tells a `Reporter` (progress.py), as the command hands it its terminal. What the
+library notes beside a call (files.NOTES: permissions it cannot restrict, the engine's
+calibration) goes to the `memagent` logger, which the command prints.
 
 `eval_files` and `eval_niah` are `memagent eval` and `memagent eval niah`, with the model
 named as `open_model` names it:
@@ -56,6 +56,7 @@ from memagent_cli.provenance import Source
 from memagent_cli.reader import (
     Answering,
     Finished,
+    Replied,
     Settings,
     StepFinished,
     StepStarted,
@@ -90,6 +91,7 @@ __all__ = [
     "Model",
     "OcrOptions",
     "ReadOptions",
+    "Replied",
     "Result",
     "Sampling",
     "ServerOptions",

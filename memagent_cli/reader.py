@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -83,6 +83,20 @@ class StepFinished:
 
 
 @dataclass(frozen=True)
+class Replied:
+    """Replies came to `answered` of the `asked` prompts a reading asked at once (Prompts,
+    whose `what` and `unit` say what they are: "pass 2", "chunks"), counting the `before`
+    answered before them (Prompts.before), whose steps came before the prompts' first
+    StepStarted."""
+
+    answered: int
+    asked: int
+    what: str = ""
+    unit: str = "prompts"
+    before: int = 0
+
+
+@dataclass(frozen=True)
 class Answering:
     memory: str
     stopped: str | None = None  # why the reader answers before the last chunk, if it does
@@ -93,7 +107,7 @@ class Finished:
     answer: Answer
 
 
-Event = StepStarted | StepFinished | Answering | Finished
+Event = StepStarted | StepFinished | Replied | Answering | Finished
 Listener = Callable[[Event], None]
 
 
@@ -109,7 +123,20 @@ class Prompt:
 
 class Prompts(tuple[Prompt, ...]):
     """Several prompts asked at once, none waiting on another's reply (PI-Mem's chunk calls
-    of one pass): the reading is sent their replies, a tuple in the same order."""
+    of one pass): the reading is sent their replies, a tuple in the same order. For the
+    views (Replied): `what` they are asked for ("pass 2"), `unit` what each is ("chunks"),
+    and `before` how many of the same were answered before them (a pass resumed)."""
+
+    what: str
+    unit: str
+    before: int
+
+    def __new__(
+        cls, prompts: Iterable[Prompt] = (), what: str = "", unit: str = "prompts", before: int = 0
+    ) -> Prompts:
+        made = super().__new__(cls, prompts)
+        made.what, made.unit, made.before = what, unit, before
+        return made
 
 
 # A reading in progress: it yields each prompt (or several at once, `Prompts`), is sent the

@@ -32,6 +32,7 @@ from memagent_cli.reader import (
     Prompts,
     Reader,
     Reading,
+    Replied,
     Settings,
     Step,
     StepFinished,
@@ -63,20 +64,30 @@ def prompt_sha256(prompt: Prompt) -> str:
 @dataclass
 class _Slot:
     """A job in its slot: its reading, the prompts it asked for last (one, or several at
-    once: `several`), the replies to them come so far, and those not with the backend
+    once: `at_once`), the replies to them come so far, and those not with the backend
     (to send; again after a failure)."""
 
     job: Job
     reading: Reading
     started: bool = False
     asked: tuple[Prompt, ...] = ()
-    several: bool = False
+    at_once: Prompts | None = None  # `asked`, where they were asked at once
     replies: dict[int, Generation] = field(default_factory=dict)
     unsent: list[int] = field(default_factory=list)  # places in `asked`, in order
     # Replies to prompts asked at once, given to the reading, that no finished step holds
     # yet (a PI-Mem pass's last chunk, whose step waits on the merge).
     given: list[tuple[Prompt, Generation]] = field(default_factory=list)
     replay: list[tuple[str, Generation]] = field(default_factory=list)  # Job.answered
+    listener: Listener = lambda event: None  # the job's, which sees its steps go by
+
+    def replied(self) -> None:
+        """Tell the reading's listener how many of the prompts it asked at once have their
+        replies (reader.Replied)."""
+        asked = self.at_once
+        if asked is not None:
+            came, before = len(self.replies), asked.before
+            answered, of = before + came, before + len(asked)
+            self.listener(Replied(answered, of, asked.what, asked.unit, before))
 
     def kept_for(self, prompt: Prompt) -> Generation | None:
         """The reply kept for `prompt` (Job.answered), taken; None without one."""
@@ -125,6 +136,7 @@ class Scheduler:
                 slot.given = [(p, g) for p, g in slot.given if g is not event.step.generation]
             job.listener(event)
 
+        slot.listener = listener
         slot.reading = job.reader(question, job.chunks, self.settings, listener, job.done)
         self._slots[number] = slot
         return number
@@ -136,7 +148,7 @@ class Scheduler:
         for slot in self._slots:
             if slot is not None and slot.job is job:
                 came = [(slot.asked[i], reply) for i, reply in sorted(slot.replies.items())]
-                return [*slot.given, *came] if slot.several else list(slot.given)
+                return [*slot.given, *came] if slot.at_once is not None else list(slot.given)
         return []
 
     def advance(self) -> list[tuple[int, Job, Answer]]:
@@ -158,9 +170,10 @@ class Scheduler:
                     slot = self._slots[number]
                     assert slot is not None
                     slot.replies[place] = reply
+                    slot.replied()
                     if len(slot.replies) == len(slot.asked):
                         got = tuple(slot.replies[i] for i in range(len(slot.asked)))
-                        self._go_on(number, got if slot.several else got[0], answered)
+                        self._go_on(number, got if slot.at_once is not None else got[0], answered)
         except BaseException:
             self.backend.cancel()
             for number, place in self._calls.values():  # sent again if reading goes on
@@ -182,7 +195,7 @@ class Scheduler:
         (Job.answered) is answered by that at once."""
         slot = self._slots[number]
         assert slot is not None
-        if slot.several and reply is not None:
+        if slot.at_once is not None and reply is not None:
             slot.given = list(zip(slot.asked, reply, strict=True))
         try:
             asked = next(slot.reading) if reply is None else slot.reading.send(reply)
@@ -200,11 +213,13 @@ class Scheduler:
             self._slots[number] = None
             answered.append((number, slot.job, end.value))
             return
-        slot.started, slot.several, slot.asked = True, several, prompts
+        slot.started, slot.asked = True, prompts
+        slot.at_once = asked if isinstance(asked, Prompts) else None
         if several:  # what an earlier batch gave is in its steps, or never will be
             slot.given = []
         slot.replies = kept
         slot.unsent = [place for place in range(len(prompts)) if place not in kept]
+        slot.replied()
 
     def _calls_to_send(self) -> list[Call]:
         """Each reading's next prompt in its own sequence when that is idle; then the

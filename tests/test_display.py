@@ -284,3 +284,40 @@ def test_the_live_bar_of_a_reader_that_reads_again_never_counts_past_its_total(
         reading(listener)
     assert all(done <= total for done, total in seen if total is not None)
     assert seen[-1] == (6, 6)
+
+
+def test_the_live_row_of_a_pass_read_at_once_counts_its_chunks_answered(monkeypatch):
+    """A PI-Mem pass read together (the scheduler): the row says "pass 2: 2 of 3 chunks
+    answered" and its bar counts the steps whose replies are in, reply by reply."""
+    import io
+
+    from rich.console import Console
+    from support.scripted import ScriptedBackend
+
+    from memagent_cli import readers
+    from memagent_cli.reader import Replied, Settings
+    from memagent_cli.scheduler import Job, read_together
+
+    terminal = Console(file=io.StringIO(), force_terminal=True, width=150)
+    monkeypatch.setattr(display, "console", terminal)
+    chunks = make_chunks(list(b"The tower bell rang at noon. " * 4), 40, bytes)
+    no = "<check>no</check>"
+    backend = ScriptedBackend(["<check>yes</check> a bell", no, no, "merged", no, no, no, "x"])
+    live = display.LiveView("book.txt", 116)
+    show = live.row("", lambda start, end: "")
+    seen = []
+
+    def listener(event):
+        show(event)
+        if isinstance(event, Replied):
+            task = live._progress.tasks[0]
+            seen.append((task.description, task.completed, task.total))
+
+    reader = readers.get("pi-mem").loop(backend, ())
+    with live:
+        job = Job("Who rang?", chunks, listener, reader=reader)
+        read_together(backend, [job], chunks, Settings(40, 64, reader="pi-mem"), slots=3)
+    assert seen == [
+        *[(f"pass 1: {k} of 3 chunks answered", k, 3) for k in range(4)],
+        *[(f"pass 2: {k} of 3 chunks answered", 3 + k, 6) for k in range(4)],
+    ]

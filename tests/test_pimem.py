@@ -680,6 +680,40 @@ def test_the_api_sends_a_pass_s_chunk_calls_at_once_to_a_server(fake_server, tmp
     assert three.memories == one.memories
 
 
+@pytest.mark.parametrize("parallel", ["1", "3"])
+def test_the_progress_lines_count_a_pass_s_chunks_answered_as_they_come(
+    cli, fake_server, tmp_path, monkeypatch, parallel
+):
+    """stderr in a log: while a pass's calls run, a line per reply, "pass 2: 3 of 4 chunks
+    answered", before the pass's step lines (which come once its merge is done)."""
+    from support import fake_openai
+
+    monkeypatch.setattr(fake_openai, "reply_to", stand_in)
+    book = tmp_path / "village.txt"
+    book.write_text(story(60))
+    sizes = ["--chunk-tokens", "200", "--memory-tokens", "48", "--temperature", "0"]
+    args = [str(book), FACT_QUESTION, *served(fake_server, *sizes), "--reader", "pi-mem"]
+    result = cli("ask", *args, "--json", "--no-trace", "--parallel", parallel)
+    assert result.returncode == 0, result.stderr
+    n = json.loads(result.stdout)["document"]["chunks"]
+    lines = result.stderr.splitlines()
+    counted = [line for line in lines if " chunks answered" in line]
+    assert counted == [
+        f"pass {number}: {k} of {n} chunks answered" for number in (1, 2) for k in range(n + 1)
+    ]
+    steps = [line.split()[1] for line in lines if line.startswith("step ")]
+    assert steps == [f"{i}/{n if i <= n else 2 * n}" for i in range(1, n + 1)] + [
+        f"{i}/{2 * n}" for i in range(n + 1, 2 * n + 1)
+    ]
+    # Pass 1's replies all counted before its first step line, pass 2's after its last.
+    assert lines.index(f"pass 1: {n} of {n} chunks answered") < lines.index(
+        next(line for line in lines if line.startswith("step 1/"))
+    )
+    assert lines.index(f"pass 2: 0 of {n} chunks answered") > lines.index(
+        next(line for line in lines if line.startswith(f"step {n}/"))
+    )
+
+
 # --- evidence --------------------------------------------------------------------------------
 
 

@@ -213,8 +213,13 @@ def reader(tokenizer: Tokenizer | None = None) -> Reader:
             for i, chunk in enumerate(left, start + len(findings)):
                 listener(StepStarted(chunk, total, i))
             replies = yield Prompts(
-                Prompt(render_chunk(question, memory, chunk.text), settings.memory_tokens)
-                for chunk in left
+                (
+                    Prompt(render_chunk(question, memory, chunk.text), settings.memory_tokens)
+                    for chunk in left
+                ),
+                what=f"pass {number}",
+                unit="chunks",
+                before=len(findings),
             )
             for i, (chunk, reply) in enumerate(zip(left, replies, strict=True), len(findings)):
                 findings.append(parse_finding(reply.text))

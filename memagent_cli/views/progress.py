@@ -33,7 +33,7 @@ from rich.text import Text
 from memagent_cli import protocol
 from memagent_cli.progress import SILENT, Layout, Listener, ReadingId, ReadingView, Reporter, SpanOf
 from memagent_cli.progress import Progress as ProgressCallback
-from memagent_cli.reader import Answering, Event, StepFinished, StepStarted
+from memagent_cli.reader import Answering, Event, Replied, StepFinished, StepStarted
 from memagent_cli.run.time_left import TimeLeft, duration
 from memagent_cli.views import console as display
 from memagent_cli.views.console import console
@@ -101,6 +101,8 @@ class PlainProgress:
                 markup=False,
                 soft_wrap=True,
             )
+        elif isinstance(event, Replied):
+            console.print(f"{self._prefix}{_replied(event)}", highlight=False, markup=False)
         elif isinstance(event, Answering):
             if event.stopped:
                 read = f"stopped after step {self._steps} of {self._total}: {event.stopped}"
@@ -108,6 +110,12 @@ class PlainProgress:
             console.print(
                 f"{self._prefix}answering from the final memory", highlight=False, markup=False
             )
+
+
+def _replied(event: Replied) -> str:
+    """ "pass 2: 5 of 12 chunks answered": how far the prompts a reading asked at once are."""
+    what = f"{event.what}: " if event.what else ""
+    return f"{what}{event.answered} of {event.asked} {event.unit} answered"
 
 
 def _step(event: StepStarted | StepFinished) -> str:
@@ -198,9 +206,21 @@ class LiveView:
 
         counted(None)  # before any step: what was expected, if anything
 
+        started: list[int] = []  # the steps started since one finished: asked at once
+
         def show(event: Event) -> None:
             counted(event)
-            if isinstance(event, StepStarted):
+            if isinstance(event, Replied):  # the bar counts the steps whose replies are in
+                first = (started[0] if started else 0) - event.before
+                self._progress.update(
+                    task,
+                    description=f"{prefix}{escape(_replied(event))}",
+                    completed=first + event.answered,
+                )
+            elif isinstance(event, StepStarted):
+                if started and started[-1] != event.position - 1:
+                    started.clear()
+                started.append(event.position)
                 chunk = event.chunk
                 span = span_of(chunk.char_start, chunk.char_end)
                 where = (
@@ -215,6 +235,7 @@ class LiveView:
                     tokens=f"{chunk.token_start:,}/{self._total_tokens:,} tokens",
                 )
             elif isinstance(event, StepFinished):
+                started.clear()
                 self._rates.add(event)
                 step = event.step
                 self._progress.update(
