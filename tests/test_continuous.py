@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from support import asking
 from support.scripted import EchoBackend as Echo
 from test_together import SETTINGS, chunks_of, records
 
@@ -121,7 +122,7 @@ def test_readings_of_many_documents_read_continuously_write_what_they_write_alon
     alone_dir, together_dir = tmp_path / "alone", tmp_path / "together"
     alone_dir.mkdir(), together_dir.mkdir()
     for job in runs(engine_of(EchoBackend()), alone_dir):
-        run.ask(job.session, job.question, job.options)
+        asking.ask(job.session, job.question, job.options)
     backend = backend()
     outcomes = list(run.ask_runs(runs(engine_of(backend), together_dir), 2))
     assert backend.sequences == 2  # one context, two sequences

@@ -9,6 +9,7 @@ import hashlib
 import json
 
 import pytest
+from support import asking
 from support.fake_openai import served
 from support.scripted import ScriptedBackend
 from support.story import FACT_QUESTION, story
@@ -495,7 +496,7 @@ def test_a_trace_keeps_the_rereads_and_a_run_resumes_from_it(tmp_path):
 
     replies = script([QUERY, QUERY, "enough"])
     whole = Completing(list(replies))
-    run.ask(session(whole), "Who rang?", run.RunOptions(trace=tmp_path / "whole.jsonl"))
+    asking.ask(session(whole), "Who rang?", run.RunOptions(trace=tmp_path / "whole.jsonl"))
     written = read_trace(tmp_path / "whole.jsonl")
     n = len(chunks())
     assert len(written.steps) == 3 * n and written.finished
@@ -509,11 +510,13 @@ def test_a_trace_keeps_the_rereads_and_a_run_resumes_from_it(tmp_path):
 
     path = tmp_path / "cut.jsonl"
     with pytest.raises(run.Stopped):  # the replies run out inside the second reread: Ctrl-C
-        run.ask(session(Completing(replies[: 2 * n + 5])), "Who rang?", run.RunOptions(trace=path))
+        asking.ask(
+            session(Completing(replies[: 2 * n + 5])), "Who rang?", run.RunOptions(trace=path)
+        )
     kept = read_trace(path).steps
     assert len(kept) == n + n + 1  # the first pass, the first reread, a step of the second
     resumed = Completing(replies[2 * n + 5 :])
-    result = run.ask(session(resumed), "Who rang?", run.RunOptions(resume=path, reuse=False))
+    result = asking.ask(session(resumed), "Who rang?", run.RunOptions(resume=path, reuse=False))
     assert resumed.calls == whole.calls[2 * n + 5 :]
     assert result.answered.reply == replies[-1]
     assert read_trace(path).finished
@@ -641,7 +644,7 @@ def test_the_evidence_reads_the_memory_a_reread_goes_on_with(tmp_path):
     ]
     document = Document(text=TEXT, path="/books/tower.txt", format="text", sha256="0" * 64)
     session = open_session(document, Engine(Completing(replies), SETTINGS, 8192))
-    result = run.ask(session, "Who rang?", run.RunOptions(trace=tmp_path / "t.jsonl"))
+    result = asking.ask(session, "Who rang?", run.RunOptions(trace=tmp_path / "t.jsonl"))
     expected = [(2, ("pelican",)), (5, ("heron",))]
     assert [(s.step, s.words) for s in result.evidence] == expected
     assert [(s.step, s.words) for s in read_trace(tmp_path / "t.jsonl").final.evidence] == expected

@@ -12,6 +12,7 @@ import signal
 import time
 
 import pytest
+from support import asking
 from support.fake_openai import served
 from support.scripted import ScriptedBackend
 from support.story import FACT_QUESTION, story
@@ -727,7 +728,7 @@ def asked_through_a_run(replies, tmp_path):
 
     document = Document(text=TEXT, path="/books/tower.txt", format="text", sha256="0" * 64)
     session = open_session(document, Engine(ScriptedBackend(list(replies)), SETTINGS, 8192))
-    result = run.ask(session, "Who rang?", run.RunOptions(trace=tmp_path / "t.jsonl"))
+    result = asking.ask(session, "Who rang?", run.RunOptions(trace=tmp_path / "t.jsonl"))
     return result, read_trace(tmp_path / "t.jsonl")
 
 
@@ -771,17 +772,17 @@ def test_ctrl_c_while_a_pass_merges_keeps_its_last_chunk_s_reply_for_the_resume(
         return open_session(document, Engine(backend, SETTINGS, 8192))
 
     alone = ScriptedBackend(list(replies))
-    whole = run.ask(session(alone), "Who rang?", run.RunOptions())
+    whole = asking.ask(session(alone), "Who rang?", run.RunOptions())
     n, path = len(chunks()), tmp_path / "t.jsonl"
     asked = n + 1 + n  # pass 1, its merge, pass 2: then Ctrl-C, in pass 2's merge
     with pytest.raises(run.Stopped):
-        run.ask(session(ScriptedBackend(replies[:asked])), "Who rang?", run.RunOptions(path))
+        asking.ask(session(ScriptedBackend(replies[:asked])), "Who rang?", run.RunOptions(path))
     stopped = read_trace(path)
     assert len(stopped.steps) == 2 * n - 1
     [kept] = stopped.interruption.replies
     assert kept.text == replies[asked - 1]
     resumed = ScriptedBackend(replies[asked:])
-    again = run.ask(session(resumed), "Who rang?", run.RunOptions(resume=path))
+    again = asking.ask(session(resumed), "Who rang?", run.RunOptions(resume=path))
     assert resumed.messages == alone.messages[asked:]
     assert again.answered.reply == whole.answered.reply
     assert again.memories == whole.memories

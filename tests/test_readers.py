@@ -9,6 +9,7 @@ import signal
 from pathlib import Path
 
 import pytest
+from support import asking
 from support.command import interrupt_after_steps
 from support.fake_hub import use_hub
 from support.fake_openai import served
@@ -303,7 +304,7 @@ def test_trace_shows_where_infmem_stopped_and_what_it_searched(memagent, tmp_pat
     document = Document(text=TEXT, path="/books/tower.txt", format="text", sha256="0" * 64)
     engine = Engine(CompletingBackend(list(STOPPING)), INFMEM, 4096)
     path = tmp_path / "infmem.jsonl"
-    result = run.ask(open_session(document, engine), "When?", run.RunOptions(trace=path))
+    result = asking.ask(open_session(document, engine), "When?", run.RunOptions(trace=path))
     assert result.answered.stopped and read_trace(path).final.stopped == result.answered.stopped
     shown = memagent("trace", str(path))
     assert shown.returncode == 0, shown.stderr
@@ -332,13 +333,13 @@ def _resumed_from_its_trace(tmp_path, backend_of, settings, replies, cut_after, 
         return open_session(document, Engine(backend, settings, 4096))
 
     whole = backend_of(list(replies))
-    run.ask(session(whole), "When?", run.RunOptions(trace=tmp_path / "whole.jsonl"))
+    asking.ask(session(whole), "When?", run.RunOptions(trace=tmp_path / "whole.jsonl"))
     path = tmp_path / "cut.jsonl"
     with pytest.raises(run.Stopped):  # the replies run out: Ctrl-C
-        run.ask(session(backend_of(replies[:cut_after])), "When?", run.RunOptions(trace=path))
+        asking.ask(session(backend_of(replies[:cut_after])), "When?", run.RunOptions(trace=path))
     done = len(read_trace(path).steps)
     resumed = backend_of(list(replies[done * per_step :]))
-    run.ask(session(resumed), "When?", run.RunOptions(resume=path, reuse=False))
+    asking.ask(session(resumed), "When?", run.RunOptions(resume=path, reuse=False))
     return whole, resumed, done
 
 
@@ -383,7 +384,7 @@ def paged_run(tmp_path, reader_settings, replies, backend_of=None, question="Whe
     backend = (backend_of or CompletingBackend)(list(replies))
     engine = Engine(backend, reader_settings, 4096)
     path = tmp_path / f"{reader_settings.reader}.jsonl"
-    result = run.ask(open_session(book, engine), question, run.RunOptions(trace=path))
+    result = asking.ask(open_session(book, engine), question, run.RunOptions(trace=path))
     return result, path
 
 

@@ -1,4 +1,4 @@
-"""Several questions read together (`read_together`, `run.ask_together`, the batch's
+"""Several questions read together (`read_together`, `support.asking.ask_together`, the batch's
 groups) with a deterministic stand-in backend whose reply depends only on the message: so
 reading together must give what reading alone gives, trace for trace. The same is checked
 with the real model in test_together_model.py."""
@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from support import asking
 from support.scripted import EchoBackend
 
 from memagent_cli import trace
@@ -82,9 +83,9 @@ def test_each_question_read_together_writes_the_trace_it_writes_alone(tmp_path):
     alone_dir, together_dir = tmp_path / "alone", tmp_path / "together"
     alone_dir.mkdir(), together_dir.mkdir()
     for i, question in enumerate(QUESTIONS):
-        run.ask(session_of(EchoBackend()), question, options(alone_dir)[i])
+        asking.ask(session_of(EchoBackend()), question, options(alone_dir)[i])
     backend = EchoBackend()
-    results = run.ask_together(session_of(backend), QUESTIONS, options(together_dir))
+    results = asking.ask_together(session_of(backend), QUESTIONS, options(together_dir))
     assert backend.sequences == len(QUESTIONS)  # one context with a sequence per question
     for i, result in enumerate(results):
         assert isinstance(result, run.Result)
@@ -96,9 +97,9 @@ def test_each_question_read_together_writes_the_trace_it_writes_alone(tmp_path):
 def test_an_interrupted_pass_keeps_every_trace_and_resumes_to_the_same_answers(tmp_path):
     first, second = tmp_path / "first", tmp_path / "second"
     first.mkdir(), second.mkdir()
-    whole = run.ask_together(session_of(EchoBackend()), QUESTIONS, options(first))
+    whole = asking.ask_together(session_of(EchoBackend()), QUESTIONS, options(first))
     # Ctrl-C in the middle of the fourth round: three steps of every question are kept.
-    stopped = run.ask_together(
+    stopped = asking.ask_together(
         session_of(EchoBackend(calls_left=3 * len(QUESTIONS) + 1)), QUESTIONS, options(second)
     )
     assert all(isinstance(s, run.Stopped) and s.done == 3 for s in stopped)
@@ -109,7 +110,7 @@ def test_an_interrupted_pass_keeps_every_trace_and_resumes_to_the_same_answers(t
         run.RunOptions(resume=second / f"q{i + 1}.jsonl", reuse=False)
         for i in range(len(QUESTIONS))
     ]
-    resumed = run.ask_together(session_of(EchoBackend()), QUESTIONS, resumed_options)
+    resumed = asking.ask_together(session_of(EchoBackend()), QUESTIONS, resumed_options)
     assert [r.answer for r in resumed] == [r.answer for r in whole]
     for i in range(len(QUESTIONS)):
         name = f"q{i + 1}.jsonl"
@@ -125,11 +126,11 @@ def test_a_finished_question_is_answered_from_its_trace_and_only_the_rest_are_re
     session = session_of(backend)
     session.engine.settings = Settings(40, 16, sampling=Sampling(temperature=0))
     folder = trace.default_dir()
-    first = run.ask(session, QUESTIONS[0], run.RunOptions(trace=folder / "a.jsonl"))
+    first = asking.ask(session, QUESTIONS[0], run.RunOptions(trace=folder / "a.jsonl"))
     calls = len(backend.messages)
     cached = run.RunOptions()  # no trace path: the cache finds a.jsonl
     fresh = run.RunOptions(trace=folder / "b.jsonl")
-    results = run.ask_together(session, QUESTIONS[:2], [cached, fresh])
+    results = asking.ask_together(session, QUESTIONS[:2], [cached, fresh])
     assert results[0].cached and results[0].answer == first.answer
     assert not results[1].cached
     assert len(backend.messages) - calls == len(session.chunks) + 1  # only the second read
@@ -179,12 +180,12 @@ def test_a_question_answered_before_the_others_stop_keeps_its_answer(tmp_path):
     first, second = tmp_path / "first", tmp_path / "second"
     first.mkdir(), second.mkdir()
     # The first question gets three steps ahead; Ctrl-C comes while the second still reads.
-    run.ask_together(session_of(EchoBackend(calls_left=3)), QUESTIONS[:1], options(first, 1))
+    asking.ask_together(session_of(EchoBackend(calls_left=3)), QUESTIONS[:1], options(first, 1))
     ahead = run.RunOptions(resume=first / "q1.jsonl", reuse=False)
     behind = run.RunOptions(trace=second / "q2.jsonl", reuse=False)
     rounds = len(session_of(EchoBackend()).chunks) + 1 - 3  # until the first has answered
     backend = EchoBackend(calls_left=2 * rounds + 1)  # and one more step of the second
-    answered, stopped = run.ask_together(session_of(backend), QUESTIONS[:2], [ahead, behind])
+    answered, stopped = asking.ask_together(session_of(backend), QUESTIONS[:2], [ahead, behind])
     assert isinstance(answered, run.Result) and answered.answer
     assert isinstance(stopped, run.Stopped) and stopped.done == rounds + 1
     kept = trace.read_trace(first / "q1.jsonl")

@@ -1,8 +1,7 @@
 """Questions about documents, answered one way: each run answered from a finished trace
 (cache), or read, continuing an interrupted run (resume), with its trace written step by
 step. `ask_runs` reads every run through one scheduler (scheduler.py), a few at a time in
-one context whatever their documents; one question (`ask`) or the questions of one
-document in one pass (`ask_together`) are that with one run, or room for all."""
+one context whatever their documents; run/batch.py's `outcomes` gives it the runs."""
 
 from __future__ import annotations
 
@@ -185,31 +184,6 @@ class Run:
             span_of=session.span_of,
             name=self.name,
         )
-
-
-def ask(session: Session, question: str, options: RunOptions, report: Reporter = SILENT) -> Result:
-    """Answer `question` about the session's document; Stopped when the run ends early."""
-    outcome = ask_together(session, [question], [options], report)[0]
-    if isinstance(outcome, Stopped):
-        raise outcome
-    return outcome
-
-
-def ask_together(
-    session: Session,
-    questions: list[str],
-    options: list[RunOptions],
-    report: Reporter = SILENT,
-    watch: int = 0,
-) -> list[Result | Stopped]:
-    """Answer several questions about the session's document in one pass (`ask_runs` with
-    room for them all). `watch`: whose memory the live view shows."""
-    runs = [
-        Run(session, question, how, (0, index))
-        for index, (question, how) in enumerate(zip(questions, options, strict=True))
-    ]
-    batch = Layout(questions=len(runs), at_once=len(runs), watch=watch)
-    return list(ask_runs(runs, len(runs), report, batch))
 
 
 @dataclass
