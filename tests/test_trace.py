@@ -99,6 +99,25 @@ def test_an_interrupted_run_says_where_it_stopped(tmp_path):
     assert str(trace.status) == "interrupted (SIGINT) after 2 of 2 steps"
 
 
+def test_replies_kept_at_a_stop_never_take_its_record_past_a_line_s_limit(tmp_path):
+    """A stop in the middle of a long pass keeps the replies that came (Reply), as far as
+    a readable record holds them; the rest a resumed run asks again."""
+    from memagent_cli.files import MAX_LINE_BYTES
+    from memagent_cli.trace import Reply
+
+    path = tmp_path / "t.jsonl"
+    writer = TraceWriter(path, header(), lambda a, b: "")
+    text = "a reply of a megabyte " * ((1 << 20) // 22)
+    replies = [Reply.of(f"{i:064x}", Generation(text, 40, 7, 0.1, 0.3, "stop")) for i in range(40)]
+    writer.interrupted("SIGINT", replies)
+    writer.close()
+    trace = read_trace(path)
+    assert not trace.problems and trace.interruption is not None
+    kept = trace.interruption.replies
+    assert 0 < len(kept) < len(replies) and kept == tuple(replies[: len(kept)])
+    assert max(map(len, path.read_bytes().splitlines())) < MAX_LINE_BYTES
+
+
 def test_a_trace_cut_in_the_middle_of_a_line(tmp_path):
     path = tmp_path / "t.jsonl"
     write_run(path, 3, finish=True)

@@ -10,7 +10,7 @@ import os
 import signal
 import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, BinaryIO
@@ -360,8 +360,15 @@ class TraceWriter:
     def interrupted(self, reason: str, replies: Sequence[Reply] = ()) -> None:
         """Record where an interrupted run stopped, so a reader knows it is unfinished, and
         the `replies` it had that no finished step holds, so a resumed run need not ask
-        for them again."""
-        self._write(Interruption(reason, self._steps_done, tuple(replies)).to_json())
+        for them again. Replies that would take the record past a line's limit are left
+        out, the last first: the record must stay readable, and a resumed run asks those."""
+        kept, size = [], 0
+        for reply in replies:
+            size += len(json_text(asdict(reply)).encode()) + 1
+            if size > MAX_LINE_BYTES // 2:  # room for the rest of the record, and escapes
+                break
+            kept.append(reply)
+        self._write(Interruption(reason, self._steps_done, tuple(kept)).to_json())
 
     def close(self) -> None:
         self._file.close()
