@@ -95,6 +95,32 @@ def _hashes(value: Any) -> bool:
     )
 
 
+# What a record keeps of a call's cost (backend.Generation): a step's, a kept reply's.
+_COST: dict[str, _Check] = {
+    "prompt_tokens": int,
+    "completion_tokens": int,
+    "finish_reason": str,
+    "prompt_seconds": _NUMBER,
+    "seconds": _NUMBER,
+    "drafted": int,
+    "accepted": int,
+}
+
+
+def _generation(text: str, cost: StepRecord | Reply) -> Generation:
+    """The call again, of `text`, as a record keeps its cost (_COST)."""
+    return Generation(
+        text,
+        cost.prompt_tokens,
+        cost.completion_tokens,
+        cost.prompt_seconds,
+        cost.seconds,
+        cost.finish_reason,
+        drafted=cost.drafted,
+        accepted=cost.accepted,
+    )
+
+
 @dataclass(frozen=True)
 class Header:
     """What was asked of which document, model and settings: the identity of a run."""
@@ -192,13 +218,7 @@ class StepRecord:
         "span": str,
         "chunk_sha256": str,
         "memory": str,
-        "prompt_tokens": int,
-        "completion_tokens": int,
-        "finish_reason": str,
-        "prompt_seconds": _NUMBER,
-        "seconds": _NUMBER,
-        "drafted": int,
-        "accepted": int,
+        **_COST,
         "found": list,
         "found_chars": list,
         "found_spans": list,
@@ -283,20 +303,10 @@ class StepRecord:
 
     def to_step(self, chunk: Chunk) -> Step:
         """The step again, for the chunk it read (the caller checks `chunk_sha256`)."""
-        generation = Generation(
-            self.memory,
-            self.prompt_tokens,
-            self.completion_tokens,
-            self.prompt_seconds,
-            self.seconds,
-            self.finish_reason,
-            drafted=self.drafted,
-            accepted=self.accepted,
-        )
         return Step(
             chunk,
             self.memory,
-            generation,
+            _generation(self.memory, self),
             dict(self.extra),
             found=self.found,
             found_chars=self.found_chars,
@@ -448,13 +458,7 @@ class Reply:
     _CHECKS = {
         "prompt_sha256": str,
         "text": str,
-        "prompt_tokens": int,
-        "completion_tokens": int,
-        "finish_reason": str,
-        "prompt_seconds": _NUMBER,
-        "seconds": _NUMBER,
-        "drafted": int,
-        "accepted": int,
+        **_COST,
     }
 
     @classmethod
@@ -481,16 +485,7 @@ class Reply:
         )
 
     def generation(self) -> Generation:
-        return Generation(
-            self.text,
-            self.prompt_tokens,
-            self.completion_tokens,
-            self.prompt_seconds,
-            self.seconds,
-            self.finish_reason,
-            drafted=self.drafted,
-            accepted=self.accepted,
-        )
+        return _generation(self.text, self)
 
 
 @dataclass(frozen=True)
