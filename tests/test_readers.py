@@ -662,6 +662,23 @@ def test_a_unit_is_placed_in_characters_as_a_chunk_would_be():
     assert placed == [(c.char_start, c.char_end) for c in as_chunks] == [(0, 3), (3, 7)]
 
 
+def test_a_unit_after_a_chunk_that_cuts_a_character_is_placed_as_a_chunk_would_be():
+    """A chunk that starts inside a character (the last cut it in two): its first unit
+    counted that character's rest as a character a byte, and ended a character late."""
+    data = "abc한defg한hi".encode()  # chunks of 4 bytes cut each 한 (3 bytes) after a byte
+    document = data.decode()
+    chunks = make_chunks(list(data), 4, bytes, document)
+    found = infmem.units([(c.token_start, c.token_end) for c in chunks], size=3)
+    raw = [data[u.token_start : u.token_end] for u in found]
+    placed = infmem.unit_chars(found, raw, chunks)
+    as_chunks = make_chunks(list(data), 1, bytes, document)  # a byte each: where each ends
+
+    def at(token: int) -> int:
+        return as_chunks[token - 1].char_end if token else 0
+
+    assert placed == [(at(u.token_start), at(u.token_end)) for u in found]
+
+
 @pytest.mark.model
 def test_a_file_memagent_converted_reads_with_the_reader_it_was_converted_for(
     memagent, env, tmp_path, monkeypatch
@@ -915,6 +932,42 @@ def test_units_through_a_server_read_as_each_unit_s_own_tokens(kind):
     expected = [bytes(list(w)).decode("utf-8", errors="replace") for w in windows]
     assert sum("\ufffd" in text for text in expected) > 10  # units that cut a character
     assert got == expected
+
+
+@pytest.mark.parametrize("kind", SERVERS)
+def test_units_found_through_a_server_are_placed_where_their_tokens_are(kind):
+    """Issue 47: through a server that only detokenizes, a unit that cuts a character came
+    back with U+FFFD on both sides of the cut, and the characters of the units after it in
+    its chunk were counted from that text: each cut moved them a character or more. A unit
+    found is placed where its tokens' bytes are in the document, through every server."""
+    from support.fake_openai import FakeServer
+
+    from memagent_cli.backends.openai import OpenAIBackend, ServerOptions
+    from memagent_cli.chunking import chunk_text
+
+    data = UNITS_TEXT.encode()  # a token a byte, to the stand-in server
+    settings = Settings(chunk_tokens=2000, memory_tokens=64, reader="infmem")
+    search = '✿FUNCTION✿: retrievesearch\n✿ARGS✿: {{"query": "{0}: {1}: {2}:", "top_k": 3}}'
+    with FakeServer(**SERVERS[kind]) as server:
+        backend = OpenAIBackend(ServerOptions(base_url=server.url))
+        tokens, chunks = chunk_text(UNITS_TEXT, backend, settings.chunk_tokens)
+        plans = [
+            stage
+            for i in range(len(chunks))
+            for stage in (search.format(29 * i, 29 * i + 7, 299 - 29 * i), f"m{i}")
+        ]
+        scripted = CompletingBackend(staged(*plans, ANSWER))
+        reader = readers.get("infmem").loop(backend, tokens)
+        answer = read(scripted, "When?", chunks, settings, reader=reader)
+
+    def at(token: int) -> int:  # a character a cut splits counts where it ends
+        return len(data[:token].decode("utf-8", errors="ignore"))
+
+    found = [pair for s in answer.steps for pair in zip(s.found, s.found_chars, strict=True)]
+    assert len({span for span, _ in found}) >= 20
+    cut = [a for (a, _), _ in found if at(a) != len(data[:a].decode(errors="replace"))]
+    assert len(cut) > 3  # units found that start inside a character
+    assert [chars for _, chars in found] == [(at(a), at(b)) for (a, b), _ in found]
 
 
 def test_rememr1_tokenizes_each_memory_once_in_a_reading():

@@ -22,7 +22,7 @@ from collections.abc import Generator, Sequence
 from dataclasses import dataclass, replace
 
 from memagent_cli.backend import Backend, Generation, Raw, Sampling
-from memagent_cli.chunking import Chunk, Tokenizer, detokenize_all
+from memagent_cli.chunking import Chunk, Tokenizer, detokenize_all, placed_by_bytes
 from memagent_cli.reader import (
     Answer,
     Answering,
@@ -454,23 +454,31 @@ def units(chunks: Sequence[tuple[int, int]], size: int = UNIT_TOKENS) -> list[Un
 def unit_chars(
     found: Sequence[Unit], raw: Sequence[bytes], chunks: Sequence[Chunk]
 ) -> list[tuple[int, int]]:
-    """Where each unit sits in the document's characters, given each unit's bytes: from
-    its chunk's first character on, as chunking.make_chunks counts them (a character split
-    between two units is counted in the unit where it ends); the last unit of a chunk ends
-    where the chunk does."""
-    placed: list[tuple[int, int]] = []
-    offset, inside, chunk = 0, 0, -1  # inside: characters into the chunk's text
+    """Where each of a document's units (`found`: all of them, in order, as `units` cuts
+    `chunks`) sits in its characters, given each unit's bytes: counted as
+    chunking.make_chunks counts a chunk's (a character split between two units counts in
+    the unit where it ends), inside its chunk. A server that only detokenizes gives a
+    character a unit cuts in two as U+FFFD on both sides of the cut: then the units are
+    placed by the document's own bytes, as chunks are (placed_by_bytes)."""
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    for unit, data in zip(found, raw, strict=True):
-        if unit.chunk != chunk:
-            chunk, offset, inside = unit.chunk, chunks[unit.chunk].char_start, 0
-            decoder.reset()
-        last = unit.token_end == chunks[chunk].token_end
-        inside += len(decoder.decode(data, final=last))
-        end = chunks[chunk].at(inside)  # in the document as extracted (NFC text: Chunk.at)
-        end = chunks[chunk].char_end if last else min(end, chunks[chunk].char_end)
-        placed.append((offset, end))
-        offset = end
+    ends, count = [], 0
+    for index, data in enumerate(raw):
+        count += len(decoder.decode(data, final=index == len(raw) - 1))
+        ends.append(count)
+    normal = chunks[0].normal if chunks else None
+    read = normal.text if normal is not None else chunks[0].document if chunks else ""
+    if read and count != len(read):
+        texts = [data.decode("utf-8", errors="replace") for data in raw]
+        ends = placed_by_bytes(read, texts) or ends
+    placed: list[tuple[int, int]] = []
+    for unit, start, end in zip(found, [0, *ends[:-1]], ends, strict=True):
+        chunk = chunks[unit.chunk]
+        if normal is not None:  # in the document as extracted (NFC text: Normalized)
+            start, end = normal.original(start), normal.original(end)
+        low, high = chunk.char_start, chunk.char_end
+        start = low if unit.token_start == chunk.token_start else min(max(start, low), high)
+        end = high if unit.token_end == chunk.token_end else min(max(end, start), high)
+        placed.append((start, end))
     return placed
 
 
