@@ -385,9 +385,16 @@ def test_a_server_s_windows_that_split_a_character_still_tile_the_document():
     assert_tiles(chunks, document)
 
 
-@pytest.mark.parametrize("token_strs", [True, False], ids=["token-strs", "detokenize-only"])
-def test_a_vllm_server_s_windows_that_split_a_character_still_tile_the_document(token_strs):
-    """Issue 47: through a server that only detokenizes (vLLM), a window that ends inside a
+DETOKENIZING = {  # servers that give no token's bytes but vLLM's token strings
+    "token-strs": {"vllm_tokenizer": True, "token_strs": True},
+    "detokenize-only": {"vllm_tokenizer": True},
+    "sglang": {"sglang_tokenizer": True},  # vLLM's request shape, its text under `text`
+}
+
+
+@pytest.mark.parametrize("kind", DETOKENIZING)
+def test_a_vllm_server_s_windows_that_split_a_character_still_tile_the_document(kind):
+    """Issue 47: through a server that only detokenizes (vLLM, SGLang), a window that ends inside a
     character came back with U+FFFD on both sides of the cut, and the ranges after it were
     off by a character or two. vLLM gives each token's string (`return_token_strs`), which a
     byte-level BPE (Qwen2's, Llama 3's) spells a byte a character: the windows are joined
@@ -398,7 +405,7 @@ def test_a_vllm_server_s_windows_that_split_a_character_still_tile_the_document(
     document = WORDS["vietnamese"] + " " + WORDS["korean"] + " \ufffd한\ufffd 끝."
     data = document.encode()
     for size in (1, 2, 7, 64):
-        with FakeServer(vllm_tokenizer=True, token_strs=token_strs) as server:
+        with FakeServer(**DETOKENIZING[kind]) as server:
             _, tokens, chunks, _ = read_through(server, document, size)
             detokenized = server.paths.count("/detokenize")
         assert tokens == list(data) and len(chunks) == -(-len(data) // size)
@@ -406,7 +413,7 @@ def test_a_vllm_server_s_windows_that_split_a_character_still_tile_the_document(
         for chunk in chunks:  # a character cut in two is the chunk's where it ends
             assert chunk.char_end == len(data[: chunk.token_end].decode("utf-8", "ignore"))
             assert chunk.text == data[chunk.token_start : chunk.token_end].decode(errors="replace")
-        assert detokenized == (0 if token_strs else len(chunks))
+        assert detokenized == (0 if kind == "token-strs" else len(chunks))
 
 
 def test_a_server_whose_text_is_not_its_tokens_bytes_says_the_ranges_are_inexact():

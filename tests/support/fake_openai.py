@@ -7,7 +7,10 @@ It has no tokenize endpoint unless told to (`tokenizer`: llama-server's /tokeniz
 its `with_pieces` and `parse_special`, and /detokenize, one token per byte and one per
 `control` token spelled; `vllm_tokenizer`: vLLM's /tokenize and /detokenize on the same
 vocabulary, its `return_token_strs` answered as a byte-level BPE's token strings where
-`token_strs`; `extras_tokenizer`: llama-cpp-python's /extras/tokenize
+`token_strs`; `sglang_tokenizer`: SGLang's, the same paths with vLLM's request shape, also
+under /v1, a reply's text under `text`, control tokens left out as its `skip_special_tokens`
+default does, and lists of windows answered in one; `extras_tokenizer`: llama-cpp-python's
+/extras/tokenize
 and /extras/detokenize, a token per run of a character, and the text of a token longer
 than 32 bytes dropped as its 0.3.36 drops it), so memagent cuts chunks with tiktoken
 (offline); the usage
@@ -136,6 +139,7 @@ class FakeServer:
     vllm_tokenizer: bool = False  # vLLM's /tokenize and /detokenize, a token per byte
     token_strs: bool = False  # vLLM's return_token_strs answered (GPT-2's byte characters)
     clean_up: bool = False  # vLLM's /detokenize cleans up spaces, as Llama 3's tokenizer does
+    sglang_tokenizer: bool = False  # SGLang's /tokenize and /detokenize, a token per byte
     vocabulary: str | None = None  # a GGUF whose vocabulary tokenizes (llama.cpp's), not bytes
     extras_tokenizer: bool = False  # llama-cpp-python's, losing its long tokens' text
     tokenize_delay: float = 0.0  # seconds before each /tokenize reply
@@ -230,6 +234,30 @@ class FakeServer:
                     reply["token_strs"] = [byte_level(fake.token_bytes(t)) for t in tokens]
                 self._json(200, reply)
 
+            def _sglang(self, body: dict) -> None:
+                """SGLang's endpoints (sglang/srt/entrypoints/openai/serving_tokenize.py): a
+                body without vLLM's fields is refused (400, as its validation errors are)."""
+                if self.path.endswith("/detokenize"):
+                    tokens = body.get("tokens")
+                    if not isinstance(tokens, list):
+                        self._json(400, {"message": "tokens: field required", "code": 400})
+                        return
+                    skip = body.get("skip_special_tokens", True)
+
+                    def text(window: list[int]) -> str:
+                        kept = [t for t in window if not (skip and t >= 256)]
+                        return b"".join(map(fake.token_bytes, kept)).decode(errors="replace")
+
+                    many = bool(tokens) and isinstance(tokens[0], list)
+                    self._json(200, {"text": [*map(text, tokens)] if many else text(tokens)})
+                    return
+                if not isinstance(body.get("prompt"), str):
+                    self._json(400, {"message": "prompt: field required", "code": 400})
+                    return
+                fake.tokenize_calls += 1
+                tokens = fake.tokens(body["prompt"])
+                self._json(200, {"tokens": tokens, "count": len(tokens), "max_model_len": 8192})
+
             def do_GET(self) -> None:  # noqa: N802
                 if self._refused():
                     return
@@ -250,6 +278,12 @@ class FakeServer:
                 with fake._lock:
                     fake.paths.append(self.path)
                 if self._refused():
+                    return
+                if fake.sglang_tokenizer and self.path.removeprefix("/v1") in (
+                    "/tokenize",
+                    "/detokenize",
+                ):
+                    self._sglang(body)
                     return
                 if fake.vllm_tokenizer and self.path in ("/tokenize", "/detokenize"):
                     self._vllm(body)
