@@ -10,9 +10,10 @@ in the slots no reading holds meanwhile, as many at once as are idle. A reading 
 leaves its slot, which the next reading added takes, its sequence's cache
 cleared first (as serving engines do), so every reading sees what it would see alone.
 
-A reading stopped (Ctrl-C, a failure) may have had replies to prompts it asked at once that
-none of its steps holds yet (`Scheduler.kept`); its trace keeps them, and a resumed run is
-given them back (`Job.answered`), each for the prompt it answered, instead of a call.
+A reading stopped (Ctrl-C, a failure) may have had replies that none of its steps holds yet
+(`Scheduler.kept`): to prompts it asked at once, or to those of a step made of several
+calls (InfMem's planner, then its update); its trace keeps them, and a resumed run is given
+them back (`Job.answered`), each for the prompt it answered, instead of a call.
 """
 
 from __future__ import annotations
@@ -49,8 +50,8 @@ class Job:
     listener: Listener = lambda event: None
     done: Sequence[Step] = ()  # steps an earlier, interrupted run finished
     reader: Reader = memagent
-    # Replies that run had, to prompts asked at once, that none of its steps held yet
-    # (Scheduler.kept), by prompt_sha256: each answers its prompt once instead of a call.
+    # Replies that run had that none of its steps held yet (Scheduler.kept), by
+    # prompt_sha256: each answers its prompt once instead of a call.
     answered: Sequence[tuple[str, Generation]] = ()
 
 
@@ -77,6 +78,9 @@ class _Slot:
     # Replies to prompts asked at once, given to the reading, that no finished step holds
     # yet (a PI-Mem pass's last chunk, whose step waits on the merge).
     given: list[tuple[Prompt, Generation]] = field(default_factory=list)
+    # Replies to prompts asked one at a time since the last step finished (InfMem's planner,
+    # then its update): the step to come is made of them.
+    singles: list[tuple[Prompt, Generation]] = field(default_factory=list)
     replay: list[tuple[str, Generation]] = field(default_factory=list)  # Job.answered
     listener: Listener = lambda event: None  # the job's, which sees its steps go by
 
@@ -132,8 +136,9 @@ class Scheduler:
         slot = _Slot(job, iter(()), replay=list(job.answered))
 
         def listener(event: Event) -> None:
-            if isinstance(event, StepFinished):  # its reply is in the step now
+            if isinstance(event, StepFinished):  # its replies are in the step now
                 slot.given = [(p, g) for p, g in slot.given if g is not event.step.generation]
+                slot.singles = []
             job.listener(event)
 
         slot.listener = listener
@@ -142,13 +147,14 @@ class Scheduler:
         return number
 
     def kept(self, job: Job) -> list[tuple[Prompt, Generation]]:
-        """The replies `job`'s reading had to prompts it asked at once that none of its
-        finished steps holds: what a stop would lose, and a resumed run need not ask again
-        (Job.answered)."""
+        """The replies `job`'s reading had that none of its finished steps holds: to
+        prompts asked at once, and to those asked one at a time since its last step. What
+        a stop would lose, and a resumed run need not ask again (Job.answered)."""
         for slot in self._slots:
             if slot is not None and slot.job is job:
                 came = [(slot.asked[i], reply) for i, reply in sorted(slot.replies.items())]
-                return [*slot.given, *came] if slot.at_once is not None else list(slot.given)
+                at_once = came if slot.at_once is not None else []
+                return [*slot.singles, *slot.given, *at_once]
         return []
 
     def advance(self) -> list[tuple[int, Job, Answer]]:
@@ -197,6 +203,9 @@ class Scheduler:
         assert slot is not None
         if slot.at_once is not None and reply is not None:
             slot.given = list(zip(slot.asked, reply, strict=True))
+        elif reply is not None:  # one prompt's, asked alone
+            assert not isinstance(reply, tuple)
+            slot.singles.append((slot.asked[0], reply))
         try:
             asked = next(slot.reading) if reply is None else slot.reading.send(reply)
             while True:
@@ -208,6 +217,8 @@ class Scheduler:
                 got = tuple(kept[place] for place in range(len(prompts)))
                 if several:
                     slot.given = list(zip(prompts, got, strict=True))
+                else:
+                    slot.singles.append((prompts[0], got[0]))
                 asked = slot.reading.send(got if several else got[0])
         except StopIteration as end:
             self._slots[number] = None

@@ -337,27 +337,29 @@ def _resumed_from_its_trace(tmp_path, backend_of, settings, replies, cut_after, 
     path = tmp_path / "cut.jsonl"
     with pytest.raises(run.Stopped):  # the replies run out: Ctrl-C
         asking.ask(session(backend_of(replies[:cut_after])), "When?", run.RunOptions(trace=path))
-    done = len(read_trace(path).steps)
-    resumed = backend_of(list(replies[done * per_step :]))
+    stopped = read_trace(path)
+    done, kept = len(stopped.steps), len(stopped.interruption.replies)
+    resumed = backend_of(list(replies[done * per_step + kept :]))
     asking.ask(session(resumed), "When?", run.RunOptions(resume=path, reuse=False))
-    return whole, resumed, done
+    return whole, resumed, done, kept
 
 
 def test_infmem_resumed_from_its_trace_asks_what_it_would_have_asked(tmp_path):
-    # Step 1 searched, step 2 said STOP: the history and the STOP count come from the trace.
-    whole, resumed, done = _resumed_from_its_trace(
+    # Step 1 searched, step 2 said STOP: the history and the STOP count come from the trace;
+    # step 3's first reply (its planner's thinking) was kept, and is not asked again.
+    whole, resumed, done, kept = _resumed_from_its_trace(
         tmp_path, CompletingBackend, INFMEM, STOPPING, cut_after=9, per_step=4
     )
-    assert done == 2 and resumed.raws == whole.raws[8:]
+    assert done == 2 and kept == 1 and resumed.raws == whole.raws[9:]
 
 
 def test_rememr1_resumed_from_its_trace_recalls_what_it_would_have_recalled(tmp_path):
     # Step 2 asked for a recall: step 3, the first after resuming, is shown step 1's memory.
     settings = Settings(chunk_tokens=40, memory_tokens=64, reader="rememr1")
-    whole, resumed, done = _resumed_from_its_trace(
+    whole, resumed, done, kept = _resumed_from_its_trace(
         tmp_path, ScriptedBackend, settings, REPLIES, cut_after=2, per_step=1
     )
-    assert done == 2
+    assert done == 2 and kept == 0
     assert [m for m, _ in resumed.messages] == [m for m, _ in whole.messages][2:]
     assert "<recalled_memory>\n<thinking>t1</thinking>" in resumed.messages[0][0]
 
@@ -510,6 +512,67 @@ def test_infmem_resumes_from_the_command_after_ctrl_c(memagent, env, fake_server
     assert fake_server.prompts == asked[4:]  # step 1: a planner and an update, two stages each
     assert result["reply"] == expected["reply"]
     assert result["stopped_early"] == expected["stopped_early"]
+    assert [s["memory"] for s in result["steps"]] == [s["memory"] for s in expected["steps"]]
+    assert read_trace(cut).finished
+
+
+def test_ctrl_c_between_infmem_s_planner_and_its_update_keeps_the_planner_s_replies(
+    memagent, env, fake_server, tmp_path
+):
+    """InfMem asks four calls a step one after another (a planner and an update, two stages
+    each). Ctrl-C once step 2's planner is answered and its update waits at the server: the
+    trace keeps the planner's two replies, and `--resume` asks only what the whole run asked
+    after them, to the same answer."""
+    import threading
+
+    from support import fake_openai
+
+    book = tmp_path / "village.txt"
+    book.write_text(story(120))
+    steps = ["--chunk-tokens", "200", "--memory-tokens", "48", "--temperature", "0"]
+    args = [str(book), FACT_QUESTION, *served(fake_server, *steps), "--reader", "infmem"]
+    whole = memagent("ask", *args, "--json", "--no-trace")
+    assert whole.returncode == 0, whole.stderr
+    expected, asked = json.loads(whole.stdout), list(fake_server.prompts)
+    assert expected["chunks_read"] == 2 and len(asked) >= 10
+
+    # The stand-in holds step 2's update until Ctrl-C has been sent.
+    planned, holding, interrupted = threading.Event(), threading.Event(), threading.Event()
+    answer = fake_openai.completion_to
+
+    def held(prompt: str) -> str:
+        if "Current retrieval step: 2 " in prompt:
+            planned.set()
+        elif planned.is_set() and not interrupted.is_set():
+            holding.set()
+            interrupted.wait(timeout=120)
+        return answer(prompt)
+
+    def once_the_update_waits(process) -> None:
+        holding.wait(timeout=60)
+        process.send_signal(signal.SIGINT)
+        interrupted.set()
+
+    fake_server.prompts.clear()
+    cut = tmp_path / "cut.jsonl"
+    fake_openai.completion_to = held
+    try:
+        process, _, err = interrupt_after_steps(
+            [*args, "--trace", str(cut)], cut, env, 1, interrupt=once_the_update_waits
+        )
+    finally:
+        interrupted.set()
+        fake_openai.completion_to = answer
+    assert process.returncode == 130, err
+    stopped = read_trace(cut)
+    assert len(stopped.steps) == 1 and len(stopped.interruption.replies) == 2
+
+    fake_server.prompts.clear()
+    resumed = memagent("ask", *args, "--json", "--resume", str(cut))
+    assert resumed.returncode == 0, resumed.stderr
+    result = json.loads(resumed.stdout)
+    assert fake_server.prompts == asked[6:]  # step 1's four calls, step 2's planner: kept
+    assert result["reply"] == expected["reply"]
     assert [s["memory"] for s in result["steps"]] == [s["memory"] for s in expected["steps"]]
     assert read_trace(cut).finished
 

@@ -7,6 +7,7 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
+from memagent_cli.run.time_left import duration
 from memagent_cli.views import console as display
 
 
@@ -38,7 +39,7 @@ def print_report(report: dict[str, Any]) -> None:
                 summary,
                 "OCR time",
                 f"{estimate['pages']:,} pages without a text layer: about "
-                f"{_duration(estimate['seconds'])} of OCR on {estimate['cores']} cores (an "
+                f"{duration(estimate['seconds'])} of OCR on {estimate['cores']} cores (an "
                 f"estimate: {estimate['seconds_per_page_per_core']:g} s per page per core, "
                 f"{estimate['assumes']})",
             )
@@ -104,14 +105,14 @@ def print_pages(pages: list[dict[str, Any]]) -> None:
 def _how_long(estimate: dict[str, Any]) -> str:
     """ "about X ... (at most Y ...)" where past readings taught the estimate; before any,
     "about X ... (L to Y ...)"."""
-    most = _duration(estimate.get("seconds_at_most", estimate["seconds_per_question"]))
-    about = _duration(estimate["seconds_per_question"])
+    most = duration(estimate.get("seconds_at_most", estimate["seconds_per_question"]))
+    about = duration(estimate["seconds_per_question"])
     if not estimate.get("learned"):
         least = estimate.get("seconds_at_least")
         if least is None:  # a report from before the range
             return f"at most {most} per question on this machine"
         return (
-            f"about {about} per question on this machine ({_duration(least)} to {most}, "
+            f"about {about} per question on this machine ({duration(least)} to {most}, "
             "by how long the model's replies run: its first reading here tells)"
         )
     return (
@@ -125,7 +126,7 @@ def _pull(name: str, pull: dict[str, Any]) -> str:
     from rich.filesize import decimal
 
     then = (
-        f"; then about {_duration(pull['conversion_seconds'])} to convert and quantize to "
+        f"; then about {duration(pull['conversion_seconds'])} to convert and quantize to "
         f"{pull['quant']} on {pull['cores']} cores"
         if pull["converted"]
         else ""
@@ -133,7 +134,7 @@ def _pull(name: str, pull: dict[str, Any]) -> str:
     return (
         f"{name} is not pulled yet (memagent models pull {name}): "
         f"{decimal(pull['download_bytes'])} to download, about "
-        f"{_duration(pull['download_seconds'])} at {pull['download_rate'] / 1e6:.0f} MB/s"
+        f"{duration(pull['download_seconds'])} at {pull['download_rate'] / 1e6:.0f} MB/s"
         f"{then} (an estimate: {pull['assumes']})"
     )
 
@@ -142,7 +143,7 @@ def _measured(estimate: dict[str, Any]) -> str:
     """When the rates were measured: now (in how long), or kept from an earlier look."""
     when = estimate.get("speed_measured", "now")
     if when == "now":
-        return f"measured in {_duration(estimate['measure_seconds'])}"
+        return f"measured in {duration(estimate['measure_seconds'])}"
     return f"measured on this machine {when} and kept (--recalibrate measures again)"
 
 
@@ -153,11 +154,3 @@ def _learned(estimate: dict[str, Any]) -> str:
         return ""
     readings = learned["readings"]
     return f"; learned from {readings} reading{'s' if readings != 1 else ''} with this model"
-
-
-def _duration(seconds: float) -> str:
-    minutes, secs = divmod(round(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    if hours:
-        return f"{hours}h {minutes:02d}m"
-    return f"{minutes}m {secs:02d}s" if minutes else f"{secs}s"
