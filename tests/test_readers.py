@@ -251,14 +251,20 @@ def test_infmem_reads_from_the_command_and_traces_its_searches(memagent, tmp_pat
     assert shown.returncode == 0, shown.stderr
 
 
+def infmem_served(fake_server, tmp_path) -> list[str]:
+    """`ask`'s arguments for an InfMem reading of a 1,300-token story through the stand-in
+    server, greedy, in chunks of 200 tokens."""
+    book = tmp_path / "village.txt"
+    book.write_text(story(120))
+    steps = ["--chunk-tokens", "200", "--memory-tokens", "48", "--temperature", "0"]
+    return [str(book), FACT_QUESTION, *served(fake_server, *steps), "--reader", "infmem"]
+
+
 def test_a_server_that_says_stop_ends_an_infmem_reading_early(memagent, fake_server, tmp_path):
     """InfMem through `--backend openai`: its prompts written whole go to /v1/completions
     as its authors send them, and a planner that says STOP from the first chunk ends the
     reading at the third chunk's planner; stderr and --json say so."""
-    book = tmp_path / "village.txt"
-    book.write_text(story(120))
-    steps = ["--chunk-tokens", "200", "--memory-tokens", "48", "--temperature", "0"]
-    args = [str(book), FACT_QUESTION, *served(fake_server, *steps), "--reader", "infmem"]
+    args = infmem_served(fake_server, tmp_path)
     result = memagent("ask", *args, "--json", "--no-trace")
     assert result.returncode == 0, result.stderr
     answered = json.loads(result.stdout)
@@ -471,10 +477,7 @@ def test_infmem_resumes_from_the_command_after_ctrl_c(memagent, env, fake_server
 
     from support import fake_openai
 
-    book = tmp_path / "village.txt"
-    book.write_text(story(120))
-    steps = ["--chunk-tokens", "200", "--memory-tokens", "48", "--temperature", "0"]
-    args = [str(book), FACT_QUESTION, *served(fake_server, *steps), "--reader", "infmem"]
+    args = infmem_served(fake_server, tmp_path)
     whole = memagent("ask", *args, "--json", "--trace", str(tmp_path / "whole.jsonl"))
     assert whole.returncode == 0, whole.stderr
     expected, asked = json.loads(whole.stdout), list(fake_server.prompts)
@@ -527,10 +530,7 @@ def test_ctrl_c_between_infmem_s_planner_and_its_update_keeps_the_planner_s_repl
 
     from support import fake_openai
 
-    book = tmp_path / "village.txt"
-    book.write_text(story(120))
-    steps = ["--chunk-tokens", "200", "--memory-tokens", "48", "--temperature", "0"]
-    args = [str(book), FACT_QUESTION, *served(fake_server, *steps), "--reader", "infmem"]
+    args = infmem_served(fake_server, tmp_path)
     whole = memagent("ask", *args, "--json", "--no-trace")
     assert whole.returncode == 0, whole.stderr
     expected, asked = json.loads(whole.stdout), list(fake_server.prompts)
