@@ -127,6 +127,9 @@ def main() -> None:
         stopped.mkdir()
         note("convert to Q4_K_M, Ctrl-C a second into quantizing...")
         runs.append(run(args.folder, "Q4_K_M", stopped / "model.gguf", interrupt_after=1.0))
+        for item in runs:  # kept in bench/results/: no path of this machine
+            for key in ("stdout", "stderr_tail"):
+                item[key] = item[key].replace(tmp, "$TMPDIR")
     result["runs"] = runs
     result["load_average"] = os.getloadavg()
 

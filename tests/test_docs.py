@@ -2,8 +2,9 @@
 a front door (at most 250 lines) that links every page, the configuration page's table of
 environment variables names every variable memagent reads, a figure quoted on several pages
 is the same figure on each, every speed figure on a user page comes from a kept run or says
-it was computed, the tables of "How long for my book" are bench/book_time.py's, and user
-pages keep the bench's lab notebook and the maintainers' wording out."""
+it was computed, the tables of "How long for my book" are bench/book_time.py's, user pages
+keep the bench's lab notebook and the maintainers' wording out, and the runs kept in
+bench/results/ name no path of the machine they ran on."""
 
 from __future__ import annotations
 
@@ -369,3 +370,28 @@ def test_the_install_check_shown_is_a_quiet_kept_run():
         assert any(shown in kept_line for kept_line in lines), f"not in {kept[1]}: {line}"
     cpu = re.search(r"Percent of CPU this job got: (\d+)%", "\n".join(lines))
     assert cpu and int(cpu[1]) >= 150, "the kept run shows a busy machine"
+
+
+# A path of the machine a run was kept on: its users' homes, its scratch and work folders.
+MACHINE_PATH = re.compile(r"(?<![\w.])/(?:tmp|root|home|work|Users|var/folders)/[^\s\"',)]*")
+
+
+def machine_paths(text: str) -> list[str]:
+    return MACHINE_PATH.findall(text)
+
+
+def test_kept_runs_name_no_path_of_the_machine_they_ran_on():
+    """bench/results/ is published as it is: a path there says whose machine, and where its
+    files lay, and reruns elsewhere differ from it in nothing but that."""
+    found = {
+        str(path.relative_to(ROOT)): machine_paths(path.read_text(errors="replace"))
+        for path in sorted((ROOT / "bench" / "results").rglob("*"))
+        if path.is_file()
+    }
+    assert not {name: paths for name, paths in found.items() if paths}, found
+
+
+def test_a_machine_path_in_a_kept_run_is_found():
+    assert machine_paths('"stdout": "/tmp/tmpab12/model.gguf",') == ["/tmp/tmpab12/model.gguf"]
+    assert machine_paths("--model /home/ann/q.gguf -o build/bench/x.jsonl") == ["/home/ann/q.gguf"]
+    assert machine_paths("converted in $TMPDIR/model.gguf; see bench/results/x.txt") == []
