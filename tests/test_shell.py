@@ -97,6 +97,30 @@ def test_ask_help_ends_with_examples_that_parse():
     assert "--json" in text.split("Examples:", 1)[1]
 
 
+def test_ask_help_names_every_reader_and_the_defaults_each_reads_with():
+    """--reader names each built-in reader, and the defaults of sampling and of the memory's
+    limit are the readers' own, which `ask` takes for a value not given (run/engine.py)."""
+    from memagent_cli import readers
+
+    ask = typer.main.get_command(app).commands["ask"]
+    helps = {param.name: param.help or "" for param in ask.params}
+    for name in readers.BUILT_IN:
+        assert f"{name} (" in helps["reader"], name
+    memagent, infmem, rememr1 = (readers.get(n) for n in ("memagent", "infmem", "rememr1"))
+    said = {
+        "temperature": f"0.7, infmem {infmem.sampling.temperature:g}]",
+        "top_p": f"0.95, infmem {infmem.sampling.top_p:g}]",
+        "memory_tokens": f"1024, rememr1 {rememr1.memory_tokens}]",
+    }
+    for option, shown in said.items():
+        assert f"[default: the reader's: {shown}" in helps[option], helps[option]
+    assert (memagent.sampling.temperature, memagent.sampling.top_p) == (0.7, 0.95)
+    assert memagent.memory_tokens == 1024
+    for spec in map(readers.get, readers.BUILT_IN):  # the others read as MemAgent's
+        assert spec.name == "infmem" or spec.sampling == memagent.sampling, spec.name
+        assert spec.name == "rememr1" or spec.memory_tokens == 1024, spec.name
+
+
 @pytest.fixture
 def shell_home(tmp_path: Path, env: dict[str, str]) -> dict[str, str]:
     env["HOME"] = str(tmp_path / "home")

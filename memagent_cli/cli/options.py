@@ -306,7 +306,9 @@ MemoryTokensOpt = Annotated[
     typer.Option(
         metavar="N",
         callback=at_least(1),
-        help="Most tokens the memory (each update) may take.",
+        help="Most tokens the memory (each update) may take "
+        "\\[default: the reader's: 1024, rememr1 2048].",
+        show_default=False,
         rich_help_panel=READING,
     ),
 ]
@@ -330,7 +332,8 @@ ReaderOpt = Annotated[
         callback=_reader_name,
         show_default=False,
         help="How the chunks are read: memagent (every chunk into the memory), rememr1 "
-        "(recalls earlier memories), infmem (searches, stops early), or a plugin's "
+        "(recalls earlier memories), infmem (searches, stops early), memreread (rereads for "
+        "what its memory lacks), pi-mem (every chunk at once, in passes), or a plugin's "
         "\\[default: the model's own, from the registry or its file, else memagent].",
         rich_help_panel=READING,
     ),
@@ -342,14 +345,20 @@ TemperatureOpt = Annotated[
     typer.Option(
         metavar="N",
         callback=at_least(0.0),
-        help="Sampling temperature; 0 is greedy, reproducible.",
+        help="Sampling temperature; 0 is greedy, reproducible "
+        "\\[default: the reader's: 0.7, infmem 0].",
+        show_default=False,
         rich_help_panel=READING,
     ),
 ]
 TopPOpt = Annotated[
     float,
     typer.Option(
-        metavar="N", callback=_fraction, help="Nucleus sampling.", rich_help_panel=READING
+        metavar="N",
+        callback=_fraction,
+        help="Nucleus sampling \\[default: the reader's: 0.95, infmem 1].",
+        show_default=False,
+        rich_help_panel=READING,
     ),
 ]
 SeedOpt = Annotated[
