@@ -11,7 +11,8 @@ traces, so that the estimate learns from nothing but what this run reads. With
 --learn-from, a first `ask` reads another story of that many sentences (another seed) and
 keeps its trace: the estimate then learns from that one reading how long this model's
 replies run and what its drafts save (run/history.py), as it would after a user's first
-question; without, it is the upper bound. Raw outputs (stdout and stderr of each command)
+question; without, it is the first-use guess (run/inspect.py's FIRST_GUESS, within
+LEAST_GUESS and the bound). Raw outputs (stdout and stderr of each command)
 and a summary go to --out, with this machine's paths replaced by `.` (the repository), `~`
 and `<python>`. Run it alone on the machine (under `flock /tmp/llama.lock` where others
 share it): two llama.cpp processes at once make every timing lie.
@@ -89,7 +90,7 @@ def learned(est: dict[str, Any]) -> str:
     if "learned" not in est:
         return "learned: (an estimate from before it learned from past readings)"
     if not found:
-        return "learned: nothing (no past reading): the estimate is the upper bound"
+        return "learned: nothing (no past reading): the estimate is the first-use guess"
     return (
         f"learned from {found['readings']} reading(s), {found['calls']} calls: memories "
         f"{found['memory_fraction']:.3f} of the budget, answers {found['answer_fraction']:.3f}, "

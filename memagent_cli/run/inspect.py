@@ -46,7 +46,8 @@ class Guess:
 # 2026-11-29) ran their memories to 15-100% of the budget, most in full, their answers to
 # 1-100%, and decoded with drafts at 0.4-0.8 the price of single decodes: the likely figure
 # takes the middle of those, the range runs from their low end to the bound. Measured
-# side by side on a fresh data folder: 129 s likely (81-190 s) for a reading of 151 s.
+# side by side on a data folder with no past reading: 159 s likely (99-237 s) for a reading
+# of 161 s (bench/results/2026-11-29-xeon-amx/estimate-first-guess-summary.txt).
 FIRST_GUESS = Guess(written=0.75, answered=0.25, factor=0.7)
 LEAST_GUESS = Guess(written=0.25, answered=0.02, factor=0.4)
 # A reading longer than this says so, with the faster routes (faster_routes).
