@@ -1,0 +1,135 @@
+"""How long measuring a model's calibration takes, and what it prices rounds at: the figures
+of docs/performance.md's and docs/internals/decoding.md's "The calibration".
+
+    flock /tmp/memagent-tests.lock python bench/calibration.py [--runs 3] [--model PATH]
+
+Each run is a process of its own with an empty data folder (MEMAGENT_HOME), so that nothing
+kept is read back: it loads the model (the default one unless `--model`) as a reading with
+drafts does, which measures the calibration (memagent_cli/backends/calibration.py, measured
+in backends/probe.py), and prints what was measured: its seconds, the round sizes proved
+exact, the sequences proved together, and each round size's cost in 1-row decodes. The table
+at the end has a row per run. Run it alone on its machine: it loads a model, and a second
+process on the cores makes every round dearer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SIZES = (2, 4, 8, 17)  # the round sizes the docs quote (17: a token and a full draft)
+CONTEXT = 512  # the reading's own context; the calibration makes one of its own
+
+
+def note(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def measure(path: Path) -> dict[str, Any]:
+    """Load the model at `path` as a reading with drafts does, measuring its calibration
+    (--recalibrate, in case anything is kept); what was measured, without its path."""
+    from memagent_cli.backends import calibration
+    from memagent_cli.backends.llama_cpp import LlamaCppBackend, LlamaOptions
+
+    backend = LlamaCppBackend(path, LlamaOptions(recalibrate=True))
+    began = time.perf_counter()
+    backend.prepare(CONTEXT)
+    loaded = time.perf_counter() - began
+    found = backend.calibration
+    assert found is not None and not found.assumed, "no calibration was measured"
+    key = found.to_json()["key"]
+    return {
+        "seconds": found.seconds,
+        "load_and_measure_seconds": round(loaded, 3),
+        "widths": list(found.widths),
+        "together": found.together,
+        "costs": {str(w): round(c, 4) for w, c in sorted(found.costs.items())},
+        "decode_seconds": found.decode_seconds,
+        "settings": calibration.settings(found),
+        "summary": found.summary(),
+        "model": {"file": path.name, "size": key["model"]["size"]},
+        "machine": key.get("machine"),
+        "llama_cpp": key.get("llama_cpp"),
+    }
+
+
+def run(path: Path, home: Path) -> dict[str, Any]:
+    """measure() in a new process with the data folder `home`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMAGENT_")}
+    env["MEMAGENT_HOME"] = str(home)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    done = subprocess.run(
+        [sys.executable, __file__, "--child", str(path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"the run failed ({done.returncode}): {done.stderr[-2000:]}")
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=3, help="measurements, each from scratch")
+    parser.add_argument("--model", type=Path, help="a GGUF (default: the default model)")
+    parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)  # one measurement
+    args = parser.parse_args()
+    if args.child is not None:
+        print(json.dumps(measure(args.child)), flush=True)
+        return
+    if args.model is None:
+        from memagent_cli import models
+
+        args.model = models.resolve(None).path
+    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; the calibration of "
+          f"{args.model.name} measured {args.runs} times, each in a new process with an "
+          "empty data folder")  # fmt: skip
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="memagent-calibration-") as folder:
+        for n in range(1, args.runs + 1):
+            load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+            note(f"run {n} (load average {load})...")
+            measured = run(args.model, Path(folder) / f"home-{n}")
+            measured["load_average_before"] = load
+            print(f"run {n}: {json.dumps(measured)}", flush=True)
+            runs.append(measured)
+    first = runs[0]
+    print(f"machine: {first['machine']}; llama-cpp-python {first['llama_cpp']}; "
+          f"{first['settings']}")  # fmt: skip
+    print()
+    sizes = " | ".join(f"{w} rows" for w in SIZES)
+    print(f"| run | load average before | seconds measuring | {sizes} (decodes) | exact rounds "
+          "| sequences together |")  # fmt: skip
+    print("|---:|---|---:|" + "---:|" * len(SIZES) + "---|---:|")
+    for n, measured in enumerate(runs, 1):
+        costs = " | ".join(f"{measured['costs'].get(str(w), float('nan')):.2f}" for w in SIZES)
+        widths = measured["widths"]
+        exact = ", ".join(map(str, widths)) or "none"
+        if len(widths) > 2 and widths == list(range(widths[0], widths[-1] + 1)):
+            exact = f"{widths[0]}-{widths[-1]}"
+        print(
+            f"| {n} | {measured['load_average_before']} | {measured['seconds']:.2f} | {costs} "
+            f"| {exact} | {measured['together']} |"
+        )
+    seconds = [m["seconds"] for m in runs]
+    print()
+    print(f"seconds measuring: {min(seconds):.2f}-{max(seconds):.2f}")
+    for w in SIZES:
+        costs = [m["costs"][str(w)] for m in runs if str(w) in m["costs"]]
+        print(f"a round of {w} rows: {min(costs):.2f}-{max(costs):.2f} decodes")
+
+
+if __name__ == "__main__":
+    main()
