@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 SIZES = (2, 4, 8, 17)  # the round sizes the docs quote (17: a token and a full draft)
 CONTEXT = 512  # the reading's own context; the calibration makes one of its own
+AT_ONCE = 4  # readings that could go together: how many of them the calibration lets
 
 
 def note(text: str) -> None:
@@ -58,6 +59,12 @@ def measure(path: Path) -> dict[str, Any]:
         "together": found.together,
         "costs": {str(w): round(c, 4) for w, c in sorted(found.costs.items())},
         "decode_seconds": found.decode_seconds,
+        # How many of 4 readings `ask` would read together by it (run/engine.py), as
+        # LlamaCppBackend.readings_at_once decides for the default and for --exact.
+        "at_once_of_4": backend.readings_at_once(AT_ONCE),
+        "exact_at_once_of_4": found.readings_at_once(
+            AT_ONCE, 2, max(found.widths, default=2), exact=True
+        ),
         "settings": calibration.settings(found),
         "summary": found.summary(),
         "model": {"file": path.name, "size": key["model"]["size"]},
@@ -153,8 +160,8 @@ def main() -> None:
     print()
     sizes = " | ".join(f"{w} rows" for w in SIZES)
     print(f"| model | run | load average before | seconds measuring | {sizes} (decodes) "
-          "| exact rounds | sequences together |")  # fmt: skip
-    print("|---|---:|---|---:|" + "---:|" * len(SIZES) + "---|---:|")
+          "| exact rounds | sequences together | of 4 readings at once (--exact) |")  # fmt: skip
+    print("|---|---:|---|---:|" + "---:|" * len(SIZES) + "---|---:|---:|")
     for name, n, measured in rows:
         costs = " | ".join(f"{measured['costs'].get(str(w), float('nan')):.2f}" for w in SIZES)
         widths = measured["widths"]
@@ -163,7 +170,8 @@ def main() -> None:
             exact = f"{widths[0]}-{widths[-1]}"
         print(
             f"| {name} | {n} | {measured['load_average_before']} | {measured['seconds']:.2f} "
-            f"| {costs} | {exact} | {measured['together']} |"
+            f"| {costs} | {exact} | {measured['together']} | {measured['at_once_of_4']} "
+            f"({measured['exact_at_once_of_4']}) |"
         )
     for name in dict.fromkeys(name for name, _, _ in rows):
         runs = [measured for each, _, measured in rows if each == name]
@@ -173,6 +181,8 @@ def main() -> None:
         for w in SIZES:
             costs = [m["costs"][str(w)] for m in runs if str(w) in m["costs"]]
             print(f"  a round of {w} rows: {min(costs):.2f}-{max(costs):.2f} decodes")
+        at_once = ", ".join(f"{m['at_once_of_4']} ({m['exact_at_once_of_4']})" for m in runs)
+        print(f"  of {AT_ONCE} readings, read at once by each run (with --exact): {at_once}")
 
 
 if __name__ == "__main__":
