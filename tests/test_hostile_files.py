@@ -168,6 +168,28 @@ def test_absurd_json_in_a_results_file_is_a_skipped_line(cli, tmp_path) -> None:
     assert report["runs"][0]["cases"] == 1 and report["runs"][0]["skipped_lines"] == 2
 
 
+# -- evaluation data --------------------------------------------------------------------------
+
+CASE = '"input": "q", "context": "c", "answers": ["a"]'
+ABSURD_DATA = {  # JSON that Python's parser refuses with RecursionError or ValueError
+    "deep nesting in a list": "[" + "[" * 200_000 + "]" * 200_000 + "]",
+    "deep nesting in JSON Lines": '{"a": ' * 200_000 + "1" + "}" * 200_000 + "\n",
+    "a 5000-digit id": "[{" + CASE + ', "_id": ' + "9" * 5000 + "}]",
+    "a 5000-digit answer in JSON Lines": '{"input": "q", "context": "c", "answers": ['
+    + "9" * 5000
+    + "]}\n",
+}
+
+
+@pytest.mark.parametrize("case", ABSURD_DATA)
+def test_absurd_json_in_evaluation_data_is_one_sentence(cli, tmp_path, case) -> None:
+    path = tmp_path / "eval_50.json"
+    path.write_text(ABSURD_DATA[case])
+    missing_model = ["--model", str(tmp_path / "none.gguf")]  # refused before any model
+
+    refused(timed(cli, "eval", "run", str(path), *missing_model), f"{path}: case 1")
+
+
 # -- GGUF headers -----------------------------------------------------------------------------
 
 T = gguf.GGUFValueType

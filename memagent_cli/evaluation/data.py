@@ -231,6 +231,13 @@ class _Reader:
                     raise DataError(
                         f"{self.path}: case {number} is not valid JSON ({exc.msg})."
                     ) from None
+            except (ValueError, RecursionError):
+                # Nesting too deep for the parser, or an integer past Python's 4,300 digits:
+                # more of the file cannot make it valid, so no refill.
+                raise DataError(
+                    f"{self.path}: case {number} is nested too deep or holds a number too long "
+                    "to read as JSON."
+                ) from None
 
 
 _SPACE = re.compile(r"\s*")
