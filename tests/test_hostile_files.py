@@ -401,6 +401,27 @@ def test_absurd_json_in_a_safetensors_header_is_one_sentence(
     refused(result, f"{shard.name} is not a complete safetensors file", phrase)
 
 
+@pytest.mark.parametrize("name", ["config.json", "tokenizer.json"])
+@pytest.mark.parametrize(
+    "content",
+    ["[" * 200_000 + "]" * 200_000, '{"a": ' + "9" * 5000 + "}"],
+    ids=["200000-deep nesting", "5000-digit number"],
+)
+def test_absurd_json_in_a_model_folder_s_files_is_one_sentence(
+    cli, hf_folder, tmp_path, name, content
+) -> None:
+    folder = tmp_path / "model"
+    folder.mkdir()
+    for file in hf_folder.iterdir():
+        (folder / file.name).write_bytes(file.read_bytes())
+    (folder / name).write_text(content)
+
+    result = timed(cli, "models", "convert", str(folder), "--out", str(tmp_path / "m.gguf"))
+
+    refused(result, str(folder / name))
+    assert not (tmp_path / "m.gguf").exists()
+
+
 def test_an_index_naming_a_file_outside_the_folder_is_refused(cli, hf_folder, tmp_path) -> None:
     folder = tmp_path / "model"
     folder.mkdir()

@@ -111,7 +111,7 @@ def read(folder: Path) -> Architecture:
         raise ModelError(
             f"{folder} has no config.json: it is not a Hugging Face model folder."
         ) from None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise ModelError(f"Cannot read {path}: {getattr(exc, 'strerror', None) or exc}.") from None
     names = config.get("architectures") if isinstance(config, dict) else None
     hf_name = names[0] if isinstance(names, list) and names else None

@@ -142,7 +142,7 @@ def _load(path: Path) -> dict[str, Any]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise no_tokenizer(str(path.parent)) from None
-    except (OSError, UnicodeDecodeError, ValueError):
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
         raise ModelError(f"{path} is not a readable tokenizer file (not JSON).") from None
     if not isinstance(data, dict):
         raise ModelError(f"{path} is not a tokenizer file.")
