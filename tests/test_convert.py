@@ -482,6 +482,15 @@ def test_pull_refuses_before_the_weights_when_the_quantizer_would_lack_memory(
     assert not hub_with_weights.downloads("model-00001-of-00002.safetensors")
 
 
+def test_a_hub_s_index_nested_too_deep_is_one_sentence(cli, hub_with_weights):
+    files = hub_with_weights.repos[TINY_REPO]
+    deep = '{"weight_map": ' + "[" * 200_000 + "]" * 200_000 + "}"
+    files["model.safetensors.index.json"] = HubFile(deep.encode(), lfs=False)
+    result = cli("models", "pull", f"{TINY_REPO}:F16")
+    assert_clean_failure(result, 1, "model.safetensors.index.json is not a valid safetensors index")
+    assert not hub_with_weights.downloads("model-00001-of-00002.safetensors")
+
+
 def sparse_safetensors(path: Path, name: str, shape: tuple[int, ...]) -> None:
     """A safetensors file of one bf16 tensor whose bytes are a hole: terabytes that take
     no room on disk."""

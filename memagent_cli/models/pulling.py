@@ -222,7 +222,7 @@ def _shards(repo: str, folder: Path, files: dict[str, hub.RemoteFile]) -> list[s
     try:
         weight_map = json.loads(index.read_text("utf-8"))["weight_map"]
         named = sorted({str(file) for file in weight_map.values()})
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
         raise ModelError(f"{repo}'s {_INDEX} is not a valid safetensors index.") from None
     if missing := [p for p in named if p not in files]:
         raise ModelError(f"{repo}'s {_INDEX} names {missing[0]}, which the repository lacks.")
