@@ -5,6 +5,7 @@ The same properties are checked with the real model in test_ask_model.py."""
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import signal
 from pathlib import Path
@@ -115,6 +116,33 @@ def test_a_trace_path_that_cannot_be_written_is_one_sentence(cli, tmp_path, doc,
     # A model that does not exist: the trace check must come first.
     result = cli("ask", str(doc), "q?", "--trace", str(path), "-m", "nope.gguf")
     assert_clean_failure(result, 1, f"Cannot write the trace {path}")
+
+
+@pytest.mark.parametrize(
+    ("where", "reason"),
+    [
+        ("fifo", "is not a regular file"),
+        ("device", "is not a regular file"),
+        ("dangling link", "it is a link to a file that does not exist"),
+        ("loop of links", "Too many levels of symbolic links"),
+    ],
+)
+def test_a_trace_path_that_is_no_file_to_write_names_why(cli, tmp_path, doc, where, reason):
+    """Not "already exists; continue its run with --resume" (which then refuses it), nor "a
+    file stands where a folder should be"."""
+    path = tmp_path / "t.jsonl"
+    if where == "fifo":
+        os.mkfifo(path)
+    elif where == "device":
+        path = Path("/dev/null")
+    elif where == "dangling link":
+        path.symlink_to(tmp_path / "nowhere.jsonl")
+    else:
+        path.symlink_to(tmp_path / "other.jsonl")
+        (tmp_path / "other.jsonl").symlink_to(path)
+    result = cli("ask", str(doc), "q?", "--trace", str(path), "-m", "nope.gguf")
+    assert_clean_failure(result, 1, str(path), reason)
+    assert "--resume" not in result.stderr and "folder" not in result.stderr
 
 
 def test_the_same_greedy_run_is_answered_from_its_trace(cli, fake_server, doc):

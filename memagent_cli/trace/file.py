@@ -229,9 +229,21 @@ def check_new(path: Path) -> None:
     # os.path.exists, not Path.exists: in a folder this user cannot enter (another user's
     # home) the latter raises PermissionError; the probe below names the reason.
     if os.path.exists(path):
-        if path.is_file() and path.stat().st_size == 0:
+        if not path.is_file():  # a FIFO or a device: no run to resume there either
+            raise TraceError(f"Trace {path} is not a regular file; give another --trace path.")
+        if path.stat().st_size == 0:
             return
         raise TraceError(_exists(path))
+    if os.path.islink(path):  # to nothing, or a loop: the probe's O_EXCL would say "exists"
+        try:
+            os.stat(path)
+        except FileNotFoundError:
+            why = "it is a link to a file that does not exist"
+        except OSError as exc:  # a loop of links
+            why = exc.strerror or type(exc).__name__
+        else:  # its file was made meanwhile
+            raise TraceError(_exists(path))
+        raise TraceError(f"Cannot write the trace {path}: {why}.")
     try:  # the only sure test is to try: permissions, read-only mounts, /proc, a full disk
         private_folder(path.parent)
         with open_private(path, "x") as probe:
