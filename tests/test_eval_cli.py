@@ -137,6 +137,24 @@ def test_report_compares_runs_in_one_plot(cli, fake_server, data, tmp_path):
         assert image.format == "PNG"
 
 
+def test_a_plot_is_written_where_it_is_said_to_be(cli, fake_server, data, tmp_path):
+    """matplotlib adds .png to a name without an extension: the plot must be at the path
+    given and said, and a path that cannot take it (/dev/full) is one sentence."""
+    pytest.importorskip("matplotlib")
+    run = tmp_path / "a.jsonl"
+    result = cli("eval", str(data), *served(fake_server, *STEPS), "-o", str(run), "--limit", "1")
+    assert result.returncode == 0, result.stderr
+    bare = tmp_path / "comparison"
+    shown = cli("eval", "report", str(run), "--plot", str(bare))
+    assert shown.returncode == 0, shown.stderr
+    assert f"plot: {bare}" in words(shown.stderr)
+    assert bare.read_bytes().startswith(b"\x89PNG") and not bare.with_suffix(".png").exists()
+
+    full = cli("eval", "report", str(run), "--plot", "/dev/full")
+    assert full.returncode == 1 and "Traceback" not in full.stderr
+    assert "Cannot write the plot to /dev/full" in words(full.stderr)
+
+
 def test_niah_builds_runs_and_draws_the_heatmap(cli, fake_server, tmp_path):
     pytest.importorskip("matplotlib")
     haystack = tmp_path / "hay.txt"

@@ -92,9 +92,11 @@ def _figure() -> Any:
 
 
 def save(figure: Any, path: Path) -> None:
-    """Write a figure to `path`, in the format its extension names."""
+    """Write a figure to `path`, in the format its extension names (PNG without one)."""
     try:
-        figure.savefig(path, dpi=120)
+        # Given no format, matplotlib writes a name without an extension to NAME.png: not
+        # the path the user gave and is told.
+        figure.savefig(path, dpi=120, format=None if path.suffix else "png")
     except ValueError as exc:  # an extension matplotlib cannot write
         raise PlotError(f"Cannot save the plot as {path}: {exc}") from None
     except OSError as exc:
