@@ -124,6 +124,16 @@ def test_zero_tokens_is_a_usage_error(cli, option, doc):
     assert_clean_failure(result, 2, "Invalid value", option)
 
 
+def test_watching_a_question_that_is_not_asked_is_a_usage_error(cli, tmp_path, doc):
+    """--watch 3 with two questions would show the first one's memory without a word."""
+    questions = tmp_path / "q.txt"
+    questions.write_text("one?\ntwo?\n")
+    missing_model = ["-m", str(tmp_path / "none.gguf")]  # said before any model is sought
+    for asked in (["one?", "two?"], ["--questions", str(questions)]):
+        result = cli("ask", str(doc), *asked, "--watch", "3", *missing_model)
+        assert_clean_failure(result, 2, "--watch", "there are 2 questions")
+
+
 def test_questions_file_missing(cli, tmp_path, doc):
     result = cli("ask", str(doc), "--questions", str(tmp_path / "q.txt"))
     assert_clean_failure(result, 1, "Questions file not found")

@@ -175,6 +175,9 @@ def ask(
             "give at least one question, as an argument or with --questions FILE.",
             param_hint="QUESTION",
         )
+    if watch > (count := len(asked)):  # else the live view shows question 1's, unsaid
+        are = "is 1 question" if count == 1 else f"are {count} questions"
+        raise typer.BadParameter(f"there {are}; watch one of 1 to {count}.", param_hint="--watch")
     _check_named_traces(trace, resume, resume_latest, len(asked))
     paths = inputs.document_paths(document, documents_file, glob)
     _check_outputs(trace, resume, report_file, no_trace, several=len(paths) > 1)
