@@ -194,6 +194,15 @@ def test_a_documents_list_that_is_a_fifo_is_refused(cli, tmp_path, doc):
     assert_clean_failure(result, 1, "Documents file", "is not a regular file")
 
 
+@pytest.mark.parametrize("content", ["", "\n  \n\n"], ids=["empty", "blank lines"])
+def test_a_documents_list_that_names_none_is_refused(cli, tmp_path, content):
+    """Not exit 0 with nothing read and nothing said."""
+    path = tmp_path / "docs.txt"
+    path.write_text(content)
+    result = cli("ask", "q?", "--documents", str(path), "-m", str(tmp_path / "none.gguf"))
+    assert_clean_failure(result, 1, f"Documents file {path} names no documents")
+
+
 @pytest.mark.parametrize("pattern", ["../../*", "/etc/*", "sub/../../*.txt"])
 def test_a_glob_cannot_reach_outside_the_folder(cli, tmp_path, pattern):
     library = tmp_path / "library"

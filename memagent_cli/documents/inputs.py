@@ -46,7 +46,9 @@ def document_paths(argument: str | None, listing: Path | None, pattern: str | No
     folder searched recursively for supported files, filtered by `pattern` inside it."""
     named = [argument] if argument else []
     if listing is not None:
-        named += read_list(listing, "documents")
+        if not (listed := read_list(listing, "documents")):
+            raise UserError(f"Documents file {listing} names no documents: give one path a line.")
+        named += listed
     paths: list[str] = []
     for name in named:
         # os.path: False where it cannot look (another user's home); reading names why.
