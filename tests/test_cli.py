@@ -357,3 +357,42 @@ def test_every_number_option_refuses_nan_and_infinities_in_one_line(
     for value in ("nan", "inf", "-inf", "-Infinity"):
         result = cli(*words, f"{flag}={value}", *given, *[str(doc)] * arguments)
         assert_clean_failure(result, 2, f"Invalid value for '{flag}'")
+
+
+def test_a_full_disk_under_stdout_is_one_sentence_and_keeps_the_trace(env, fake_server, tmp_path):
+    """`memagent ... > answers.txt` on a full disk (/dev/full): each command says it could not
+    write its results, in one sentence, not a traceback; `ask`'s trace is whole."""
+    from support.fake_openai import served
+
+    doc = tmp_path / "doc.txt"
+    doc.write_text(story(40))
+    trace = tmp_path / "t.jsonl"
+    commands = [
+        ["ask", str(doc), "q?", *served(fake_server, "--trace", str(trace))],
+        ["trace", str(trace)],
+        ["trace", str(trace), "--json"],
+        ["inspect", str(doc), "--tokenizer", "tiktoken", "--text"],
+        ["models", "list", "--json"],
+        ["paths"],
+    ]
+    for args in commands:
+        with open("/dev/full", "w") as full:
+            result = subprocess.run(
+                [str(MEMAGENT), *args], stdout=full, stderr=subprocess.PIPE, text=True, env=env
+            )
+        assert result.returncode == 1 and "Traceback" not in result.stderr, (args, result.stderr)
+        said = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+        assert said == ["error: Cannot write the results: No space left on device."], args
+    with open("/dev/null", "w") as null:
+        shown = subprocess.run([str(MEMAGENT), "trace", str(trace)], stdout=null, env=env)
+    assert shown.returncode == 0  # the run the full stdout stopped is in its trace, finished
+    from memagent_cli.trace import read_trace
+
+    assert read_trace(trace).finished
+
+    closed = subprocess.run(  # started with stdout closed (`>&-`): said, not dropped
+        [str(MEMAGENT), "trace", str(trace)], stderr=subprocess.PIPE, text=True, env=env,
+        preexec_fn=lambda: os.close(1),
+    )  # fmt: skip
+    assert closed.returncode == 1 and "Traceback" not in closed.stderr, closed.stderr
+    assert "error: Cannot write the results: standard output is closed." in closed.stderr

@@ -25,12 +25,13 @@ def cache_info(as_json: JsonOpt = False) -> None:
     $MEMAGENT_DOCUMENT_CACHE_BYTES sets the limit (0 turns the cache off); past it, the
     documents used longest ago go first."""
     from memagent_cli.documents import cache
+    from memagent_cli.views import console
     from memagent_cli.views import folders as views
 
     usage = cache.usage()
     if as_json:
         fields = {"path": str(usage.path), "documents": usage.entries, "bytes": usage.bytes}
-        print(json.dumps(fields | {"limit_bytes": usage.limit}, indent=2))
+        console.result(json.dumps(fields | {"limit_bytes": usage.limit}, indent=2))
     else:
         views.print_cache(usage)
 

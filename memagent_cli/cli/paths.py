@@ -62,12 +62,13 @@ def paths(
 
     $MEMAGENT_HOME moves them all (the cache to $MEMAGENT_HOME/cache); without it they follow
     the platform's folders (XDG_DATA_HOME and XDG_CACHE_HOME on Linux)."""
+    from memagent_cli.views import console
     from memagent_cli.views import folders as views
 
     found = folders()
     if folder is not None:
-        print(found[folder])
+        console.result(str(found[folder]))
     elif as_json:
-        print(json.dumps({k: str(v) for k, v in found.items()}, indent=2))
+        console.result(json.dumps({k: str(v) for k, v in found.items()}, indent=2))
     else:
         views.print_folders(found)

@@ -4,15 +4,20 @@ error or a file name reaches the terminal as text, never as an escape sequence."
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import io
 import logging
+import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from rich.console import Console, ConsoleOptions, RenderableType
 from rich.markup import escape
 from rich.segment import Segment
 
+from memagent_cli.errors import UserError
 from memagent_cli.text import json_text, printable
 
 
@@ -52,22 +57,68 @@ tolerant(sys.stderr)
 console = Screen(stderr=True, highlight=False)
 
 
+class _Results:
+    """stdout for results: a write it refuses (a full disk under `> answers.txt`) is one
+    sentence, not a traceback. A closed pipe (`| head`) stays BrokenPipeError, which Click
+    ends quietly with exit 1."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+    def write(self, text: str) -> int:
+        with _refused(self._stream):
+            return self._stream.write(text)
+
+    def flush(self) -> None:
+        with _refused(self._stream):
+            self._stream.flush()
+
+
+@contextlib.contextmanager
+def _refused(stream: Any) -> Iterator[None]:
+    try:
+        yield
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        # What stays buffered would fail again, and be printed, when Python flushes at exit.
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+        raise UserError(f"Cannot write the results: {exc.strerror or exc}.") from None
+
+
+class _Closed(io.TextIOBase):
+    """stdout when memagent was started with it closed (`>&-`): Python makes it None, and
+    print() to None drops the results without a word."""
+
+    def write(self, text: str) -> int:
+        raise OSError(errno.EBADF, "standard output is closed")
+
+
+def results() -> Any:
+    """stdout, to print results to (see _Results)."""
+    return _Results(tolerant(sys.stdout) if sys.stdout is not None else _Closed())
+
+
 def results_console() -> Console:
     """A console for results on stdout. In a pipe it is wide, so that a table keeps one line
     per row however narrow the pipe claims to be."""
-    out = tolerant(sys.stdout)
+    out = results()
     return Screen(file=out, highlight=False, width=None if out.isatty() else 200)
 
 
 def result(text: str, end: str = "\n") -> None:
     """A plain result on stdout (an answer, a Markdown report), printable."""
-    print(printable(text), end=end, flush=True, file=tolerant(sys.stdout))
+    print(printable(text), end=end, flush=True, file=results())
 
 
 def result_json(value: Any, indent: int | None = None) -> None:
     """A result on stdout as JSON: every text exactly as it is, its control characters
     escaped (memagent_cli/text.py)."""
-    print(json_text(value, indent=indent), flush=True, file=tolerant(sys.stdout))
+    print(json_text(value, indent=indent), flush=True, file=results())
 
 
 def note(message: str) -> None:
