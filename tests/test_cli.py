@@ -396,3 +396,26 @@ def test_a_full_disk_under_stdout_is_one_sentence_and_keeps_the_trace(env, fake_
     )  # fmt: skip
     assert closed.returncode == 1 and "Traceback" not in closed.stderr, closed.stderr
     assert "error: Cannot write the results: standard output is closed." in closed.stderr
+
+
+NOWHERE = "http://127.0.0.1:9/v1"  # the discard port: nothing answers
+SERVER_OPTIONS = {
+    "a URL whose port cannot be read": ("--base-url", "http://[::1", 1, "cannot be used"),
+    "a URL with a line break": ("--base-url", f"{NOWHERE}\r\nX-Evil: 1", 1, "cannot be used"),
+    "a URL too long to send": ("--base-url", f"{NOWHERE}?q=" + "a" * 70_000, 1, "cannot be used"),
+    "a key that is not ASCII": ("--api-key", "ключ-Secret-5151", 1, "printable ASCII"),
+    "a key with a line break": ("--api-key", "k-Secret-5151\r\nX-Evil: 1", 1, "printable ASCII"),
+    "a timeout past time_t": ("--timeout", "1e300", 2, "Invalid value for '--timeout'"),
+    "a timeout past poll's": ("--timeout", "3e9", 2, "Invalid value for '--timeout'"),
+}
+
+
+@pytest.mark.parametrize("case", SERVER_OPTIONS)
+def test_a_server_option_that_cannot_be_used_is_one_sentence(cli, doc, case):
+    """Each was a traceback (httpx's InvalidURL or ValueError, UnicodeEncodeError,
+    OverflowError), or a key with a line break was said as "Cannot reach the server" with
+    the key in it."""
+    option, value, code, phrase = SERVER_OPTIONS[case]
+    result = cli("ask", str(doc), "q?", "--backend", "openai", "--base-url", NOWHERE, option, value)
+    assert_clean_failure(result, code, phrase)
+    assert "Secret" not in result.stderr and len(result.stderr) < 1000

@@ -26,6 +26,7 @@ from memagent_cli import protocol, readers
 from memagent_cli.backend import Sampling
 from memagent_cli.backends.llama_cpp import CacheType, FlashAttn, LlamaOptions
 from memagent_cli.backends.openai import (
+    MOST_TIMEOUT,
     ServerOptions,
     in_the_clear,
     openai_api_key,
@@ -95,7 +96,7 @@ def choices(kind: type[Enum]) -> str:
     return "|".join(str(choice.value) for choice in kind)
 
 
-def at_least(low: float) -> Callable[[Any], Any]:
+def at_least(low: float, most: float | None = None) -> Callable[[Any], Any]:
     """The check of a number option, said as Typer says its own ranges; a Typer `min=` would
     also print the range in `--help`, where the help says it."""
 
@@ -103,6 +104,8 @@ def at_least(low: float) -> Callable[[Any], Any]:
         _finite(value)
         if value is not None and value < low:
             raise typer.BadParameter(f"Input should be greater than or equal to {low:g}")
+        if value is not None and most is not None and value > most:
+            raise typer.BadParameter(f"Input should be less than or equal to {most:g}")
         return value
 
     return check
@@ -439,7 +442,7 @@ TimeoutOpt = Annotated[
     float,
     typer.Option(
         metavar="N",
-        callback=at_least(1.0),
+        callback=at_least(1.0, most=MOST_TIMEOUT),
         help="Seconds one call to a server may take in all, to the last byte of its reply "
         "(--backend openai).",
         rich_help_panel=SERVER_PANEL,

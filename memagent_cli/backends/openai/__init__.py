@@ -7,12 +7,13 @@ bounds, one sentence per failure), `deadline` (connections that keep a call's de
 `urls` (credentials never shown, a key only where it belongs, traffic in the clear).
 """
 
-from memagent_cli.backends.openai.backend import OpenAIBackend, ServerOptions
+from memagent_cli.backends.openai.backend import MOST_TIMEOUT, OpenAIBackend, ServerOptions
 from memagent_cli.backends.openai.client import MOST_REPLY_BYTES, BackendError, retry_after
 from memagent_cli.backends.openai.urls import in_the_clear, openai_api_key, without_credentials
 
 __all__ = [
     "MOST_REPLY_BYTES",
+    "MOST_TIMEOUT",
     "BackendError",
     "OpenAIBackend",
     "ServerOptions",

@@ -45,6 +45,11 @@ _QWEN2_TOKENS = [9707, 1879, 11, 220, 17, 15, 17, 21, 25, 72858, 16744, 51950]
 _QWEN_CHAT = "<|im_start|>"  # Qwen's chat templates' (ChatML) turn marker
 
 
+# About 11 days: past 2**31 seconds socket waits overflow (a spurious timeout at once), and
+# past about 1e10 the deadline's clock does (OverflowError). Longer is "never" in practice.
+MOST_TIMEOUT = 1e6
+
+
 @dataclass(frozen=True)
 class ServerOptions:
     """How to reach an OpenAI-compatible server: every default, and its check."""
@@ -56,8 +61,10 @@ class ServerOptions:
     timeout: float = 300.0  # seconds a server may take for one call
 
     def __post_init__(self) -> None:
-        if self.timeout <= 0:
-            raise UserError("--timeout must be a positive number of seconds.")
+        if not 0 < self.timeout <= MOST_TIMEOUT:
+            raise UserError(
+                f"--timeout must be a positive number of seconds, at most {MOST_TIMEOUT:g}."
+            )
 
 
 class OpenAIBackend(InTurn):

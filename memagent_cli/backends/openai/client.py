@@ -75,6 +75,16 @@ class Client:
         self.timeout = timeout
         self.discovery_seconds = discovery_seconds  # the bound of each first-contact call
         self._api_key = api_key
+        if api_key and not (api_key.isascii() and api_key.isprintable()):
+            # httpx2 would raise UnicodeEncodeError, or name the header, key and all.
+            raise BackendError(
+                "The API key holds characters an HTTP header cannot carry; a key is printable "
+                "ASCII."
+            )
+        try:
+            httpx2.URL(root)
+        except (httpx2.InvalidURL, ValueError) as exc:  # ValueError: httpx2's port parsing
+            raise _unusable(self.server, exc) from None
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         # Only what _read_body can decode within its bounds (httpx2's decoders, 1 MiB a go).
         headers["Accept-Encoding"] = "gzip, deflate"
@@ -140,6 +150,8 @@ class Client:
                 f"The server at {self.server} did not answer {path} within {limit:g} "
                 f"seconds{which}."
             ) from None
+        except httpx2.InvalidURL as exc:  # the URL with the path asked: too long, say
+            raise _unusable(self.server, exc) from None
         except httpx2.DecodingError:
             raise BackendError(
                 f"The server at {self.server} sent a compressed reply to {path} that does not "
@@ -263,6 +275,11 @@ def _error_detail(response: httpx2.Response, body: bytes) -> str:
     if isinstance(error, dict):
         error = error.get("message", error)
     return str(error or response.reason_phrase).strip().rstrip(".") or "error"
+
+
+def _unusable(server: str, exc: Exception) -> BackendError:
+    detail = str(exc) if isinstance(exc, httpx2.InvalidURL) else "its host or port is malformed"
+    return BackendError(f"The server URL {_shortened(server)} cannot be used: {detail}.")
 
 
 def _shortened(text: str) -> str:
