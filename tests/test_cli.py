@@ -419,3 +419,12 @@ def test_a_server_option_that_cannot_be_used_is_one_sentence(cli, doc, case):
     result = cli("ask", str(doc), "q?", "--backend", "openai", "--base-url", NOWHERE, option, value)
     assert_clean_failure(result, code, phrase)
     assert "Secret" not in result.stderr and len(result.stderr) < 1000
+
+
+@pytest.mark.parametrize("threads", ["513", "100000", str(2**31)])
+def test_more_threads_than_llama_cpp_can_run_is_a_usage_error(cli, doc, tmp_path, threads):
+    """llama.cpp runs at most 512 (GGML_MAX_N_THREADS): 5,000 ended in libgomp's "Thread
+    creation failed" with no sentence of memagent's, 100,000 in SIGSEGV; 2**31 wrapped."""
+    for command in (["ask", str(doc), "q?"], ["inspect", str(doc)]):
+        result = cli(*command, "--threads", threads, "-m", str(tmp_path / "none.gguf"))
+        assert_clean_failure(result, 2, "Invalid value for '--threads'", "or equal to 512")

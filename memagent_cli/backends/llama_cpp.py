@@ -91,6 +91,11 @@ def _utf8_name(path: Path) -> Iterator[Path]:
     yield path
 
 
+# llama.cpp's GGML_MAX_N_THREADS: thousands more end in libgomp's "Thread creation failed"
+# or a crash, and 2**31 wraps in its int32.
+MOST_THREADS = 512
+
+
 @dataclass(frozen=True)
 class LlamaOptions:
     """How llama.cpp runs a model in this process: every engine default, and its check.
@@ -132,8 +137,8 @@ class LlamaOptions:
             )
         if self.batch_size < 1 or self.ubatch_size < 1:
             raise ModelError("Batch and ubatch sizes must be at least 1.")
-        if self.threads is not None and self.threads < 1:
-            raise ModelError("--threads must be at least 1.")
+        if self.threads is not None and not 1 <= self.threads <= MOST_THREADS:
+            raise ModelError(f"--threads must be at least 1 and at most {MOST_THREADS}.")
 
 
 class LlamaCppBackend:

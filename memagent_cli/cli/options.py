@@ -24,7 +24,7 @@ from typer import core
 
 from memagent_cli import protocol, readers
 from memagent_cli.backend import Sampling
-from memagent_cli.backends.llama_cpp import CacheType, FlashAttn, LlamaOptions
+from memagent_cli.backends.llama_cpp import MOST_THREADS, CacheType, FlashAttn, LlamaOptions
 from memagent_cli.backends.openai import (
     MOST_TIMEOUT,
     ServerOptions,
@@ -289,7 +289,7 @@ ThreadsOpt = Annotated[
         "--threads",
         "-t",
         metavar="N",
-        callback=at_least(1),
+        callback=at_least(1, most=MOST_THREADS),
         show_default=False,
         help="CPU threads \\[default: physical cores].",
         rich_help_panel=MODEL,
