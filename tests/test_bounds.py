@@ -148,6 +148,21 @@ def test_word_diffs_of_a_trace_are_bounded_in_work(cli, few_words_trace, monkeyp
     assert "b" in shown and "a" in shown
 
 
+def test_a_trace_of_a_million_bad_lines_is_said_in_a_few_lines(cli, few_words_trace) -> None:
+    """Each line that is no record was one warning: a million of them took minutes to print
+    (an 8 MB file), and each was kept in memory. The first few are said, the rest counted."""
+    lines = few_words_trace.read_text().splitlines(keepends=True)
+    few_words_trace.write_text(lines[0] + "garbage\n" * 1_000_000 + "".join(lines[1:]))
+
+    for args in ([], ["--json"]):
+        result = cli("trace", str(few_words_trace), *args, timeout=60)  # 130 s before
+        assert result.returncode == 0, result.stderr
+        assert len(result.stderr.splitlines()) < 30, result.stderr[-500:]
+        assert "999,980 more problems like these are not listed" in result.stderr
+    problems = json.loads(result.stdout)["problems"]
+    assert len(problems) == 21 and problems[0] == "line 2 is not a trace record and was skipped"
+
+
 # -- the machine's share ----------------------------------------------------------------------
 
 

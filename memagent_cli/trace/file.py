@@ -48,6 +48,9 @@ from memagent_cli.trace.records import (
 )
 
 MAX_TRACE_BYTES = 1 << 30  # a 3.5M-token run writes a few MB; anything near this is not ours
+# Problems said one by one; past these, counted in one line: a file of a million bad lines
+# took minutes to print, a warning each, and held each in memory.
+MAX_PROBLEMS = 20
 POLL_SECONDS = 0.2
 
 
@@ -133,6 +136,7 @@ class Trace:
     interruption: Interruption | None = None
     problems: list[str] = field(default_factory=list)  # what could not be read, in words
     ended: bool = False  # a second run starts in the file; nothing after it is read
+    unlisted: int = 0  # problems past MAX_PROBLEMS, counted in the last entry of `problems`
 
     @property
     def finished(self) -> bool:
@@ -160,14 +164,14 @@ class Trace:
         if self.ended:
             return
         if isinstance(item, Skipped):
-            self.problems.append(f"line {item.line} {item.why} and was skipped")
+            self._problem(f"line {item.line} {item.why} and was skipped")
         elif isinstance(item, Header):
-            self.problems.append("a second run starts later in the file; only the first is read")
+            self._problem("a second run starts later in the file; only the first is read")
             self.ended = True
         elif isinstance(item, StepRecord):
             expected = len(self.steps)
             if item.index != expected:
-                self.problems.append(
+                self._problem(
                     f"a record of step {item.index + 1} came where step {expected + 1} was due "
                     "and was skipped"
                 )
@@ -176,7 +180,7 @@ class Trace:
             self.interruption = None
         elif isinstance(item, Resumed):
             if item.steps_done > len(self.steps):
-                self.problems.append(
+                self._problem(
                     f"a resumed run claims {item.steps_done} finished steps, the file holds "
                     f"{len(self.steps)}"
                 )
@@ -186,6 +190,17 @@ class Trace:
             self.interruption = item
         elif isinstance(item, FinalRecord):
             self.final = item
+
+    def _problem(self, text: str) -> None:
+        if len(self.problems) < MAX_PROBLEMS:
+            self.problems.append(text)
+            return
+        self.unlisted += 1
+        more = f"{self.unlisted:,} more problems like these are not listed"
+        if self.unlisted == 1:
+            self.problems.append(more)
+        else:
+            self.problems[-1] = more
 
     def to_json(self) -> dict[str, Any]:
         status = self.status
