@@ -120,6 +120,20 @@ def test_depth_and_length_parsing():
             niah.parse_lengths(bad)
 
 
+def test_lengths_and_depths_past_any_run_are_one_sentence_at_once():
+    """`--depths 1000000000` built a billion depths (minutes, gigabytes, no word);
+    `--lengths 99999999999999999999K` ended in MemoryError, 100M in a haystack built for
+    minutes."""
+    assert niah.parse_lengths("8M")[0][1] == 8 * 1024 * 1024
+    assert len(niah.parse_depths("101")) == 101
+    with pytest.raises(UserError, match="at most 8M"):
+        niah.parse_lengths("8K,100M")
+    with pytest.raises(UserError, match="at most 8M"):
+        niah.parse_lengths("99999999999999999999K")
+    with pytest.raises(UserError, match="at most 101 depths"):
+        niah.parse_depths("1000000000")
+
+
 def test_unusable_requests_are_one_sentence(haystack, tokenize):
     with pytest.raises(UserError, match="Unknown needle variant"):
         build(haystack, tokenize, variant="haystack")

@@ -135,6 +135,12 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+")
 _WHOLE = re.compile(r"[.!?][\"')\]]*$")
 
 
+# Past these, building the cases alone took minutes and gigabytes (a billion depths, a
+# haystack of 100M tokens): the paper's longest documents are 3.5M tokens.
+MOST_TOKENS = 8 * 1024 * 1024
+MOST_DEPTHS = 101
+
+
 def parse_lengths(text: str) -> list[tuple[str, int]]:
     """`8K,32K,1M` as (label, tokens); K is 1024 tokens and M 1024K, as RULER's lengths."""
     lengths = []
@@ -147,6 +153,11 @@ def parse_lengths(text: str) -> list[tuple[str, int]]:
         tokens = int(float(match.group(1)) * scale)
         if tokens < 64:
             raise UserError(f"The length {label} is too short for a haystack; use 64 or more.")
+        if tokens > MOST_TOKENS:
+            raise UserError(
+                f"The length {label} is past any haystack memagent builds; use at most 8M "
+                f"({MOST_TOKENS:,} tokens)."
+            )
         lengths.append((label, tokens))
     return lengths
 
@@ -159,6 +170,8 @@ def parse_depths(text: str) -> list[float]:
             count = int(text)
             if count < 1:
                 raise ValueError
+            if count > MOST_DEPTHS:
+                raise UserError(f"Give at most {MOST_DEPTHS} depths (one a percent), not {count}.")
             return [0.0] if count == 1 else [round(100 * i / (count - 1), 2) for i in range(count)]
         depths = [float(part.strip().rstrip("%")) for part in text.split(",")]
     except ValueError:
