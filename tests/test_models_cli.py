@@ -222,6 +222,25 @@ def test_list_shows_a_broken_file_and_goes_on(cli, env):
     assert set(broken) == {"notes.gguf", "hostile.gguf"}
 
 
+def test_list_passes_over_what_is_no_file_in_the_models_folder(cli, env, tmp_path):
+    """A loop of links named *.gguf was a traceback (pathlib's "Symlink loop"); a FIFO, a
+    folder and a link to nothing are no model files either."""
+    folder = Path(env["XDG_DATA_HOME"]) / "memagent" / "models"
+    folder.mkdir(parents=True)
+    (folder / "a.gguf").symlink_to(folder / "b.gguf")
+    (folder / "b.gguf").symlink_to(folder / "a.gguf")
+    (folder / "nowhere.gguf").symlink_to(tmp_path / "gone.gguf")
+    os.mkfifo(folder / "pipe.gguf")
+    (folder / "folder.gguf").mkdir()
+    result = cli("models", "list")
+    assert result.returncode == 0, result.stderr
+    names = {line.split()[0] for line in result.stdout.splitlines()[1:] if line.strip()}
+    assert "smollm2-135m (default)" in result.stdout
+    assert not names & {"a", "b", "nowhere", "pipe", "folder"}
+    listed = json.loads(cli("models", "list", "--json").stdout)
+    assert not [r for r in listed if str(r.get("path") or "").startswith(str(folder))]
+
+
 def test_info_of_an_hf_model_not_pulled_says_how(cli):
     result = cli("models", "info", "hf:someone/Other-GGUF:Q4_K_M")
     assert_clean_failure(

@@ -145,7 +145,8 @@ def catalogue() -> list[Listed]:
         if not folder.is_dir():
             continue
         for path in sorted(folder.rglob("*.gguf")):
-            if path.resolve() in seen or not path.is_file() or split_parts(path)[0] != 1:
+            # is_file() first: resolve() raises on a loop of links, is_file() says False.
+            if not path.is_file() or path.resolve() in seen or split_parts(path)[0] != 1:
                 continue
             seen.add(path.resolve())
             rows.append(_listed(registry.hub_name(path), path))
