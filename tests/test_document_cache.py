@@ -214,3 +214,27 @@ def test_a_fifo_in_an_entrys_place_is_a_miss_at_once(cli, env, tmp_path, entry):
             [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
         )
         assert read.returncode == 0 and read.stdout == "{}\n", read.stderr
+
+
+def test_what_is_no_file_in_the_cache_folder_is_neither_counted_nor_stops_eviction(
+    cli, env, tmp_path
+):
+    """A folder or a FIFO named like an entry was counted as a document (and a folder's
+    4 kB as its size); `cache clear` said it deleted them, and eviction, which unlinked the
+    folder first, stopped at the error and kept the cache over its limit for good."""
+    folder = Path(env["MEMAGENT_HOME"]) / "cache" / "documents"
+    folder.mkdir(parents=True)
+    (folder / ("0" * 64 + ".json")).mkdir()  # sorts first: the oldest-looking "entry"
+    os.utime(folder / ("0" * 64 + ".json"), (0, 0))
+    os.mkfifo(folder / ("1" * 64 + ".json"))
+    (folder / "loop.json").symlink_to(folder / "loop.json")
+    assert cache_info(cli)["documents"] == 0 and cache_info(cli)["bytes"] == 0
+    assert "deleted 0 cached documents" in cli("cache", "clear").stderr
+
+    books = [builders.pdf(tmp_path / f"b{i}.pdf", pages(seed=i)) for i in range(2)]
+    assert cli("inspect", str(books[0]), *INSPECT).returncode == 0
+    one = cache_info(cli)["bytes"]
+    env["MEMAGENT_DOCUMENT_CACHE_BYTES"] = str(int(one * 1.5))  # room for one
+    assert cli("inspect", str(books[1]), *INSPECT).returncode == 0
+    info = cache_info(cli)
+    assert info["documents"] == 1 and info["bytes"] <= info["limit_bytes"]

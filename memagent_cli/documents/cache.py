@@ -16,6 +16,7 @@ import dataclasses
 import io
 import json
 import os
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -205,7 +206,9 @@ def _entries() -> list[tuple[float, str, int, Path]]:
             continue
         try:
             info = path.stat()
-        except OSError:  # removed meanwhile by another memagent
+        except OSError:  # removed meanwhile by another memagent, or a loop of links
+            continue
+        if not stat.S_ISREG(info.st_mode):  # a folder would stop eviction (unlink fails)
             continue
         last = info.st_mtime
         if path.name.startswith(_TEMP_PREFIX):
