@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -106,6 +107,12 @@ def test_an_encrypted_pdf_is_never_cached(tmp_path: Path, private_cache: Path) -
         pytest.param(
             lambda p: p.write_bytes(b"%PDF-1.7\n" + b"\x93" * 4000 + b"\n%%EOF\n"),
             id="garbage-body",
+        ),
+        pytest.param(  # pypdf raised OverflowError, a traceback
+            lambda p: p.write_bytes(
+                re.sub(rb"startxref\s+\d+", b"startxref\n" + b"9" * 20, p.read_bytes())
+            ),
+            id="startxref-past-any-offset",
         ),
     ],
 )

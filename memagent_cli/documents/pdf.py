@@ -32,6 +32,7 @@ _DAMAGED = (
     TypeError,
     AttributeError,
     RecursionError,
+    OverflowError,  # an offset past any file (a startxref of 20 digits)
     zlib.error,
     NotImplementedError,  # an unsupported filter or encryption algorithm
 )
