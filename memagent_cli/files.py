@@ -240,11 +240,21 @@ def close_and_remove(file: IO[str] | BinaryIO, path: Path) -> None:
 
 
 def cannot_write(path: Path, exc: OSError) -> str:
-    """Why `path` cannot be written, in words: "Permission denied", or for ENOTDIR and a
-    file in a folder's place, "a file stands where a folder should be"."""
+    """Why `path` cannot be written, in words: "Permission denied", for ENOTDIR and a
+    file in a folder's place "a file stands where a folder should be", or for a link to
+    nothing (whose file open_private neither creates nor finds) that it is one."""
+    if isinstance(exc, (FileExistsError, FileNotFoundError)) and _dangling(path):
+        return "it is a link to a file that does not exist"
     if isinstance(exc, (FileExistsError, NotADirectoryError)):
         return "a file stands where a folder should be"
     return exc.strerror or type(exc).__name__
+
+
+def _dangling(path: Path) -> bool:
+    try:
+        return os.path.islink(path) and not os.path.lexists(os.path.realpath(path))
+    except (OSError, ValueError):
+        return False
 
 
 def check_folder(folder: Path, what: str, error: type[UserError] = UserError) -> None:

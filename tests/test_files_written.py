@@ -137,6 +137,20 @@ def test_a_trace_or_report_that_cannot_be_written_is_one_sentence(cli, doc, unwr
     assert_clean_failure(result, 1, f"Cannot write the report {report}")
 
 
+def test_a_file_to_write_that_is_a_link_to_nothing_says_so(cli, doc, tmp_path):
+    """Each said "No such file or directory" of a path the user meant to create."""
+    link = tmp_path / "out"
+    link.symlink_to(tmp_path / "gone")
+    cases = [{"_id": "c1", "input": "Who?", "context": story(20, seed=3), "answers": ["x"]}]
+    (tmp_path / "eval_50.json").write_text(json.dumps(cases))
+    for args in (
+        ["ask", str(doc), "Who?", "--html", str(link)],
+        ["eval", str(tmp_path / "eval_50.json"), "-o", str(link)],
+    ):
+        result = cli(*args, "-m", "nope.gguf")  # said before any model is sought
+        assert_clean_failure(result, 1, f"{link}: it is a link to a file that does not exist")
+
+
 @pytest.mark.skipif(ROOT, reason="root writes into a read-only file")
 def test_a_read_only_trace_to_resume_is_one_sentence_before_any_model(cli, fake_server, doc):
     path = doc.with_suffix(".jsonl")
