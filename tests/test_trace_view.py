@@ -412,6 +412,17 @@ def test_an_older_format_is_refused_with_a_sentence(cli, tmp_path):
     )
 
 
+@pytest.mark.parametrize("value", [None, "x" * 1_000_000, True], ids=["none", "a MB", "true"])
+def test_a_header_without_a_format_number_is_one_short_sentence(cli, tmp_path, value):
+    """It said "a trace of format None", or quoted a megabyte; true passed as format 1."""
+    path = tmp_path / "t.jsonl"
+    header = {"type": "header", "question": "Old?"} | ({"format": value} if value else {})
+    path.write_text(json.dumps(header) + "\n")
+    result = cli("trace", str(path))
+    assert_clean_failure(result, 1, "is a trace without a format number")
+    assert len(result.stderr) < 500 and "None" not in result.stderr
+
+
 @pytest.mark.parametrize("field, value", [("document", "tower.pdf"), ("created", 12345)])
 def test_a_header_field_of_the_wrong_type_is_one_sentence_in_every_view(
     cli, tmp_path, field, value

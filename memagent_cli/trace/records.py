@@ -140,9 +140,10 @@ class Header:
     @classmethod
     def parse(cls, record: dict[str, Any], where: str, version: int = FORMAT_VERSION) -> Header:
         version = record.get("format")  # type: ignore[assignment]  # the header says its own
-        if version not in FORMATS:
+        if type(version) is not int or version not in FORMATS:  # not True, which == 1
+            which = f"of format {version}" if type(version) is int else "without a format number"
             raise TraceError(
-                f"{where} is a trace of format {version!r}; this memagent reads formats "
+                f"{where} is a trace {which}; this memagent reads formats "
                 f"{' and '.join(map(str, FORMATS))}."
             )
         checks: dict[str, _Check] = {
