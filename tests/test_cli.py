@@ -421,6 +421,26 @@ def test_a_server_option_that_cannot_be_used_is_one_sentence(cli, doc, case):
     assert "Secret" not in result.stderr and len(result.stderr) < 1000
 
 
+@pytest.mark.model
+def test_more_threads_than_this_process_s_cpus_are_said_once(tiny_model, caplog):
+    """llama.cpp with more threads than cores runs them in turns, 10-100x slower (512 on 2
+    cores: a 3-step tiny reading took over 120 s): `--threads` past the CPUs this process
+    may use is said, with what to do; as many as it may use are not."""
+    import logging
+
+    from memagent_cli import cpus
+    from memagent_cli.backends.llama_cpp import LlamaCppBackend, LlamaOptions
+
+    usable = cpus.usable()
+    with caplog.at_level(logging.INFO, logger="memagent"):
+        LlamaCppBackend(tiny_model, LlamaOptions(threads=usable))
+        assert not [r for r in caplog.records if "--threads" in r.getMessage()]
+        LlamaCppBackend(tiny_model, LlamaOptions(threads=usable + 1))
+    said = [r.getMessage() for r in caplog.records if "--threads" in r.getMessage()]
+    assert len(said) == 1 and f"--threads {usable + 1}" in said[0], said
+    assert f"{usable} CPU" in said[0] and "leave --threads out" in said[0]
+
+
 @pytest.mark.parametrize("threads", ["513", "100000", str(2**31)])
 def test_more_threads_than_llama_cpp_can_run_is_a_usage_error(cli, doc, tmp_path, threads):
     """llama.cpp runs at most 512 (GGML_MAX_N_THREADS): 5,000 ended in libgomp's "Thread

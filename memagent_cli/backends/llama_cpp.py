@@ -173,6 +173,13 @@ class LlamaCppBackend:
         self.path = path
         self.name = name or path.stem
         self.threads = options.threads or physical_cores()
+        if options.threads is not None and options.threads > (usable := cpus.usable()):
+            ENGINE_NOTES.info(
+                f"--threads {options.threads} is more than the {usable} CPU"
+                f"{'s' if usable != 1 else ''} this process may use: llama.cpp's threads then "
+                "wait on each other, 10-100x slower; leave --threads out to use the physical "
+                "cores."
+            )
         self.gpu_layers = options.gpu_layers
         if self.gpu_layers is None:
             self.gpu_layers = -1 if can_offload() else 0
