@@ -274,14 +274,16 @@ def test_a_huge_line_is_skipped_in_bounded_memory(tmp_path, monkeypatch):
 
 
 def test_a_run_with_other_engine_arithmetic_is_another_run():
+    """Values as a user gives them: on and off, and "not set" for a setting the other run
+    had none of (a server's run has no llama.cpp cache type), never Python's None."""
     from memagent_cli.trace import differences
 
     here = header()
     there = header()
     there.settings.update(cache_type_k="q8_0", exact=False)
     assert differences(there, here) == [
-        "--cache-type-k differs (q8_0 there, None here)",
-        "--exact differs (False there, None here)",
+        "--cache-type-k differs (q8_0 there, not set here)",
+        "--exact differs (off there, not set here)",
     ]
     assert differences(header(), header()) == []
 
@@ -298,7 +300,7 @@ def test_speculation_is_another_run_unless_exact():
     # Without --exact a verified draft decodes on other kernels: a near-tie token may differ.
     assert differences(
         engine_header(speculate=False, exact=False), engine_header(speculate=True, exact=False)
-    ) == ["--speculate differs (False there, True here)"]
+    ) == ["--speculate differs (off there, on here)"]
     # With --exact the output is byte-identical either way: the same run.
     exact = engine_header(speculate=False, exact=True), engine_header(speculate=True, exact=True)
     assert not differences(*exact)
@@ -308,7 +310,7 @@ def test_speculation_is_another_run_unless_exact():
     # --exact against not: said once, not again as --speculate.
     assert differences(
         engine_header(speculate=False, exact=True), engine_header(speculate=True, exact=False)
-    ) == ["--exact differs (True there, False here)"]
+    ) == ["--exact differs (on there, off here)"]
 
 
 def test_a_batch_journal_tells_speculation_apart_unless_exact():

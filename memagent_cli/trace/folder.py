@@ -105,8 +105,17 @@ def differences(recorded: Header, current: Header) -> list[str]:
             was, now = "another", "this one"
         elif name == ENGINE_SETTINGS["speculate"] and None in (was, now):
             continue  # one run was --exact: that difference is said already
-        found.append(f"{name} differs ({was} there, {now} here)")
+        found.append(f"{name} differs ({_said(was)} there, {_said(now)} here)")
     return found
+
+
+def _said(value: Any) -> str:
+    """A setting's value as a user gives it: on and off, "not set" where a run had none."""
+    if value is None:
+        return "not set"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
 
 
 def _identity(header: Header) -> list[tuple[str, Any]]:
